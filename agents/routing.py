@@ -1,0 +1,3 @@
+"""WebSocket routes (the agent delivery socket)."""
+
+websocket_urlpatterns: list = []

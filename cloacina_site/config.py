@@ -1,0 +1,257 @@
+"""Server configuration, read in one place.
+
+Precedence: command-line flag > environment variable > ``[server]`` table of
+``$CLOACINA_HOME/config.toml`` > built-in default.  Flags are applied by the
+command that parses them through :func:`apply_overrides`; everything else
+reads :func:`get_config`.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, malformed or out of range."""
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"{name} must be true or false, got {raw!r}")
+
+
+def _parse_int(name: str, raw: str, minimum: int = 0) -> int:
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _parse_float(name: str, raw: str, minimum: float = 0.0) -> float:
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One knob: its environment variable, config.toml key, type and default."""
+
+    attr: str
+    env: str
+    toml_key: str
+    kind: type
+    default: Any
+    minimum: float = 0
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("default_executor", "CLOACINA_DEFAULT_EXECUTOR", "default_executor", str, "default"),
+    Setting("fleet_actuator", "CLOACINA_FLEET_ACTUATOR", "fleet_actuator", str, "none"),
+    Setting("default_max_agents", "CLOACINA_DEFAULT_MAX_AGENTS", "default_max_agents", int, 4),
+    Setting("initial_agents", "CLOACINA_INITIAL_AGENTS", "initial_agents", int, 0),
+    Setting(
+        "heartbeat_interval_s",
+        "CLOACINA_AGENT_HEARTBEAT_INTERVAL_S",
+        "agent_heartbeat_interval_s",
+        float,
+        15.0,
+        0.05,
+    ),
+    Setting(
+        "liveness_misses", "CLOACINA_AGENT_LIVENESS_MISSES", "agent_liveness_misses", int, 3, 1
+    ),
+    Setting("autoscale", "CLOACINA_AUTOSCALE", "autoscale", bool, True),
+    Setting(
+        "autoscale_interval_s",
+        "CLOACINA_AUTOSCALE_INTERVAL_S",
+        "autoscale_interval_s",
+        float,
+        30.0,
+        0.1,
+    ),
+    Setting(
+        "autoscale_up_threshold",
+        "CLOACINA_AUTOSCALE_UP_THRESHOLD",
+        "autoscale_up_threshold",
+        float,
+        0.8,
+    ),
+    Setting(
+        "autoscale_down_threshold",
+        "CLOACINA_AUTOSCALE_DOWN_THRESHOLD",
+        "autoscale_down_threshold",
+        float,
+        0.2,
+    ),
+    Setting("autoscale_floor", "CLOACINA_AUTOSCALE_FLOOR", "autoscale_floor", int, 0),
+    Setting(
+        "autoscale_cooldown_s", "CLOACINA_AUTOSCALE_COOLDOWN_S", "autoscale_cooldown_s", float, 60.0
+    ),
+    Setting("worker_processes", "CLOACINA_WORKER_PROCESSES", "worker_processes", int, 4, 1),
+    Setting("scheduler_poll_s", "CLOACINA_SCHEDULER_POLL_S", "scheduler_poll_s", float, 1.0, 0.01),
+    Setting("wire_format", "CLOACINA_WIRE_FORMAT", "wire_format", str, "json"),
+    Setting(
+        "outbox_redeliver_s", "CLOACINA_OUTBOX_REDELIVER_S", "outbox_redeliver_s", float, 10.0, 0.1
+    ),
+    Setting(
+        "outbox_retention_s", "CLOACINA_OUTBOX_RETENTION_S", "outbox_retention_s", float, 3600.0
+    ),
+    Setting(
+        "max_package_bytes",
+        "CLOACINA_MAX_PACKAGE_BYTES",
+        "max_package_bytes",
+        int,
+        50 * 1024 * 1024,
+        1,
+    ),
+    Setting(
+        "max_context_bytes",
+        "CLOACINA_MAX_CONTEXT_BYTES",
+        "max_context_bytes",
+        int,
+        16 * 1024 * 1024,
+        1,
+    ),
+    Setting("secret_key", "CLOACINA_SECRET_KEY", "secret_key", str, ""),
+    Setting("debug", "CLOACINA_DEBUG", "debug", bool, False),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The effective server configuration (see README's configuration table)."""
+
+    home: Path
+    database_url: str | None
+    default_executor: str = "default"
+    fleet_actuator: str = "none"
+    default_max_agents: int = 4
+    initial_agents: int = 0
+    heartbeat_interval_s: float = 15.0
+    liveness_misses: int = 3
+    autoscale: bool = True
+    autoscale_interval_s: float = 30.0
+    autoscale_up_threshold: float = 0.8
+    autoscale_down_threshold: float = 0.2
+    autoscale_floor: int = 0
+    autoscale_cooldown_s: float = 60.0
+    worker_processes: int = 4
+    scheduler_poll_s: float = 1.0
+    wire_format: str = "json"
+    outbox_redeliver_s: float = 10.0
+    outbox_retention_s: float = 3600.0
+    max_package_bytes: int = 50 * 1024 * 1024
+    max_context_bytes: int = 16 * 1024 * 1024
+    secret_key: str = ""
+    debug: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def liveness_window_s(self) -> float:
+        """Seconds without a heartbeat after which an agent is declared dead."""
+        return self.heartbeat_interval_s * self.liveness_misses
+
+
+def cloacina_home() -> Path:
+    return Path(os.environ.get("CLOACINA_HOME") or "~/.cloacina").expanduser()
+
+
+def _read_toml(home: Path) -> dict:
+    path = home / "config.toml"
+    if not path.exists():
+        return {}
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    server = data.get("server", {})
+    if not isinstance(server, dict):
+        raise ConfigError(f"{path}: [server] must be a table")
+    return server
+
+
+def _coerce(setting: Setting, raw: Any, source: str) -> Any:
+    name = setting.env if source == "environment" else f"{setting.toml_key} in config.toml"
+    if setting.kind is bool:
+        return raw if isinstance(raw, bool) else _parse_bool(name, str(raw))
+    if setting.kind is int:
+        return _parse_int(name, raw, int(setting.minimum))
+    if setting.kind is float:
+        return _parse_float(name, raw, float(setting.minimum))
+    return str(raw).strip()
+
+
+def load_config(environ: dict | None = None) -> Config:
+    """Build the configuration from env, config.toml and defaults (no flags)."""
+    env = os.environ if environ is None else environ
+    home = Path(env.get("CLOACINA_HOME") or "~/.cloacina").expanduser()
+    toml = _read_toml(home)
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        if env.get(setting.env) not in (None, ""):
+            values[setting.attr] = _coerce(setting, env[setting.env], "environment")
+        elif setting.toml_key in toml:
+            values[setting.attr] = _coerce(setting, toml[setting.toml_key], "config.toml")
+        else:
+            values[setting.attr] = setting.default
+    config = Config(home=home, database_url=env.get("DATABASE_URL") or None, **values)
+    _validate(config)
+    return config
+
+
+def _validate(config: Config) -> None:
+    if config.autoscale_down_threshold > config.autoscale_up_threshold:
+        raise ConfigError(
+            "CLOACINA_AUTOSCALE_DOWN_THRESHOLD must not exceed CLOACINA_AUTOSCALE_UP_THRESHOLD"
+        )
+    if config.wire_format not in ("json", "msgpack"):
+        raise ConfigError(
+            f"CLOACINA_WIRE_FORMAT must be json or msgpack, got {config.wire_format!r}"
+        )
+
+
+_config: Config | None = None
+
+
+def get_config() -> Config:
+    """The process-wide configuration (loaded once, then flag overrides applied)."""
+    global _config
+    if _config is None:
+        _config = load_config()
+    return _config
+
+
+def apply_overrides(**flags: Any) -> Config:
+    """Apply command-line flags (highest precedence); ``None`` means not given."""
+    global _config
+    given = {k: v for k, v in flags.items() if v is not None}
+    known = {f.name for f in fields(Config)}
+    unknown = set(given) - known
+    if unknown:
+        raise ConfigError(f"unknown configuration keys: {sorted(unknown)}")
+    _config = replace(get_config(), **given)
+    _validate(_config)
+    return _config
+
+
+def reset_config() -> None:
+    """Forget the loaded configuration (tests change the environment)."""
+    global _config
+    _config = None

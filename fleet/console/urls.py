@@ -1,0 +1,8 @@
+from django.urls import path
+
+from fleet.console import views
+
+app_name = "console"
+urlpatterns = [
+    path("", views.overview, name="overview"),
+]

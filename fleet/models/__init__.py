@@ -1,0 +1,37 @@
+from fleet.models.control import AutoscaleDecision, ChangeReason, FleetChange, OutboxDepthSample
+from fleet.models.delivery import DeliveryOutbox, Eviction, OutboxState
+from fleet.models.executions import (
+    TASK_TERMINAL,
+    WORKFLOW_TERMINAL,
+    Outcome,
+    TaskExecution,
+    TaskOutcome,
+    TaskStatus,
+    TriggerRule,
+    WorkflowExecution,
+    WorkflowStatus,
+)
+from fleet.models.tenancy import ApiKey, Role, Tenant, TenantMembership
+
+__all__ = [
+    "ApiKey",
+    "AutoscaleDecision",
+    "ChangeReason",
+    "DeliveryOutbox",
+    "Eviction",
+    "FleetChange",
+    "OutboxDepthSample",
+    "OutboxState",
+    "Outcome",
+    "Role",
+    "TASK_TERMINAL",
+    "TaskExecution",
+    "TaskOutcome",
+    "TaskStatus",
+    "Tenant",
+    "TenantMembership",
+    "TriggerRule",
+    "WORKFLOW_TERMINAL",
+    "WorkflowExecution",
+    "WorkflowStatus",
+]

@@ -1,0 +1,21 @@
+#!/usr/bin/env python
+"""Django's command-line utility for the Cloacina server and agents."""
+
+import os
+import sys
+
+# Commands that must never touch (or start) a database: the agent is DB-less.
+DB_LESS_COMMANDS = {"runagent"}
+
+
+def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "cloacina_site.settings")
+    if len(sys.argv) > 1 and sys.argv[1] in DB_LESS_COMMANDS:
+        os.environ["CLOACINA_DB_LESS"] = "1"
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(sys.argv)
+
+
+if __name__ == "__main__":
+    main()

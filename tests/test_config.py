@@ -1,0 +1,50 @@
+import pytest
+
+from cloacina_site.config import ConfigError, apply_overrides, load_config, reset_config
+
+
+def test_it_uses_defaults(tmp_path):
+    config = load_config({"CLOACINA_HOME": str(tmp_path)})
+    assert config.default_executor == "default"
+    assert config.default_max_agents == 4
+    assert config.heartbeat_interval_s == 15.0
+    assert config.autoscale is True
+
+
+def test_it_prefers_env_over_toml_over_default(tmp_path):
+    (tmp_path / "config.toml").write_text(
+        '[server]\ndefault_executor = "fleet"\ndefault_max_agents = 7\n'
+    )
+    config = load_config({"CLOACINA_HOME": str(tmp_path), "CLOACINA_DEFAULT_MAX_AGENTS": "9"})
+    assert config.default_executor == "fleet"  # from toml
+    assert config.default_max_agents == 9  # env beats toml
+
+
+def test_flags_beat_everything(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLOACINA_HOME", str(tmp_path))
+    monkeypatch.setenv("CLOACINA_DEFAULT_EXECUTOR", "fleet")
+    reset_config()
+    try:
+        assert apply_overrides(default_executor="default").default_executor == "default"
+    finally:
+        reset_config()
+
+
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ({"CLOACINA_AUTOSCALE": "maybe"}, "CLOACINA_AUTOSCALE must be true or false"),
+        ({"CLOACINA_DEFAULT_MAX_AGENTS": "four"}, "CLOACINA_DEFAULT_MAX_AGENTS"),
+        ({"CLOACINA_AGENT_LIVENESS_MISSES": "0"}, "must be >= 1"),
+        ({"CLOACINA_WIRE_FORMAT": "xml"}, "json or msgpack"),
+    ],
+)
+def test_it_rejects_bad_values_by_name(tmp_path, env, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config({"CLOACINA_HOME": str(tmp_path), **env})
+
+
+def test_it_rejects_broken_toml(tmp_path):
+    (tmp_path / "config.toml").write_text("[server\n")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config({"CLOACINA_HOME": str(tmp_path)})
