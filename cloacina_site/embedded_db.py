@@ -19,10 +19,11 @@ _server = None
 def start_embedded(home: Path) -> str:
     """Start (or attach to) the embedded server under ``home`` and return its URL."""
     global _server
+    home.mkdir(parents=True, exist_ok=True)
+    # Before importing pgserver: platformdirs reads it at import time.
+    os.environ.setdefault("XDG_RUNTIME_DIR", _private_runtime_dir(home))
     import pgserver
 
-    os.environ.setdefault("XDG_RUNTIME_DIR", _private_runtime_dir(home))
-    home.mkdir(parents=True, exist_ok=True)
     _server = pgserver.get_server(home / "pgdata", cleanup_mode="stop")
     return _server.get_uri()
 

@@ -11,6 +11,7 @@ from fleet.models.executions import (
     WorkflowExecution,
     WorkflowStatus,
 )
+from fleet.models.servers import ServerInstance
 from fleet.models.tenancy import ApiKey, Role, Tenant, TenantMembership
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "OutboxState",
     "Outcome",
     "Role",
+    "ServerInstance",
     "TASK_TERMINAL",
     "TaskExecution",
     "TaskOutcome",

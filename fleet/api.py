@@ -1,5 +1,0 @@
-"""REST endpoints of this app (mounted under /api/v1 by cloacina_site.api)."""
-
-from ninja import Router
-
-router = Router()

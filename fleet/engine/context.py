@@ -1,0 +1,66 @@
+"""The task context builder shared by every executor.
+
+A task's input is the execution's input context, then each dependency's output
+merged in the order the dependencies are listed.  Both the in-process and the
+fleet path call :func:`build_task_context` + :func:`encode_context`, so a task
+sees byte-for-byte the same input wherever it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from typing import Any
+
+from fleet.models import TaskExecution
+
+
+class ContextError(ValueError):
+    """A context is not a JSON object, holds NaN/Infinity, or is too large."""
+
+
+def build_task_context(task_execution_id: uuid.UUID) -> dict:
+    task = TaskExecution.objects.select_related("workflow_execution").get(pk=task_execution_id)
+    context = dict(task.workflow_execution.input_context or {})
+    if task.dependencies:
+        outputs = dict(
+            TaskExecution.objects.filter(
+                workflow_execution_id=task.workflow_execution_id, task_id__in=task.dependencies
+            ).values_list("task_id", "output_context")
+        )
+        for dependency in task.dependencies:
+            context.update(outputs.get(dependency) or {})
+    return context
+
+
+def encode_context(context: dict) -> str:
+    """Canonical JSON text of a context (the exact bytes a task receives)."""
+    return json.dumps(context, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def validate_context(value: Any, max_bytes: int, what: str = "context") -> dict:
+    """Return ``value`` if it is a JSON object without NaN/Infinity within ``max_bytes``."""
+    if not isinstance(value, dict):
+        raise ContextError(f"{what} must be a JSON object, got {type(value).__name__}")
+    try:
+        encoded = encode_context(value)
+    except ValueError as exc:  # NaN / Infinity
+        raise ContextError(f"{what} is not valid JSON: {exc}") from None
+    except TypeError as exc:
+        raise ContextError(f"{what} is not JSON-serialisable: {exc}") from None
+    if len(encoded.encode()) > max_bytes:
+        raise ContextError(
+            f"{what} is {len(encoded.encode())} bytes, over the {max_bytes}-byte limit"
+        )
+    return value
+
+
+def contains_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(contains_non_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(contains_non_finite(v) for v in value)
+    return False

@@ -1,0 +1,57 @@
+"""The Dispatcher: every TaskReadyEvent goes to the one configured default executor.
+
+There is no per-task routing: which machine runs a task is the executor's
+business.  The configured key is hard-matched against the registered
+executors at boot (:meth:`Dispatcher.configure`), so a typo fails loudly.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fleet.engine.events import ExecutionResult, ExecutorNotFound, NoCapacity, TaskReadyEvent
+from fleet.engine.executor import TaskExecutor
+
+log = logging.getLogger(__name__)
+
+
+class Dispatcher:
+    def __init__(self) -> None:
+        self._executors: dict[str, TaskExecutor] = {}
+        self._default_key: str | None = None
+
+    def register_executor(self, key: str, executor: TaskExecutor) -> None:
+        executor.key = key
+        self._executors[key] = executor
+
+    def is_registered(self, key: str) -> bool:
+        return key in self._executors
+
+    def valid_keys(self) -> list[str]:
+        return sorted(self._executors)
+
+    def configure(self, default_key: str) -> TaskExecutor:
+        """Select the default executor; raise ExecutorNotFound listing the valid keys."""
+        if default_key not in self._executors:
+            raise ExecutorNotFound(default_key, self.valid_keys())
+        self._default_key = default_key
+        return self._executors[default_key]
+
+    @property
+    def executor(self) -> TaskExecutor:
+        if self._default_key is None:
+            raise ExecutorNotFound("<unset>", self.valid_keys())
+        return self._executors[self._default_key]
+
+    def resolve_executor_key(self, task_name: str) -> str:
+        """The key that would handle ``task_name``: always the default (no per-task routing)."""
+        return self.executor.key
+
+    def has_capacity(self) -> bool:
+        return self.executor.has_capacity()
+
+    async def dispatch(self, event: TaskReadyEvent) -> ExecutionResult:
+        executor = self.executor
+        if not executor.has_capacity():
+            raise NoCapacity(f"executor {executor.name!r} is at capacity")
+        return await executor.execute(event)

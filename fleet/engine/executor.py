@@ -1,0 +1,48 @@
+"""The TaskExecutor interface every execution backend implements."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fleet.engine.events import ExecutionResult, ExecutorMetrics, TaskReadyEvent
+
+
+@dataclass(frozen=True)
+class PeriodicJob:
+    """A background job an executor needs (run by `serve` with APScheduler, sync, in a thread)."""
+
+    name: str
+    func: Callable[[], None]
+    interval_s: float
+    leader_only: bool = False  # run only in the process holding the leader advisory lock
+
+
+class TaskExecutor(abc.ABC):
+    key: str = ""
+
+    @abc.abstractmethod
+    async def execute(self, event: TaskReadyEvent) -> ExecutionResult:
+        """Run the task named by ``event`` to an outcome (claiming it first)."""
+
+    @abc.abstractmethod
+    def has_capacity(self) -> bool:
+        """Whether another task could start now (best effort; claims are the real guard)."""
+
+    @abc.abstractmethod
+    def metrics(self) -> ExecutorMetrics: ...
+
+    @property
+    def name(self) -> str:
+        return self.key or type(self).__name__
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Start pools, listeners, … (called once the event loop runs)."""
+
+    async def stop(self) -> None:  # noqa: B027 - optional hook
+        """Release resources on shutdown."""
+
+    def periodic_jobs(self) -> list[PeriodicJob]:
+        """Background jobs this executor needs (sweepers, relays' safety nets, …)."""
+        return []
