@@ -28,6 +28,9 @@ class DeliveryOutbox(models.Model):
     attempts = models.PositiveIntegerField(default=0)  # pushes so far
     created_at = models.DateTimeField(default=timezone.now)
     delivered_at = models.DateTimeField(null=True, blank=True)
+    received_at = models.DateTimeField(
+        null=True, blank=True
+    )  # the agent confirmed it holds the packet
     acked_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
 

@@ -1,0 +1,291 @@
+"""The ``cloacina.toml`` schema: parse, check every field, and normalise.
+
+The server never imports tenant code, so this manifest is the only source of
+the DAG; every error names the exact field (and task) so the author can fix
+it without guessing.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+MANIFEST_NAME = "cloacina.toml"
+PACKAGE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+IDENTIFIER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+FUNCTION_RE = re.compile(
+    r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+)
+MAX_PACKAGE_NAME_CHARS = 100
+MAX_VERSION_CHARS = 64
+MAX_NAME_CHARS = 200
+KINDS = ("python", "native")
+TRIGGER_RULES = ("all_success", "all_done", "one_failed")
+DEFAULT_TIMEOUT_S = 300.0
+
+TOP_LEVEL_KEYS = ("package", "workflow", "tasks")
+PACKAGE_KEYS = ("name", "version", "kind")
+WORKFLOW_KEYS = ("name",)
+# Routing keys are hints for agent selection; their defaults mean "no constraint".
+ROUTING_DEFAULTS: dict[str, Any] = {
+    "agent": None,
+    "tags": [],
+    "capability": None,
+    "min_free_memory_mb": None,
+    "min_free_cpu_pct": None,
+    "gpu": None,
+    "min_free_vram_pct": None,
+    "group": None,
+    "affinity": None,
+    "priority": 0,
+}
+ROUTING_KEYS = tuple(ROUTING_DEFAULTS)
+TASK_KEYS = (
+    "id",
+    "function",
+    "retries",
+    "retry_backoff_s",
+    "timeout_s",
+    "dependencies",
+    "trigger_rule",
+) + ROUTING_KEYS
+
+
+class ManifestError(ValueError):
+    """cloacina.toml is missing, unparsable or breaks the schema."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _unknown_keys(table: dict, allowed: tuple[str, ...], where: str) -> None:
+    for key in table:
+        if key not in allowed:
+            raise ManifestError(f"unknown key {key!r} in {where} (allowed: {', '.join(allowed)})")
+
+
+def _table(data: dict, key: str) -> dict:
+    value = data.get(key)
+    if value is None:
+        raise ManifestError(f"missing [{key}] table in {MANIFEST_NAME}")
+    if not isinstance(value, dict):
+        raise ManifestError(f"[{key}] must be a table")
+    return value
+
+
+def _string(table: dict, key: str, where: str, pattern: re.Pattern | None, max_chars: int) -> str:
+    value = table.get(key)
+    if value is None:
+        raise ManifestError(f"{where}.{key} is required")
+    if not isinstance(value, str) or not value:
+        raise ManifestError(f"{where}.{key} must be a non-empty string, got {value!r}")
+    if len(value) > max_chars:
+        raise ManifestError(f"{where}.{key} is longer than {max_chars} characters")
+    if pattern is not None and not pattern.match(value):
+        raise ManifestError(f"{where}.{key} {value!r} must match {pattern.pattern}")
+    return value
+
+
+def parse_version(value: str, where: str = "package.version") -> Version:
+    """PEP 440 version, or a :class:`ManifestError` naming the field."""
+    try:
+        return Version(value)
+    except InvalidVersion:
+        raise ManifestError(f"{where} {value!r} is not a valid version (PEP 440)") from None
+
+
+def _parse_package(data: dict) -> dict:
+    table = _table(data, "package")
+    _unknown_keys(table, PACKAGE_KEYS, "[package]")
+    name = _string(table, "name", "package", PACKAGE_NAME_RE, MAX_PACKAGE_NAME_CHARS)
+    version = _string(table, "version", "package", None, MAX_VERSION_CHARS)
+    parse_version(version)
+    kind = table.get("kind")
+    if kind not in KINDS:
+        raise ManifestError(f"package.kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    return {"name": name, "version": version, "kind": kind}
+
+
+def _parse_workflow(data: dict) -> dict:
+    table = _table(data, "workflow")
+    _unknown_keys(table, WORKFLOW_KEYS, "[workflow]")
+    return {"name": _string(table, "name", "workflow", IDENTIFIER_RE, MAX_NAME_CHARS)}
+
+
+def _number(task: dict, key: str, where: str, default: Any, *, minimum: float, strict: bool):
+    value = task.get(key, default)
+    if value is None:
+        return None
+    ok = _is_number(value) and (value > minimum if strict else value >= minimum)
+    if not ok:
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise ManifestError(f"{where}: {key} must be a number {bound}, got {value!r}")
+    return float(value)
+
+
+def _percent(task: dict, key: str, where: str) -> float | None:
+    value = _number(task, key, where, None, minimum=0, strict=False)
+    if value is not None and value > 100:
+        raise ManifestError(f"{where}: {key} must be between 0 and 100, got {task[key]!r}")
+    return value
+
+
+def _optional_str(task: dict, key: str, where: str) -> str | None:
+    value = task.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ManifestError(f"{where}: {key} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _str_list(task: dict, key: str, where: str) -> list[str]:
+    value = task.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ManifestError(f"{where}: {key} must be a list of non-empty strings, got {value!r}")
+    if len(set(value)) != len(value):
+        dup = next(v for v in value if value.count(v) > 1)
+        raise ManifestError(f"{where}: {key} lists {dup!r} more than once")
+    return list(value)
+
+
+def _parse_routing(task: dict, where: str) -> dict:
+    gpu = task.get("gpu")
+    if gpu is not None and not (isinstance(gpu, bool) or (isinstance(gpu, str) and gpu)):
+        raise ManifestError(
+            f"{where}: gpu must be true/false or a GPU model name (string), got {gpu!r}"
+        )
+    priority = task.get("priority", 0)
+    if not _is_int(priority):
+        raise ManifestError(f"{where}: priority must be an integer, got {priority!r}")
+    return {
+        "agent": _optional_str(task, "agent", where),
+        "tags": _str_list(task, "tags", where),
+        "capability": _optional_str(task, "capability", where),
+        "min_free_memory_mb": _number(
+            task, "min_free_memory_mb", where, None, minimum=0, strict=False
+        ),
+        "min_free_cpu_pct": _percent(task, "min_free_cpu_pct", where),
+        "gpu": gpu,
+        "min_free_vram_pct": _percent(task, "min_free_vram_pct", where),
+        "group": _optional_str(task, "group", where),
+        "affinity": _optional_str(task, "affinity", where),
+        "priority": priority,
+    }
+
+
+def _parse_task(task: Any, index: int) -> dict:
+    where = f"tasks[{index}]"
+    if not isinstance(task, dict):
+        raise ManifestError(f"{where} must be a table ([[tasks]])")
+    task_id = _string(task, "id", where, IDENTIFIER_RE, MAX_NAME_CHARS)
+    where = f"tasks[{index}] (id {task_id!r})"
+    _unknown_keys(task, TASK_KEYS, where)
+    function = task.get("function")
+    if not isinstance(function, str) or not FUNCTION_RE.match(function):
+        raise ManifestError(
+            f"{where}: function must be 'module.path:function_name', got {function!r}"
+        )
+    retries = task.get("retries", 0)
+    if not _is_int(retries) or retries < 0:
+        raise ManifestError(f"{where}: retries must be an integer >= 0, got {retries!r}")
+    trigger_rule = task.get("trigger_rule", "all_success")
+    if trigger_rule not in TRIGGER_RULES:
+        raise ManifestError(
+            f"{where}: trigger_rule must be one of {', '.join(TRIGGER_RULES)}, got {trigger_rule!r}"
+        )
+    return {
+        "id": task_id,
+        "function": function,
+        "retries": retries,
+        "retry_backoff_s": _number(task, "retry_backoff_s", where, 0.0, minimum=0, strict=False),
+        "timeout_s": _number(task, "timeout_s", where, DEFAULT_TIMEOUT_S, minimum=0, strict=True),
+        "dependencies": _str_list(task, "dependencies", where),
+        "trigger_rule": trigger_rule,
+        **_parse_routing(task, where),
+    }
+
+
+def _check_graph(tasks: list[dict]) -> None:
+    seen: set[str] = set()
+    for index, task in enumerate(tasks):
+        if task["id"] in seen:
+            raise ManifestError(f"tasks[{index}]: duplicate task id {task['id']!r}")
+        seen.add(task["id"])
+    for index, task in enumerate(tasks):
+        for dep in task["dependencies"]:
+            if dep not in seen:
+                raise ManifestError(
+                    f"tasks[{index}] (id {task['id']!r}): dependency {dep!r} is not a task "
+                    "of this workflow"
+                )
+    cycle = find_cycle({t["id"]: t["dependencies"] for t in tasks})
+    if cycle:
+        raise ManifestError(
+            f"dependency cycle: {' -> '.join(cycle)} (each task depends on the next)"
+        )
+
+
+def find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
+    """One cycle of ``{task: dependencies}`` as ``[a, b, ..., a]`` (a depends on b ...), or None."""
+    white, grey, black = 0, 1, 2
+    colour = dict.fromkeys(graph, white)
+    for start in graph:
+        if colour[start] != white:
+            continue
+        path: list[str] = [start]
+        stack = [iter(graph[start])]
+        colour[start] = grey
+        while stack:  # iterative DFS: a deep chain must not hit the recursion limit
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                colour[path.pop()] = black
+                stack.pop()
+            elif colour[nxt] == grey:
+                return path[path.index(nxt) :] + [nxt]
+            elif colour[nxt] == white:
+                colour[nxt] = grey
+                path.append(nxt)
+                stack.append(iter(graph[nxt]))
+    return None
+
+
+def parse_manifest(text: bytes | str) -> dict:
+    """Validate cloacina.toml and return it normalised, every task field filled with its default.
+
+    Shape: ``{"package": {name, version, kind}, "workflow": {name}, "tasks": [...]}``.
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ManifestError(f"{MANIFEST_NAME} is not valid UTF-8") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(f"{MANIFEST_NAME} is not valid TOML: {exc}") from None
+    _unknown_keys(data, TOP_LEVEL_KEYS, MANIFEST_NAME)
+    package = _parse_package(data)
+    workflow = _parse_workflow(data)
+    raw_tasks = data.get("tasks")
+    if not isinstance(raw_tasks, list) or not raw_tasks:
+        raise ManifestError("the workflow needs at least one [[tasks]] entry")
+    tasks = [_parse_task(task, i) for i, task in enumerate(raw_tasks)]
+    _check_graph(tasks)
+    return {"package": package, "workflow": workflow, "tasks": tasks}
+
+
+def task_routing(task: dict) -> dict:
+    """The routing keys of a normalised task that actually constrain selection (non-default)."""
+    return {
+        k: task[k] for k in ROUTING_KEYS if task.get(k, ROUTING_DEFAULTS[k]) != ROUTING_DEFAULTS[k]
+    }
