@@ -1,5 +1,171 @@
-"""REST endpoints of this app (mounted under /api/v1 by cloacina_site.api)."""
+"""REST endpoints of this app (mounted under /api/v1 by cloacina_site.api).
 
-from ninja import Router
+Thin: each view authenticates (which sets ``request.tenant``), calls one
+service or query scoped by that tenant, and shapes the answer.
+"""
 
-router = Router()
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.http import HttpRequest, HttpResponse
+from ninja import File, Form, Router, Schema, UploadedFile
+from ninja.errors import HttpError
+
+from artifacts import queries, services
+from artifacts.models import PackageArtifact, WorkflowPackage
+from cloacina_site.auth import agent_auth, read_auth, write_auth
+
+router = Router(tags=["packages"])
+
+
+class ErrorOut(Schema):
+    detail: str
+
+
+class PackageOut(Schema):
+    name: str
+    version: str
+    digest: str
+    kind: str
+    workflow: str
+    tasks: list[str]
+    superseded: bool
+    host_triple: str
+
+
+class ArtifactRef(Schema):
+    target_triple: str
+    digest: str
+
+
+class PackageListItem(Schema):
+    name: str
+    version: str
+    kind: str
+    workflow: str
+    digest: str
+    superseded: bool
+    built_at: datetime
+    artifacts: list[ArtifactRef]
+
+
+class TargetArtifactOut(Schema):
+    package: str
+    version: str
+    target_triple: str
+    digest: str
+
+
+ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut}
+UPLOAD_ERRORS = {**ERRORS, 413: ErrorOut, 422: ErrorOut}
+
+
+def _read_upload(file: UploadedFile) -> bytes:
+    # Refuse before reading an oversized upload into memory.
+    from cloacina_site.config import get_config
+
+    limit = get_config().max_package_bytes
+    if file.size is not None and file.size > limit:
+        raise HttpError(
+            413, f"upload is {file.size} bytes; the limit is {limit} (CLOACINA_MAX_PACKAGE_BYTES)"
+        )
+    return file.read()
+
+
+def _package_out(package: WorkflowPackage) -> dict:
+    return {
+        "name": package.name,
+        "version": package.version,
+        "digest": package.digest,
+        "kind": package.kind,
+        "workflow": package.workflow_name,
+        "tasks": package.task_ids,
+        "superseded": package.superseded,
+        "host_triple": package.host_triple,
+    }
+
+
+@router.post(
+    "/packages",
+    auth=write_auth,
+    response={200: PackageOut, 201: PackageOut, **UPLOAD_ERRORS},
+    summary="Upload, validate and build a workflow package",
+)
+def upload_package(request: HttpRequest, file: File[UploadedFile]):
+    """201 for a new version, 200 when this exact content is already stored for it."""
+    try:
+        package, created = services.publish_package(request.tenant, _read_upload(file))
+    except services.UploadRejected as exc:
+        raise HttpError(exc.status, exc.detail) from None
+    return (201 if created else 200), _package_out(package)
+
+
+@router.get("/packages", auth=read_auth, response={200: list[PackageListItem], **ERRORS})
+def list_packages(request: HttpRequest):
+    return [
+        {
+            "name": p.name,
+            "version": p.version,
+            "kind": p.kind,
+            "workflow": p.workflow_name,
+            "digest": p.digest,
+            "superseded": p.superseded,
+            "built_at": p.built_at,
+            "artifacts": [
+                {"target_triple": a.target_triple, "digest": a.content_hash}
+                for a in sorted(p.artifacts.all(), key=lambda a: a.target_triple)
+            ],
+        }
+        for p in queries.packages_for(request.tenant)
+    ]
+
+
+def _artifact_out(artifact: PackageArtifact) -> dict:
+    return {
+        "package": artifact.package_name,
+        "version": artifact.version,
+        "target_triple": artifact.target_triple,
+        "digest": artifact.content_hash,
+    }
+
+
+@router.post(
+    "/packages/{name}/{version}/artifacts",
+    auth=write_auth,
+    response={200: TargetArtifactOut, 201: TargetArtifactOut, **UPLOAD_ERRORS},
+    summary="Upload a per-target build of a native package",
+)
+def upload_target_artifact(
+    request: HttpRequest,
+    name: str,
+    version: str,
+    file: File[UploadedFile],
+    target_triple: Form[str],
+    digest: Form[str | None] = None,
+):
+    """``digest``, if sent, must be the sha256 of the uploaded file (integrity check)."""
+    try:
+        artifact, created = services.publish_target_artifact(
+            request.tenant, name, version, target_triple, _read_upload(file), digest=digest
+        )
+    except services.UploadRejected as exc:
+        raise HttpError(exc.status, exc.detail) from None
+    return (201 if created else 200), _artifact_out(artifact)
+
+
+@router.get(
+    "/artifacts/{digest}",
+    auth=agent_auth,
+    response={200: bytes, **ERRORS},
+    summary="Download an artifact of the key's tenant by digest",
+)
+def download_artifact(request: HttpRequest, digest: str):
+    data = queries.artifact_bytes(request.tenant, digest)
+    if data is None:
+        raise HttpError(404, f"no artifact {digest} in this tenant")
+    response = HttpResponse(data, content_type="application/octet-stream")
+    response["X-Content-SHA256"] = digest
+    response["Content-Length"] = str(len(data))
+    response["Content-Disposition"] = f'attachment; filename="{digest}.tar.gz"'
+    return response

@@ -43,7 +43,11 @@ class WorkflowPackage(models.Model):
                 fields=["tenant", "name", "version"], name="uniq_package_version"
             )
         ]
-        indexes = [models.Index(fields=["tenant", "workflow_name", "superseded"])]
+        indexes = [
+            models.Index(fields=["tenant", "workflow_name", "superseded"]),
+            # GET /artifacts/{digest} checks the digest belongs to the caller's tenant.
+            models.Index(fields=["tenant", "digest"], name="package_tenant_digest_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name}=={self.version}"
@@ -74,4 +78,7 @@ class PackageArtifact(models.Model):
                 fields=["package_name", "version", "tenant", "target_triple"],
                 name="uniq_artifact_per_target",
             ),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "content_hash"], name="artifact_tenant_digest_idx"),
         ]

@@ -227,15 +227,17 @@ def _read_zip(data: bytes, collector: _Collector) -> None:
         for info in infos:
             collector.count_member()
             name = clean_member_name(info.filename)
-            mode = info.external_attr >> 16
-            if info.is_dir() or stat.S_ISDIR(mode):
+            # Unix file-type bits only mean something in zips made on Unix (create_system 3);
+            # tools such as zipfile.writestr() leave them 0 for plain files.
+            ftype = stat.S_IFMT(info.external_attr >> 16) if info.create_system == 3 else 0
+            if info.is_dir() or ftype == stat.S_IFDIR:
                 continue
             if info.flag_bits & 0x1:
                 raise ArchiveError(f"member {name!r} is encrypted (not supported)")
-            if stat.S_ISLNK(mode):
+            if ftype == stat.S_IFLNK:
                 target = _read_bounded(zf, info, name, collector)
                 collector.add_link(name, target.decode("utf-8", "replace"), "symlink")
-            elif mode == 0 or stat.S_ISREG(mode):
+            elif ftype in (0, stat.S_IFREG):
                 collector.check_size(name, info.file_size)
                 collector.add_file(name, _read_bounded(zf, info, name, collector))
             else:

@@ -1,0 +1,1 @@
+"""The etl-demo example workflow (see steps.py)."""
