@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.http import HttpRequest, HttpResponse
-from ninja import File, Form, Router, Schema, UploadedFile
+from ninja import File, Form, Router, Schema, Status, UploadedFile
 from ninja.errors import HttpError
 
 from artifacts import queries, services
@@ -98,7 +98,7 @@ def upload_package(request: HttpRequest, file: File[UploadedFile]):
         package, created = services.publish_package(request.tenant, _read_upload(file))
     except services.UploadRejected as exc:
         raise HttpError(exc.status, exc.detail) from None
-    return (201 if created else 200), _package_out(package)
+    return Status(201 if created else 200, _package_out(package))
 
 
 @router.get("/packages", auth=read_auth, response={200: list[PackageListItem], **ERRORS})
@@ -151,7 +151,7 @@ def upload_target_artifact(
         )
     except services.UploadRejected as exc:
         raise HttpError(exc.status, exc.detail) from None
-    return (201 if created else 200), _artifact_out(artifact)
+    return Status(201 if created else 200, _artifact_out(artifact))
 
 
 @router.get(

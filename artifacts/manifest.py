@@ -216,11 +216,13 @@ def _parse_task(task: Any, index: int) -> dict:
 
 
 def _check_graph(tasks: list[dict]) -> None:
-    seen: set[str] = set()
+    seen: dict[str, int] = {}
     for index, task in enumerate(tasks):
         if task["id"] in seen:
-            raise ManifestError(f"tasks[{index}]: duplicate task id {task['id']!r}")
-        seen.add(task["id"])
+            raise ManifestError(
+                f"tasks[{index}]: duplicate task id {task['id']!r} (also tasks[{seen[task['id']]}])"
+            )
+        seen[task["id"]] = index
     for index, task in enumerate(tasks):
         for dep in task["dependencies"]:
             if dep not in seen:

@@ -1,0 +1,326 @@
+"""The package REST endpoints: upload, list, per-target builds, download, roles and tenancy."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+import zipfile
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
+
+from agents.runtime import archive
+from agents.runtime.triples import host_triple
+from artifacts.models import ArtifactBlob, PackageArtifact, WorkflowPackage
+from artifacts.queries import active_package
+from artifacts.storage import load_blob
+from artifacts.testing import build_archive, example_archive, manifest_toml, package_files
+from tests.conftest import bearer
+
+pytestmark = pytest.mark.django_db
+
+ARM = "aarch64-unknown-linux-gnu"
+T = {"id": "a", "function": "demo.steps:a"}
+
+
+@pytest.fixture
+def client() -> Client:
+    return Client()
+
+
+def upload(client: Client, key: str, data: bytes, name: str = "pkg.tar.gz"):
+    return client.post("/api/v1/packages", {"file": SimpleUploadedFile(name, data)}, **bearer(key))
+
+
+def upload_target(client, key, data, triple=ARM, name="demo", version="1.0.0", **extra):
+    return client.post(
+        f"/api/v1/packages/{name}/{version}/artifacts",
+        {"file": SimpleUploadedFile("t.tar.gz", data), "target_triple": triple, **extra},
+        **bearer(key),
+    )
+
+
+def native(version: str = "1.0.0", marker: str = "", **manifest) -> bytes:
+    files = package_files(kind="native", version=version, **manifest)
+    files["workflow/demo/native.txt"] = marker
+    return build_archive(files)
+
+
+def assert_nothing_stored():
+    assert WorkflowPackage.objects.count() == 0
+    assert PackageArtifact.objects.count() == 0
+    assert ArtifactBlob.objects.count() == 0
+
+
+# --- upload -------------------------------------------------------------------------
+
+
+def test_it_uploads_the_example(client, write_key, tenant):
+    data = example_archive()
+    response = upload(client, write_key, data)
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["name"] == "etl-demo" and body["version"] == "1.0.0" and body["kind"] == "python"
+    assert body["workflow"] == "etl"
+    assert body["tasks"] == ["extract", "transform_a", "transform_b", "load"]
+    assert body["superseded"] is False and body["host_triple"] == host_triple()
+    package = WorkflowPackage.objects.get(tenant=tenant)
+    assert package.digest == body["digest"]
+    assert package.manifest["tasks"][0]["retries"] == 2
+    stored = load_blob(body["digest"])
+    assert hashlib.sha256(stored).hexdigest() == body["digest"] == package.digest
+    assert archive.read_members(stored)["cloacina.toml"].startswith(b"#")
+    assert active_package(tenant, "etl") == package
+
+
+def test_a_zip_of_the_same_files_is_the_same_package(client, write_key):
+    first = upload(client, write_key, example_archive())
+    again = upload(client, write_key, example_archive(fmt="zip"))
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json()["digest"] == first.json()["digest"]
+    assert WorkflowPackage.objects.count() == 1 and ArtifactBlob.objects.count() == 1
+
+
+def test_same_version_with_different_content_is_a_conflict(client, write_key):
+    assert upload(client, write_key, build_archive(package_files())).status_code == 201
+    changed = package_files(source="def a(c):\n    return {}\n\ndef b(c):\n    return {'x': 1}\n")
+    response = upload(client, write_key, build_archive(changed))
+    assert response.status_code == 409
+    assert "demo" in response.json()["detail"] and "1.0.0" in response.json()["detail"]
+    # "1.0" is the same PEP 440 version as "1.0.0".
+    response = upload(
+        client,
+        write_key,
+        build_archive(
+            package_files(version="1.0", source="#\n" + "def a(c): pass\ndef b(c): pass\n")
+        ),
+    )
+    assert response.status_code == 409
+    assert WorkflowPackage.objects.count() == 1 and ArtifactBlob.objects.count() == 1
+
+
+def test_a_newer_version_supersedes_older_ones(client, write_key, tenant):
+    for version in ("1.0.0", "1.10.0", "1.2.0"):  # 1.2.0 arrives last but is older than 1.10.0
+        response = upload(client, write_key, build_archive(package_files(version=version)))
+        assert response.status_code == 201
+    assert response.json()["superseded"] is True
+    states = dict(WorkflowPackage.objects.values_list("version", "superseded"))
+    assert states == {"1.0.0": True, "1.10.0": False, "1.2.0": True}
+    assert active_package(tenant, "demo").version == "1.10.0"
+    assert active_package(tenant, "nope") is None
+
+
+def test_supersede_stays_within_one_package_name_and_tenant(
+    client, write_key, other_write_key, tenant, other_tenant
+):
+    upload(client, write_key, build_archive(package_files(name="one", version="1.0")))
+    upload(
+        client, write_key, build_archive(package_files(name="two", version="2.0", workflow="w2"))
+    )
+    upload(client, other_write_key, build_archive(package_files(name="one", version="9.0")))
+    assert not WorkflowPackage.objects.filter(superseded=True).exists()
+    assert active_package(tenant, "demo").name == "one"
+    assert active_package(other_tenant, "demo").version == "9.0"
+
+
+def bad_tar(*entries: tuple[str, bytes, str]) -> bytes:
+    """entries: (name, data, linkname-or-type) — linkname 'sym:x' / 'hard:x' makes a link."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for name, data, link in entries:
+            info = tarfile.TarInfo(name)
+            if link.startswith("sym:"):
+                info.type, info.linkname = tarfile.SYMTYPE, link[4:]
+            elif link.startswith("hard:"):
+                info.type, info.linkname = tarfile.LNKTYPE, link[5:]
+            info.size = 0 if link else len(data)
+            tar.addfile(info, None if link else io.BytesIO(data))
+    return out.getvalue()
+
+
+def with_valid(*extra: tuple[str, bytes, str]) -> bytes:
+    files = [(k, v.encode(), "") for k, v in package_files().items()]
+    return bad_tar(*files, *extra)
+
+
+@pytest.fixture(scope="module")
+def zip_bomb() -> bytes:
+    """~1 MB on the wire, 240 MB expanded (over the 200 MB default limit)."""
+    out = io.BytesIO()
+    zeros = b"\0" * (60 * 1024 * 1024)
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+        for name, content in package_files().items():
+            zf.writestr(name, content)
+        for i in range(4):
+            zf.writestr(f"vendor/blob{i}.bin", zeros)
+    return out.getvalue()
+
+
+def many_members() -> bytes:
+    files: dict[str, str | bytes] = dict(package_files())
+    files.update({f"vendor/f{i}.txt": "" for i in range(archive.MAX_MEMBERS)})
+    return build_archive(files, "zip")
+
+
+def manifest_case(text: str) -> bytes:
+    files = package_files()
+    files["cloacina.toml"] = text
+    return build_archive(files)
+
+
+CYCLE = [
+    {"id": "a", "function": "demo.steps:a", "dependencies": ["b"]},
+    {"id": "b", "function": "demo.steps:b", "dependencies": ["a"]},
+]
+
+BAD_UPLOADS = {
+    "dotdot": (lambda: with_valid(("../evil.py", b"x", "")), 400, "'..'"),
+    "absolute": (lambda: with_valid(("/etc/cron.d/evil", b"x", "")), 400, "absolute path"),
+    "symlink-out": (
+        lambda: with_valid(("workflow/x", b"", "sym:../../etc/passwd")),
+        400,
+        "symlink 'workflow/x' -> '../../etc/passwd' points outside the package",
+    ),
+    "hardlink-out": (
+        lambda: with_valid(("workflow/y", b"", "hard:../secret")),
+        400,
+        "hardlink 'workflow/y' -> '../secret' points outside the package",
+    ),
+    "not-an-archive": (lambda: b"just some text", 400, "not a .tar.gz or .zip"),
+    "member-count": (many_members, 400, f"more than {archive.MAX_MEMBERS} members"),
+    "no-manifest": (
+        lambda: build_archive({"workflow/demo/steps.py": "x = 1"}),
+        422,
+        "cloacina.toml not found",
+    ),
+    "bad-toml": (lambda: manifest_case("[package\nname="), 422, "not valid TOML"),
+    "bad-name": (
+        lambda: manifest_case(manifest_toml([T], name="Demo!")),
+        422,
+        "package.name 'Demo!'",
+    ),
+    "bad-version": (
+        lambda: manifest_case(manifest_toml([T], version="one")),
+        422,
+        "package.version 'one'",
+    ),
+    "duplicate-ids": (
+        lambda: manifest_case(manifest_toml([T, T])),
+        422,
+        "duplicate task id 'a'",
+    ),
+    "unknown-dependency": (
+        lambda: manifest_case(manifest_toml([{**T, "dependencies": ["ghost"]}])),
+        422,
+        "tasks[0] (id 'a'): dependency 'ghost' is not a task",
+    ),
+    "cycle": (lambda: manifest_case(manifest_toml(CYCLE)), 422, "dependency cycle: a -> b -> a"),
+    "missing-module": (
+        lambda: manifest_case(manifest_toml([{"id": "a", "function": "demo.gone:a"}])),
+        422,
+        "tasks[0] (id 'a'): module 'demo.gone' not found",
+    ),
+    "missing-function": (
+        lambda: manifest_case(manifest_toml([{"id": "a", "function": "demo.steps:zz"}])),
+        422,
+        "tasks[0] (id 'a'): function 'zz' is not defined at the top level of workflow/demo/steps.py",
+    ),
+    "unknown-key": (
+        lambda: manifest_case(manifest_toml([{**T, "timeout": 5}])),
+        422,
+        "unknown key 'timeout' in tasks[0] (id 'a')",
+    ),
+    "bad-trigger-rule": (
+        lambda: manifest_case(manifest_toml([{**T, "trigger_rule": "any"}])),
+        422,
+        "tasks[0] (id 'a'): trigger_rule must be one of all_success, all_done, one_failed",
+    ),
+    "negative-retries": (
+        lambda: manifest_case(manifest_toml([{**T, "retries": -2}])),
+        422,
+        "tasks[0] (id 'a'): retries must be an integer >= 0, got -2",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_UPLOADS))
+def test_a_bad_upload_is_refused_and_stores_nothing(client, write_key, case):
+    make, status, problem = BAD_UPLOADS[case]
+    response = upload(client, write_key, make())
+    assert response.status_code == status, response.content
+    assert problem in response.json()["detail"]
+    assert_nothing_stored()
+
+
+def test_a_zip_bomb_is_refused(client, write_key, zip_bomb):
+    response = upload(client, write_key, zip_bomb, "bomb.zip")
+    assert response.status_code == 400
+    assert "expands to more than" in response.json()["detail"]
+    assert_nothing_stored()
+
+
+def test_an_oversized_upload_is_refused(client, write_key, settings, monkeypatch):
+    from dataclasses import replace
+
+    from cloacina_site import config
+
+    monkeypatch.setattr(config, "_config", replace(config.get_config(), max_package_bytes=100))
+    response = upload(client, write_key, example_archive())
+    assert response.status_code == 413
+    assert "limit is 100" in response.json()["detail"]
+    assert_nothing_stored()
+
+
+def test_a_missing_file_field_is_a_422(client, write_key):
+    response = client.post("/api/v1/packages", {}, **bearer(write_key))
+    assert response.status_code == 422
+    assert_nothing_stored()
+
+
+# --- roles --------------------------------------------------------------------------
+
+
+def test_a_read_key_cannot_upload(client, read_key):
+    response = upload(client, read_key, example_archive())
+    assert response.status_code == 403 and "read key" in response.json()["detail"]
+    assert_nothing_stored()
+
+
+def test_no_key_is_a_401(client):
+    response = client.post(
+        "/api/v1/packages", {"file": SimpleUploadedFile("p.tar.gz", example_archive())}
+    )
+    assert response.status_code == 401
+    assert client.get("/api/v1/packages").status_code == 401
+    assert client.get("/api/v1/artifacts/" + "0" * 64).status_code == 401
+    assert_nothing_stored()
+
+
+def test_an_agent_key_cannot_upload_or_list(client, agent_key):
+    assert upload(client, agent_key, example_archive()).status_code == 403
+    assert client.get("/api/v1/packages", **bearer(agent_key)).status_code == 403
+
+
+def test_write_and_read_keys_cannot_download(client, write_key, read_key):
+    digest = upload(client, write_key, example_archive()).json()["digest"]
+    for key in (write_key, read_key):
+        assert client.get(f"/api/v1/artifacts/{digest}", **bearer(key)).status_code == 403
+
+
+# --- listing ------------------------------------------------------------------------
+
+
+def test_it_lists_only_the_tenants_packages(client, write_key, read_key, other_write_key):
+    upload(client, write_key, native())
+    upload_target(client, write_key, native())
+    upload(client, other_write_key, example_archive())
+    response = client.get("/api/v1/packages", **bearer(read_key))
+    assert response.status_code == 200
+    (item,) = response.json()
+    assert item["name"] == "demo" and item["kind"] == "native" and item["workflow"] == "demo"
+    assert item["superseded"] is False and item["built_at"]
+    assert item["artifacts"] == [
+        {"target_triple": ARM, "digest": PackageArtifact.objects.get().content_hash}
+    ]
