@@ -1,0 +1,269 @@
+"""The unpacked-package cache: ``root/<sha256 digest>/`` holds one verified, extracted package.
+
+DB-free (the agent uses it; the in-process executor too).  A hit is a stat and
+a touch, with no request.  A miss fetches the bytes, checks them against the
+digest, extracts into a temporary directory beside the cache and renames it
+into place: the rename is atomic, so a reader never sees a half-written
+package.  A per-digest lock (a thread lock plus an ``flock`` on
+``root/.locks/<digest>``) makes concurrent callers, in one process or several
+sharing a root, fetch each package once.
+
+When the unpacked packages exceed ``max_bytes`` the least recently used ones
+are removed, never the one just returned nor one pinned with :meth:`use`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import inspect
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+from agents.runtime.archive import safe_extract
+
+DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
+TMP_PREFIX = ".tmp-"
+# A temporary extraction dir this old was left by a process that died mid-extract.
+STALE_TMP_AGE_S = 3600.0
+
+
+class PackageCacheError(Exception):
+    """A package could not be put in the cache (the message says why)."""
+
+
+class DigestMismatch(PackageCacheError):
+    """The fetched bytes are not the package the digest names; nothing was kept."""
+
+
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+class PackageCache:
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / ".locks").mkdir(exist_ok=True)
+        self._guard = threading.Lock()
+        self._digest_locks: dict[str, threading.Lock] = {}
+        self._pins: dict[str, int] = {}
+        self._sizes: dict[str, int] = {}  # digest -> unpacked bytes, learnt lazily
+        self._inflight: dict[str, asyncio.Future] = {}  # aget: one fetch per digest per loop
+        self.hits = 0
+        self.misses = 0
+        self._remove_stale_tmp()
+
+    # -- public API ---------------------------------------------------------
+
+    def path_for(self, digest: str) -> Path:
+        return self.root / _checked(digest)
+
+    def get(self, digest: str, fetch: Callable[[], bytes]) -> Path:
+        """The unpacked package for ``digest``; ``fetch()`` is called only on a miss."""
+        path = self.path_for(digest)
+        if self._hit(path):
+            return path
+        with self._digest_lock(digest):
+            if self._hit(path):  # another caller filled it while we waited
+                return path
+            self.misses += 1
+            self._fill(digest, path, fetch())
+        self.evict(keep=digest)
+        return path
+
+    async def aget(
+        self, digest: str, fetch: Callable[[], bytes] | Callable[[], Awaitable[bytes]]
+    ) -> Path:
+        """:meth:`get` for the event loop; ``fetch`` may be a coroutine function.
+
+        Concurrent misses for one digest on this loop share a single fetch.
+        """
+        path = self.path_for(digest)
+        if self._hit(path):
+            return path
+        if not inspect.iscoroutinefunction(fetch):
+            return await asyncio.to_thread(self.get, digest, fetch)
+        pending = self._inflight.get(digest)
+        if pending is None:
+            pending = asyncio.ensure_future(self._afill(digest, fetch))
+            self._inflight[digest] = pending
+            pending.add_done_callback(lambda _f: self._inflight.pop(digest, None))
+        return await asyncio.shield(pending)
+
+    async def _afill(self, digest: str, fetch: Callable[[], Awaitable[bytes]]) -> Path:
+        data = await fetch()
+        return await asyncio.to_thread(self.store, digest, data)
+
+    def store(self, digest: str, data: bytes) -> Path:
+        """Put already-fetched bytes in the cache (verified against ``digest``)."""
+        return self.get(digest, lambda: data)
+
+    @contextlib.contextmanager
+    def use(self, digest: str, fetch: Callable[[], bytes]) -> Iterator[Path]:
+        """:meth:`get`, pinned against eviction (by this process) until the block ends."""
+        _checked(digest)
+        with self._guard:
+            self._pins[digest] = self._pins.get(digest, 0) + 1
+        try:
+            yield self.get(digest, fetch)
+        finally:
+            with self._guard:
+                self._pins[digest] -= 1
+                if not self._pins[digest]:
+                    del self._pins[digest]
+
+    def pin(self, digest: str) -> None:
+        """Protect ``digest`` from eviction until :meth:`unpin` (counted)."""
+        _checked(digest)
+        with self._guard:
+            self._pins[digest] = self._pins.get(digest, 0) + 1
+
+    def unpin(self, digest: str) -> None:
+        with self._guard:
+            left = self._pins.get(digest, 0) - 1
+            if left > 0:
+                self._pins[digest] = left
+            else:
+                self._pins.pop(digest, None)
+
+    def entries(self) -> list[str]:
+        """Digests currently unpacked in the cache."""
+        return sorted(p.name for p in self.root.iterdir() if DIGEST_RE.match(p.name) and p.is_dir())
+
+    def total_bytes(self) -> int:
+        return sum(self._size(d) for d in self.entries())
+
+    def evict(self, keep: str | None = None) -> list[str]:
+        """Remove least recently used packages until the cache fits ``max_bytes``."""
+        removed: list[str] = []
+        with self._file_lock("evict"):
+            ages = []
+            for digest in self.entries():
+                with contextlib.suppress(FileNotFoundError):
+                    ages.append((os.stat(self.root / digest).st_mtime, digest))
+            total = sum(self._size(d) for _, d in ages)
+            for _mtime, digest in sorted(ages):
+                if total <= self.max_bytes:
+                    break
+                with self._guard:
+                    pinned = digest in self._pins
+                if digest == keep or pinned:
+                    continue
+                # Skip a package another caller is filling or reading under its lock right now.
+                with self._try_digest_lock(digest) as locked:
+                    if not locked:
+                        continue
+                    size = self._size(digest)
+                    self._discard(self.root / digest)
+                    self._sizes.pop(digest, None)
+                    total -= size
+                    removed.append(digest)
+        return removed
+
+    # -- internals ------------------------------------------------------------
+
+    def _hit(self, path: Path) -> bool:
+        try:
+            os.utime(path)  # mtime is the LRU clock
+        except FileNotFoundError:
+            return False
+        self.hits += 1
+        return True
+
+    def _fill(self, digest: str, path: Path, data: bytes) -> None:
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != digest:
+            raise DigestMismatch(
+                f"package bytes do not match their digest: expected sha256 {digest}, got {actual}"
+            )
+        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{digest[:12]}-", dir=self.root))
+        try:
+            safe_extract(data, tmp)
+            os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; children may run as another user
+            os.rename(tmp, path)
+        except OSError as exc:
+            self._discard(tmp)
+            if path.is_dir():  # someone outside our locks won the race: theirs is as good
+                return
+            raise PackageCacheError(f"could not unpack package {digest}: {exc}") from exc
+        except BaseException:
+            self._discard(tmp)
+            raise
+        self._sizes[digest] = _tree_bytes(path)
+
+    def _size(self, digest: str) -> int:
+        if digest not in self._sizes:
+            self._sizes[digest] = _tree_bytes(self.root / digest)
+        return self._sizes[digest]
+
+    def _discard(self, path: Path) -> None:
+        # Rename first so a concurrent reader never sees a half-deleted package.
+        doomed = path.with_name(f"{TMP_PREFIX}gone-{path.name}-{os.getpid()}-{time.monotonic_ns()}")
+        try:
+            os.rename(path, doomed)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def _remove_stale_tmp(self) -> None:
+        now = time.time()
+        for entry in self.root.glob(f"{TMP_PREFIX}*"):
+            with contextlib.suppress(OSError):
+                if now - entry.stat().st_mtime > STALE_TMP_AGE_S:
+                    shutil.rmtree(entry, ignore_errors=True)
+
+    def _thread_lock(self, digest: str) -> threading.Lock:
+        with self._guard:
+            return self._digest_locks.setdefault(digest, threading.Lock())
+
+    @contextlib.contextmanager
+    def _digest_lock(self, digest: str) -> Iterator[None]:
+        with self._thread_lock(digest), self._file_lock(digest):
+            yield
+
+    @contextlib.contextmanager
+    def _try_digest_lock(self, digest: str) -> Iterator[bool]:
+        lock = self._thread_lock(digest)
+        if not lock.acquire(blocking=False):
+            yield False
+            return
+        try:
+            with self._file_lock(digest, blocking=False) as locked:
+                yield locked
+        finally:
+            lock.release()
+
+    @contextlib.contextmanager
+    def _file_lock(self, name: str, blocking: bool = True) -> Iterator[bool]:
+        fd = os.open(self.root / ".locks" / name, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)  # closing the descriptor releases the flock
+
+
+def _checked(digest: str) -> str:
+    # The digest becomes a path component: anything but 64 lower-case hex is refused.
+    if not isinstance(digest, str) or not DIGEST_RE.match(digest):
+        raise PackageCacheError(f"not a sha256 hex digest: {digest!r}")
+    return digest

@@ -1,0 +1,159 @@
+"""The loop a task-runner child process runs: import the task's function, call it, report.
+
+Run as a script by :mod:`agents.runtime.task_runner` (``python -I task_child.py
+FD PARENT_PID``), so it imports only the standard library: nothing of the server
+is on the child's path, only the package's workflow/ and vendor/.
+
+Imports are cached per package directory: when a child switches from one
+package to another, the first package's modules are set aside (not thrown
+away) and the second's are put back, so two packages may both ship a module
+``steps`` and each task sees its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+from types import ModuleType
+
+# How often a child checks that the process that started it is still alive.
+PARENT_CHECK_INTERVAL_S = 1.0
+
+
+class InvalidTaskOutput(Exception):
+    """The task returned something that is not a JSON object (or None)."""
+
+
+class _PackageImports:
+    """Which package's modules are in ``sys.modules`` right now, and the others' set aside."""
+
+    def __init__(self) -> None:
+        self.active: str | None = None
+        self.active_paths: list[str] = []
+        self.stash: dict[str, dict[str, ModuleType]] = {}
+
+    def activate(self, package_dir: str) -> None:
+        if package_dir == self.active:
+            return
+        if self.active is not None:
+            self.stash[self.active] = self._take_modules(self.active)
+            for path in self.active_paths:
+                while path in sys.path:
+                    sys.path.remove(path)
+        # workflow/ first, then vendor/: the package's own code wins over what it vendors.
+        paths = [os.path.join(package_dir, "workflow"), os.path.join(package_dir, "vendor")]
+        sys.path[:0] = paths
+        sys.modules.update(self.stash.pop(package_dir, {}))
+        importlib.invalidate_caches()
+        self.active, self.active_paths = package_dir, paths
+
+    @staticmethod
+    def _take_modules(package_dir: str) -> dict[str, ModuleType]:
+        prefix = os.path.join(package_dir, "")
+        taken = {}
+        for name, module in list(sys.modules.items()):
+            origin = getattr(module, "__file__", None) or ""
+            locations = list(getattr(module, "__path__", None) or [])
+            if origin.startswith(prefix) or any(str(p).startswith(prefix) for p in locations):
+                taken[name] = sys.modules.pop(name)
+        return taken
+
+
+def _resolve(spec: str):
+    module_name, sep, attr_path = spec.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise ValueError(f"function {spec!r} is not of the form 'module:function'")
+    target = importlib.import_module(module_name)
+    for attr in attr_path.split("."):
+        target = getattr(target, attr)
+    if not callable(target):
+        raise TypeError(f"{spec} is not callable")
+    return target
+
+
+def _encode_output(result: object) -> str:
+    if result is None:
+        result = {}
+    if not isinstance(result, dict):
+        raise InvalidTaskOutput(
+            f"task output must be a JSON object (dict) or None, got {type(result).__name__}"
+        )
+    try:
+        return json.dumps(result, allow_nan=False)
+    except ValueError as exc:
+        raise InvalidTaskOutput(f"task output is not valid JSON: {exc}") from None
+    except TypeError as exc:
+        raise InvalidTaskOutput(f"task output is not JSON-serialisable: {exc}") from None
+
+
+def run_task(imports: _PackageImports, request: dict) -> dict:
+    """Run one task request; always returns a reply (never raises)."""
+    try:
+        imports.activate(request["package_dir"])
+        context = json.loads(request["context_json"])
+        func = _resolve(request["function"])
+        result = func(context)
+        if inspect.iscoroutine(result):
+            result = asyncio.run(result)
+        return {"status": "success", "output_json": _encode_output(result)}
+    except InvalidTaskOutput as exc:
+        return {
+            "status": "failure",
+            "error_type": "InvalidTaskOutput",
+            "error_message": str(exc),
+            "traceback": "",
+        }
+    except BaseException as exc:  # noqa: B036 - SystemExit in a task is the task's failure too
+        return {
+            "status": "failure",
+            "error_type": type(exc).__name__,
+            "error_message": str(exc),
+            "traceback": traceback.format_exc(),
+        }
+
+
+def _exit_when_orphaned(parent_pid: int) -> None:
+    # A SIGKILLed parent cannot close our socket for us while a task is still running;
+    # polling it means a killed server or agent leaves no task processes behind.
+    while True:
+        time.sleep(PARENT_CHECK_INTERVAL_S)
+        try:
+            os.kill(parent_pid, 0)
+        except ProcessLookupError:
+            os._exit(0)
+        except PermissionError:
+            pass
+
+
+def serve(conn: Connection, parent_pid: int) -> None:
+    """The child's main loop: one JSON request in, one JSON reply out, until EOF."""
+    # Ctrl-C in a terminal reaches the whole process group; the parent decides when we stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
+    imports = _PackageImports()
+    while True:
+        try:
+            request = json.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        if request.get("op") == "ping":
+            reply = {"op": "pong"}
+        else:
+            reply = run_task(imports, request)
+        try:
+            conn.send_bytes(json.dumps(reply).encode())
+        except (BrokenPipeError, OSError):
+            return
+
+
+if __name__ == "__main__":
+    serve(Connection(int(sys.argv[1])), int(sys.argv[2]))
