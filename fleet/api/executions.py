@@ -1,5 +1,255 @@
-"""REST endpoints (mounted under /api/v1 by cloacina_site.api)."""
+"""Executions REST API: start, list, inspect and cancel workflow executions.
 
-from ninja import Router
+Every query is scoped by ``request.tenant``: another tenant's execution is a
+404, exactly like one that does not exist.
+"""
 
-router = Router()
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+from django.http import HttpRequest
+from ninja import Field, Query, Router, Schema, Status
+from ninja.errors import HttpError
+
+from cloacina_site.auth import read_auth, write_auth
+from cloacina_site.config import get_config
+from fleet.engine import ready_queue, scheduler
+from fleet.engine.context import ContextError, validate_context
+from fleet.engine.events import TaskReadyEvent
+from fleet.models import TaskExecution, TaskStatus, Tenant, WorkflowExecution, WorkflowStatus
+
+router = Router(tags=["executions"])
+
+PAGE_MAX = 200
+
+
+class ErrorOut(Schema):
+    detail: str
+
+
+class StartIn(Schema):
+    context: Any = Field(default_factory=dict, description="the execution's input: a JSON object")
+    priority: int | None = Field(default=None, description="added to every task's priority")
+
+
+class StartOut(Schema):
+    id: uuid.UUID
+    status: str
+
+
+class TaskOut(Schema):
+    task_id: str
+    status: str
+    attempt: int
+    error: str | None = Field(description='"ErrorType: message", or null')
+    agent: str | None = Field(description="name of the agent that ran it; null in-process")
+    wait_reason: str
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class ExecutionOut(Schema):
+    id: uuid.UUID
+    workflow: str
+    status: str
+    context: dict | None = Field(description="the final merged context once terminal, else null")
+    input_context: dict
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    tasks: list[TaskOut]
+
+
+class ExecutionSummary(Schema):
+    id: uuid.UUID
+    workflow: str
+    status: str
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class ExecutionPage(Schema):
+    count: int
+    limit: int
+    offset: int
+    items: list[ExecutionSummary]
+
+
+class ListFilter(Schema):
+    status: str | None = Field(
+        default=None, description="Pending|Running|Completed|Failed|Cancelled"
+    )
+    limit: int = Field(default=50, ge=1, le=PAGE_MAX)
+    offset: int = Field(default=0, ge=0)
+
+
+ERRORS = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut}
+
+
+def _execution_for(tenant: Tenant, execution_id: str) -> WorkflowExecution:
+    """The tenant's execution, or 404; ids that are not UUIDs are 422."""
+    try:
+        pk = uuid.UUID(execution_id)
+    except ValueError:
+        raise HttpError(422, f"{execution_id!r} is not an execution id (a UUID)") from None
+    execution = WorkflowExecution.objects.filter(tenant=tenant, pk=pk).first()
+    if execution is None:
+        raise HttpError(404, f"execution {pk} not found")
+    return execution
+
+
+def _task_out(task: TaskExecution) -> dict:
+    error = None
+    if task.error_type or task.error_message:
+        error = (
+            f"{task.error_type}: {task.error_message}" if task.error_type else task.error_message
+        )
+    return {
+        "task_id": task.task_id,
+        "status": task.status,
+        "attempt": task.attempt,
+        "error": error,
+        "agent": task.agent.name if task.agent_id else None,
+        "wait_reason": task.wait_reason,
+        "started_at": task.started_at,
+        "finished_at": task.finished_at,
+    }
+
+
+def _execution_out(execution: WorkflowExecution) -> dict:
+    tasks = TaskExecution.objects.filter(workflow_execution=execution).select_related("agent")
+    terminal = execution.status in (
+        WorkflowStatus.COMPLETED,
+        WorkflowStatus.FAILED,
+        WorkflowStatus.CANCELLED,
+    )
+    return {
+        **_summary(execution),
+        "context": execution.final_context if terminal else None,
+        "input_context": execution.input_context,
+        "tasks": [_task_out(t) for t in tasks],
+    }
+
+
+def _summary(execution: WorkflowExecution) -> dict:
+    return {
+        "id": execution.id,
+        "workflow": execution.workflow_name,
+        "status": execution.status,
+        "error": execution.error or None,
+        "created_at": execution.created_at,
+        "started_at": execution.started_at,
+        "finished_at": execution.finished_at,
+    }
+
+
+def _backlog(tenant: Tenant) -> int:
+    """Tasks of the tenant not yet finished (NotStarted, Ready, Running)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM fleet_taskexecution WHERE tenant_id = %s AND status = ANY(%s)",
+            [tenant.pk, [TaskStatus.NOT_STARTED, TaskStatus.READY, TaskStatus.RUNNING]],
+        )
+        return cursor.fetchone()[0]
+
+
+def _check_backlog(tenant: Tenant, workflow: str) -> None:
+    if not tenant.max_backlog:
+        return
+    from artifacts.services import active_package
+
+    package = active_package(tenant, workflow)
+    adding = len(package.task_ids) if package is not None else 0
+    backlog = _backlog(tenant)
+    if backlog + adding > tenant.max_backlog:
+        raise HttpError(
+            429,
+            f"tenant {tenant.name!r} has {backlog} unfinished task(s); this execution adds "
+            f"{adding}, over its max_backlog of {tenant.max_backlog}: retry later",
+        )
+
+
+@router.post(
+    "/workflows/{workflow}/executions",
+    auth=write_auth,
+    response={201: StartOut, 429: ErrorOut, **ERRORS},
+    summary="Start an execution of a workflow",
+)
+def start_execution(request: HttpRequest, workflow: str, body: StartIn):
+    tenant = request.tenant
+    try:
+        context = validate_context(body.context, get_config().max_context_bytes)
+    except ContextError as exc:
+        raise HttpError(422, str(exc)) from None
+    _check_backlog(tenant, workflow)
+    try:
+        execution = scheduler.start_execution(
+            tenant, workflow, context, priority=body.priority or 0
+        )
+    except scheduler.SchedulingError as exc:
+        raise HttpError(exc.status, str(exc)) from None
+    roots = TaskExecution.objects.filter(
+        workflow_execution=execution, status=TaskStatus.READY
+    ).values_list("id", "task_id", "attempt")
+    ready_queue.submit(
+        TaskReadyEvent(task_pk, execution.id, name, attempt + 1) for task_pk, name, attempt in roots
+    )
+    return Status(201, {"id": execution.id, "status": execution.status})
+
+
+@router.get(
+    "/executions",
+    auth=read_auth,
+    response={200: ExecutionPage, **ERRORS},
+    summary="List the tenant's executions, newest first",
+)
+def list_executions(request: HttpRequest, filters: Query[ListFilter]):
+    executions = WorkflowExecution.objects.filter(tenant=request.tenant)
+    if filters.status is not None:
+        if filters.status not in WorkflowStatus.values:
+            raise HttpError(
+                422,
+                f"unknown status {filters.status!r}; one of: {', '.join(WorkflowStatus.values)}",
+            )
+        executions = executions.filter(status=filters.status)
+    page = executions.order_by("-created_at", "-id")[
+        filters.offset : filters.offset + filters.limit
+    ]
+    return {
+        "count": executions.count(),
+        "limit": filters.limit,
+        "offset": filters.offset,
+        "items": [_summary(e) for e in page],
+    }
+
+
+@router.get(
+    "/executions/{execution_id}",
+    auth=read_auth,
+    response={200: ExecutionOut, **ERRORS},
+    summary="An execution with its final context and per-task status",
+)
+def get_execution(request: HttpRequest, execution_id: str):
+    return _execution_out(_execution_for(request.tenant, execution_id))
+
+
+@router.post(
+    "/executions/{execution_id}/cancel",
+    auth=write_auth,
+    response={200: ExecutionOut, 409: ErrorOut, **ERRORS},
+    summary="Cancel an execution: nothing new starts, running tasks finish on their own",
+)
+def cancel_execution(request: HttpRequest, execution_id: str):
+    execution = _execution_for(request.tenant, execution_id)
+    try:
+        execution = scheduler.cancel_execution(request.tenant, execution.pk)
+    except scheduler.SchedulingError as exc:
+        raise HttpError(exc.status, str(exc)) from None
+    return _execution_out(execution)
