@@ -1,93 +1,89 @@
-"""Test helpers: package archives from a dict of files, and published packages in the database.
+"""Test helpers: archives from a dict of files, published packages, executions and runs.
 
-``build_tar_gz`` needs no database.  ``make_package`` publishes through the
-artifacts service (validation, build, blob store), exactly as an upload does.
+Packages are published through :func:`artifacts.services.publish_package`, the
+same validation, build and blob store an upload goes through.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
-import tarfile
 import textwrap
 
-MANIFEST_HEADER = """\
-[package]
-name = "{name}"
-version = "{version}"
-kind = "python"
-
-[workflow]
-name = "{workflow}"
-"""
+from artifacts.testing import build_archive, example_archive, manifest_toml
 
 
 def build_tar_gz(files: dict[str, str | bytes]) -> bytes:
     """A .tar.gz of ``files`` ({path: text or bytes}); text is dedented."""
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
-        for name, content in sorted(files.items()):
-            data = content if isinstance(content, bytes) else textwrap.dedent(content).encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mode = 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return raw.getvalue()
+    return build_archive(
+        {k: v if isinstance(v, bytes) else textwrap.dedent(v) for k, v in files.items()}
+    )
 
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def task_toml(
-    task_id: str,
-    function: str,
-    dependencies: list[str] | None = None,
-    trigger_rule: str | None = None,
-    retries: int | None = None,
-    retry_backoff_s: float | None = None,
-    timeout_s: float | None = None,
-) -> str:
-    """One ``[[tasks]]`` table of a manifest."""
-    lines = ["[[tasks]]", f'id = "{task_id}"', f'function = "{function}"']
-    if dependencies:
-        lines.append("dependencies = [" + ", ".join(f'"{d}"' for d in dependencies) + "]")
-    if trigger_rule:
-        lines.append(f'trigger_rule = "{trigger_rule}"')
-    if retries is not None:
-        lines.append(f"retries = {retries}")
-    if retry_backoff_s is not None:
-        lines.append(f"retry_backoff_s = {retry_backoff_s}")
-    if timeout_s is not None:
-        lines.append(f"timeout_s = {timeout_s}")
-    return "\n".join(lines) + "\n"
-
-
-def manifest(name: str, workflow: str, tasks: list[str], version: str = "1.0.0") -> str:
-    """A cloacina.toml from the header fields and :func:`task_toml` tables."""
-    header = MANIFEST_HEADER.format(name=name, version=version, workflow=workflow)
-    return header + "\n" + "\n".join(tasks)
-
-
-def package_files(
-    name: str, workflow: str, tasks: list[str], modules: dict[str, str], version: str = "1.0.0"
-) -> dict[str, str | bytes]:
-    """Manifest plus ``modules`` ({path under workflow/: source})."""
-    files: dict[str, str | bytes] = {"cloacina.toml": manifest(name, workflow, tasks, version)}
-    for path, source in modules.items():
-        files[f"workflow/{path}"] = source
-    return files
-
-
-def make_package(tenant, files: dict[str, str | bytes]):
-    """Publish ``files`` as a package of ``tenant`` through the artifacts service."""
-    from artifacts.services import publish_package
-
-    package, _created = publish_package(tenant, build_tar_gz(files))
-    return package
-
-
 def make_tenant(name: str = "acme"):
     from fleet.models import Tenant
 
     return Tenant.objects.get_or_create(name=name)[0]
+
+
+def make_package(
+    tenant,
+    tasks: list[dict],
+    source: str,
+    *,
+    name: str = "demo",
+    workflow: str = "demo",
+    version: str = "1.0.0",
+    extra_files: dict[str, str | bytes] | None = None,
+):
+    """Publish a package whose module ``demo.steps`` (under workflow/) is ``source``.
+
+    ``tasks`` are manifest task tables, e.g. ``{"id": "a", "function": "demo.steps:a"}``.
+    """
+    from artifacts.services import publish_package
+
+    files: dict[str, str | bytes] = {
+        "cloacina.toml": manifest_toml(tasks, name=name, workflow=workflow, version=version),
+        "workflow/demo/__init__.py": "",
+        "workflow/demo/steps.py": textwrap.dedent(source),
+        **(extra_files or {}),
+    }
+    package, _created = publish_package(tenant, build_tar_gz(files))
+    return package
+
+
+def publish_example(tenant, name: str = "etl-demo"):
+    """Publish ``examples/<name>`` for ``tenant``."""
+    from artifacts.services import publish_package
+
+    package, _created = publish_package(tenant, example_archive(name))
+    return package
+
+
+def start(tenant, workflow: str, context: dict | None = None):
+    """Start an execution of ``workflow``; returns it with its tasks keyed by task id."""
+    from fleet.engine.scheduler import start_execution
+
+    execution = start_execution(tenant, workflow, context or {})
+    return execution, tasks_of(execution)
+
+
+def tasks_of(execution) -> dict:
+    from fleet.models import TaskExecution
+
+    return {t.task_id: t for t in TaskExecution.objects.filter(workflow_execution=execution)}
+
+
+def finish(task, outcome: str = "success", output: dict | None = None, **report_fields):
+    """Claim ``task`` (must be Ready and due) and apply one outcome for it; returns Applied."""
+    from fleet.engine.claims import claim_task
+    from fleet.engine.results import TaskReport, result_handler
+
+    claim = claim_task(task.pk, "test")
+    assert claim is not None, f"task {task.task_id} could not be claimed"
+    return result_handler.apply(
+        TaskReport(task.pk, claim.assignment, outcome, output=output, **report_fields)
+    )

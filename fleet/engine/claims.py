@@ -13,6 +13,10 @@ from dataclasses import dataclass
 
 from django.db import connection, transaction
 
+# "Due" compares ready_at (written from the server's clock) with statement_timestamp(), not
+# now(): now() is frozen at the start of the enclosing transaction, so a claim made
+# inside a longer transaction would not see a task that became due during it.
+
 # Extra time beyond a task's own timeout before a run with no outcome is declared lost.
 RESULT_GRACE_S = 30.0
 
@@ -65,7 +69,7 @@ def claim_task(task_execution_id: uuid.UUID, claimer: str, deadline: bool = True
                 status = 'Running', assignment = t.assignment + 1, attempt = t.attempt + 1,
                 claimed_by = %s, claimed_at = now(), started_at = now(), wait_reason = '',
                 result_deadline = CASE WHEN %s THEN now() + make_interval(secs => t.timeout_s + %s) END
-            WHERE t.id = %s AND t.status = 'Ready' AND (t.ready_at IS NULL OR t.ready_at <= now())
+            WHERE t.id = %s AND t.status = 'Ready' AND (t.ready_at IS NULL OR t.ready_at <= statement_timestamp())
             RETURNING {_CLAIM_COLUMNS}
             """,
             [claimer, deadline, RESULT_GRACE_S, task_execution_id],
@@ -86,7 +90,7 @@ def claim_ready_tasks(claimer: str, limit: int, deadline: bool = True) -> list[C
                 result_deadline = CASE WHEN %s THEN now() + make_interval(secs => t.timeout_s + %s) END
             FROM (
                 SELECT id FROM fleet_taskexecution
-                WHERE status = 'Ready' AND (ready_at IS NULL OR ready_at <= now())
+                WHERE status = 'Ready' AND (ready_at IS NULL OR ready_at <= statement_timestamp())
                 ORDER BY priority DESC, ready_at NULLS FIRST
                 LIMIT %s FOR UPDATE SKIP LOCKED
             ) AS due
@@ -106,7 +110,7 @@ def due_ready_task_events(limit: int) -> list[tuple]:
         cursor.execute(
             """
             SELECT id, workflow_execution_id, task_id, attempt + 1 FROM fleet_taskexecution
-            WHERE status = 'Ready' AND (ready_at IS NULL OR ready_at <= now())
+            WHERE status = 'Ready' AND (ready_at IS NULL OR ready_at <= statement_timestamp())
             ORDER BY priority DESC, ready_at NULLS FIRST LIMIT %s
             """,
             [limit],

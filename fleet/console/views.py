@@ -1,7 +1,0 @@
-from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
-
-
-@login_required
-def overview(request: HttpRequest) -> HttpResponse:
-    return HttpResponse("console")
