@@ -1,0 +1,170 @@
+"""The wire format of work packets and results: JSON (readable) or MessagePack (compact).
+
+The server picks one format (``CLOACINA_WIRE_FORMAT``); an agent states the one it
+speaks when it registers, and a mismatch is refused there.  This codec is the last
+fence: a frame in the other format, or one that does not hold a plain JSON object,
+raises :class:`WireFormatError` instead of decoding into a garbled task.
+
+Both formats carry exactly the JSON data model (objects with string keys, arrays,
+strings, finite numbers, 64-bit integers, booleans, null), so switching the format
+never changes what a task sees.  ``encode`` refuses anything else, naming where it is.
+
+DB-free: imported by the agent runtime and by the server alike.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Literal
+
+import msgpack
+
+WireFormat = Literal["json", "msgpack"]
+SUPPORTED_FORMATS: tuple[str, ...] = ("json", "msgpack")
+# JSON frames go out as WebSocket text, MessagePack frames as binary.
+BINARY_FORMATS = frozenset({"msgpack"})
+
+# MessagePack integers are at most 64 bits; refusing the same range in JSON keeps both
+# formats able to carry every value the other can.
+MIN_INT = -(2**63)
+MAX_INT = 2**64 - 1
+MAX_DEPTH = 64  # deeper nesting is a bug or an attack, never a task context
+
+_JSON_MISMATCH_HINT = "binary data that is not UTF-8 (a MessagePack frame?)"
+
+
+class WireFormatError(ValueError):
+    """A value cannot be encoded, or a frame cannot be decoded, in the stated wire format."""
+
+
+def check_format(fmt: str) -> str:
+    """``fmt`` itself if it is a supported format name; otherwise a WireFormatError listing them."""
+    if fmt not in SUPPORTED_FORMATS:
+        raise WireFormatError(
+            f"unknown wire format {fmt!r}; supported: {', '.join(SUPPORTED_FORMATS)}"
+        )
+    return fmt
+
+
+def is_binary(fmt: str) -> bool:
+    """Whether frames of ``fmt`` travel as binary WebSocket messages (else text)."""
+    return check_format(fmt) in BINARY_FORMATS
+
+
+def require_same_format(server_format: str, agent_format: str) -> None:
+    """Refuse an agent whose format differs from the server's, naming both (registration)."""
+    check_format(server_format)
+    check_format(agent_format)
+    if server_format != agent_format:
+        raise WireFormatError(
+            f"wire format mismatch: the server speaks {server_format}, the agent speaks "
+            f"{agent_format}; start the agent with the server's format ({server_format})"
+        )
+
+
+def _check_value(value: Any, where: str, depth: int = 0) -> None:
+    """Refuse anything outside the JSON data model, naming its path (e.g. ``$.context.when``)."""
+    if depth > MAX_DEPTH:
+        raise WireFormatError(f"{where}: nested more than {MAX_DEPTH} levels deep")
+    if value is None or isinstance(value, bool | str):
+        return
+    if isinstance(value, int):
+        if not MIN_INT <= value <= MAX_INT:
+            raise WireFormatError(f"{where}: integer {value} does not fit in 64 bits")
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise WireFormatError(f"{where}: {value} is not a finite number")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                # JSON would silently turn 1 into "1": a different object on the other side.
+                raise WireFormatError(
+                    f"{where}: object key {key!r} is {type(key).__name__}, keys must be strings"
+                )
+            _check_value(item, f"{where}.{key}", depth + 1)
+        return
+    if isinstance(value, msgpack.ExtType):
+        # A tuple subclass, so test it first: an extension type is no JSON value.
+        raise WireFormatError(f"{where}: ExtType (MessagePack extension) is not a JSON type")
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_value(item, f"{where}[{index}]", depth + 1)
+        return
+    raise WireFormatError(
+        f"{where}: {type(value).__name__} is not a JSON type (object, array, string, number, "
+        "boolean, null)"
+    )
+
+
+def _check_object(value: Any, fmt: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise WireFormatError(
+            f"{fmt} frame holds a {type(value).__name__}, not an object "
+            "(packets and results are objects)"
+        )
+    _check_value(value, "$")
+    return value
+
+
+def encode(obj: dict[str, Any], fmt: str) -> str | bytes:
+    """``obj`` as a frame: compact JSON text (``str``) or MessagePack ``bytes``."""
+    check_format(fmt)
+    _check_object(obj, fmt)
+    if fmt == "msgpack":
+        return msgpack.packb(obj, use_bin_type=True)
+    # ensure_ascii=False keeps non-ASCII text readable in a debugger or a packet capture.
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _decode_json(data: str | bytes) -> Any:
+    if isinstance(data, bytes | bytearray | memoryview):
+        try:
+            data = bytes(data).decode("utf-8")
+        except UnicodeDecodeError:
+            raise WireFormatError(
+                f"expected a json frame, got {_JSON_MISMATCH_HINT}; this connection speaks json"
+            ) from None
+    try:
+        return json.loads(data, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        raise WireFormatError(
+            f"expected a json frame, got text that is not JSON ({exc.msg} at char {exc.pos})"
+        ) from None
+    except RecursionError:
+        raise WireFormatError(f"json frame is nested more than {MAX_DEPTH} levels deep") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise WireFormatError(f"json frame holds {name}, which is not a finite number")
+
+
+def _decode_msgpack(data: str | bytes) -> Any:
+    if isinstance(data, str):
+        raise WireFormatError(
+            "expected a msgpack (binary) frame, got a text frame (a JSON frame?); "
+            "this connection speaks msgpack"
+        )
+    try:
+        return msgpack.unpackb(bytes(data), raw=False, strict_map_key=True)
+    except msgpack.ExtraData:
+        # A JSON text "{...}" unpacks as the integer 123 followed by garbage.
+        raise WireFormatError(
+            "expected a msgpack frame, got bytes with trailing data (a JSON frame?)"
+        ) from None
+    except (ValueError, TypeError, msgpack.FormatError, msgpack.StackError) as exc:
+        raise WireFormatError(f"expected a msgpack frame, got unreadable bytes ({exc})") from None
+
+
+def decode(data: str | bytes, fmt: str) -> dict[str, Any]:
+    """The object a frame of format ``fmt`` carries.
+
+    A JSON frame may arrive as text or as UTF-8 bytes (a REST body); a MessagePack
+    frame must be bytes.  Anything else, a frame in the other format, or content
+    outside the JSON data model raises :class:`WireFormatError`.
+    """
+    check_format(fmt)
+    value = _decode_msgpack(data) if fmt == "msgpack" else _decode_json(data)
+    return _check_object(value, fmt)
