@@ -33,6 +33,9 @@ class DeliveryOutbox(models.Model):
     )  # the agent confirmed it holds the packet
     acked_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
+    # Agents this packet was reclaimed from (ids as text): their late results are
+    # recorded, not rejected as "never addressed to this agent".
+    former_agents = models.JSONField(default=list, blank=True)
 
     class Meta:
         db_table = "delivery_outbox"
