@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "cloacina_site",  # for its management commands (serve)
     "fleet",
     "agents",
     "artifacts",

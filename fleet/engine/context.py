@@ -1,7 +1,8 @@
 """The task context builder shared by every executor.
 
-A task's input is the execution's input context, then each dependency's output
-merged in the order the dependencies are listed.  Both the in-process and the
+A task's input is the execution's input context, then the output of every
+upstream task (dependencies, transitively), each after its own ancestors and
+the dependencies in the order they are listed.  Both the in-process and the
 fleet path call :func:`build_task_context` + :func:`encode_context`, so a task
 sees byte-for-byte the same input wherever it runs.
 """
@@ -24,14 +25,38 @@ def build_task_context(task_execution_id: uuid.UUID) -> dict:
     task = TaskExecution.objects.select_related("workflow_execution").get(pk=task_execution_id)
     context = dict(task.workflow_execution.input_context or {})
     if task.dependencies:
-        outputs = dict(
-            TaskExecution.objects.filter(
-                workflow_execution_id=task.workflow_execution_id, task_id__in=task.dependencies
-            ).values_list("task_id", "output_context")
-        )
-        for dependency in task.dependencies:
-            context.update(outputs.get(dependency) or {})
+        rows = TaskExecution.objects.filter(
+            workflow_execution_id=task.workflow_execution_id
+        ).values_list("task_id", "dependencies", "output_context")
+        graph = {name: (deps or [], output) for name, deps, output in rows}
+        for ancestor in upstream_order(task.dependencies, graph):
+            context.update(graph[ancestor][1] or {})
     return context
+
+
+def upstream_order(dependencies: list[str], graph: dict[str, tuple[list[str], Any]]) -> list[str]:
+    """Every ancestor once, each after its own ancestors, dependencies in their listed order.
+
+    Context flows down the DAG: ``load`` after ``transform_a`` (after ``extract``)
+    sees extract's keys too, and a later dependency's output wins a conflict.
+    """
+    order: list[str] = []
+    seen: set[str] = set()
+    # Iterative post-order DFS (a long chain must not hit the recursion limit).
+    for root in dependencies:
+        stack = [(root, iter(graph[root][0]))] if root in graph and root not in seen else []
+        if stack:
+            seen.add(root)
+        while stack:
+            name, parents = stack[-1]
+            parent = next(parents, None)
+            if parent is None:
+                stack.pop()
+                order.append(name)
+            elif parent in graph and parent not in seen:
+                seen.add(parent)
+                stack.append((parent, iter(graph[parent][0])))
+    return order
 
 
 def encode_context(context: dict) -> str:

@@ -1,0 +1,246 @@
+"""`manage.py serve`: daphne and the background loops in one process.
+
+Boot order: configuration (flag > env > config.toml > default) → dispatcher
+(an unknown executor key stops here, exit 2, nothing started) → migrations
+(under an advisory lock, so servers starting together take turns) → this
+process's ServerInstance row → daphne on the asyncio Twisted reactor.  Once
+the reactor runs, :meth:`ServeProcess.start` starts the executor, the dispatch
+loop and the periodic jobs on the same event loop, then prints the ready line.
+SIGTERM/SIGINT stop intake first, then the executor, then mark the instance
+stopped and give back its unfinished in-process claims.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from django.db import close_old_connections, connection
+
+from cloacina_site.config import Config, ConfigError, apply_overrides
+from fleet.engine import leader, recovery, server_registry
+from fleet.engine.dispatcher import Dispatcher
+from fleet.engine.events import ExecutorNotFound
+from fleet.engine.executor import PeriodicJob
+from fleet.engine.registry import build_dispatcher
+
+log = logging.getLogger("cloacina.serve")
+
+ACTUATORS = ("none", "process", "docker", "kubernetes")
+STOP_TIMEOUT_S = 30.0  # the executor's own drain must finish within this on SIGTERM
+EXIT_CONFIG = 2
+
+
+class Command(BaseCommand):
+    help = "Run the Cloacina server: daphne (HTTP, WebSocket) and the background loops."
+    requires_system_checks: list[str] = []  # checked explicitly after the configuration
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+        parser.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
+        parser.add_argument(
+            "--default-executor",
+            dest="default_executor",
+            default=None,
+            help="executor key every task goes to (default | fleet)",
+        )
+        parser.add_argument(
+            "--actuator", default=None, help=f"fleet actuator: {' | '.join(ACTUATORS)}"
+        )
+
+    def handle(self, *args, **options) -> None:
+        config = self._configure(options)
+        instance_id = server_registry.new_instance_id()
+        try:
+            dispatcher = build_dispatcher(config, claimer=instance_id)
+        except ExecutorNotFound as exc:
+            raise CommandError(str(exc), returncode=EXIT_CONFIG) from None
+        self.check(display_num_errors=False)
+        migrate_with_lock()
+        server_registry.register_instance(instance_id, config.default_executor)
+        connection.close()  # the main thread hands over to the reactor; threads use their own
+        process = ServeProcess(
+            config, dispatcher, instance_id, options["host"], options["port"], self.stdout
+        )
+        code = process.run()
+        if code:
+            sys.exit(code)
+
+    def _configure(self, options: dict) -> Config:
+        actuator = options["actuator"]
+        try:
+            heartbeat_s = server_registry.heartbeat_interval_s()
+            config = apply_overrides(
+                default_executor=options["default_executor"], fleet_actuator=actuator
+            )
+        except ConfigError as exc:
+            raise CommandError(str(exc), returncode=EXIT_CONFIG) from None
+        if config.fleet_actuator not in ACTUATORS:
+            raise CommandError(
+                f"unknown actuator {config.fleet_actuator!r}; valid: {', '.join(ACTUATORS)}",
+                returncode=EXIT_CONFIG,
+            )
+        if not 0 <= options["port"] <= 65535:
+            raise CommandError(f"--port must be 0..65535, got {options['port']}", returncode=2)
+        log.debug("server heartbeat every %.1fs", heartbeat_s)
+        return config
+
+
+def migrate_with_lock() -> None:
+    """Apply migrations; an advisory lock makes servers that boot together take turns."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [leader.MIGRATE_LOCK_ID])
+    try:
+        call_command("migrate", interactive=False, verbosity=0)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [leader.MIGRATE_LOCK_ID])
+
+
+class ServeProcess:
+    """The running server: daphne plus executor, dispatch loop and periodic jobs."""
+
+    def __init__(
+        self,
+        config: Config,
+        dispatcher: Dispatcher,
+        instance_id: str,
+        host: str,
+        port: int,
+        stdout,
+    ) -> None:
+        self.config = config
+        self.dispatcher = dispatcher
+        self.instance_id = instance_id
+        self.host = host
+        self.port = port
+        self.stdout = stdout
+        self.exit_code = 0
+        self.engine = None
+        self.jobs = None
+        self._executor_started = False
+        self._stopping = False
+
+    def run(self) -> int:
+        # daphne.server installs the asyncio Twisted reactor on import; it must come first.
+        from daphne.server import Server
+        from twisted.internet import reactor
+
+        from cloacina_site.asgi import application
+
+        self.server = Server(
+            application=application,
+            endpoints=[f"tcp:port={self.port}:interface={self.host}"],
+            signal_handlers=True,
+        )
+        reactor.callWhenRunning(self._start)
+        reactor.addSystemEventTrigger("before", "shutdown", self._shutdown)
+        self.server.run()
+        return self.exit_code
+
+    # -- start -------------------------------------------------------------------------
+    def _start(self) -> None:
+        task = asyncio.ensure_future(self._start_async())
+        task.add_done_callback(self._started)
+
+    def _started(self, task: asyncio.Future) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error("server failed to start", exc_info=task.exception())
+        self._fail(1)
+
+    def _fail(self, code: int) -> None:
+        from twisted.internet import reactor
+
+        self.exit_code = code
+        if reactor.running:
+            reactor.stop()
+
+    async def _start_async(self) -> None:
+        from fleet.engine.loop import EngineLoop
+        from fleet.engine.periodic import PeriodicJobs
+
+        executor = self.dispatcher.executor
+        await executor.start()
+        self._executor_started = True
+        self.engine = EngineLoop(self.dispatcher, self.config.scheduler_poll_s)
+        await self.engine.start()
+        self.jobs = PeriodicJobs(self._periodic_jobs(executor.periodic_jobs()))
+        self.jobs.start()
+        port = await self._listening_port()
+        if port is None:
+            self._fail(1)  # daphne already logged the listen failure
+            return
+        await asyncio.get_running_loop().run_in_executor(
+            None, _db_call, server_registry.set_port, self.instance_id, port
+        )
+        self.stdout.write(
+            f"Cloacina server ready: console at http://{self.host}:{port}/console/ "
+            f"(executor: {executor.key})"
+        )
+        self.stdout.flush()
+
+    def _periodic_jobs(self, executor_jobs: list[PeriodicJob]) -> list[PeriodicJob]:
+        instance_id = self.instance_id
+        return [
+            PeriodicJob(
+                "server_heartbeat",
+                lambda: server_registry.beat(instance_id),
+                server_registry.heartbeat_interval_s(),
+            ),
+            *recovery.recovery_jobs(),
+            *executor_jobs,
+        ]
+
+    async def _listening_port(self) -> int | None:
+        from twisted.internet import defer
+
+        await defer.DeferredList(self.server.listeners).asFuture(asyncio.get_running_loop())
+        if not self.server.listening_addresses:
+            return None
+        return int(self.server.listening_addresses[0][1])
+
+    # -- stop --------------------------------------------------------------------------
+    def _shutdown(self):
+        """Twisted 'before shutdown' trigger: the reactor waits for the returned Deferred."""
+        from twisted.internet import defer
+
+        if self._stopping:
+            return None
+        self._stopping = True
+        return defer.Deferred.fromFuture(asyncio.ensure_future(self._stop_async()))
+
+    async def _stop_async(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.engine is not None:
+            self.engine.stop_accepting()
+        if self.jobs is not None:
+            self.jobs.stop()
+        if self._executor_started:
+            try:
+                await asyncio.wait_for(self.dispatcher.executor.stop(), STOP_TIMEOUT_S)
+            except Exception:
+                log.exception("executor did not stop cleanly")
+        if self.engine is not None:
+            await self.engine.stop()
+        try:
+            released = await loop.run_in_executor(
+                None, _db_call, recovery.shutdown_cleanup, self.instance_id
+            )
+            if released:
+                log.info("released %d unfinished claim(s) on shutdown", released)
+        except Exception:
+            log.exception("could not mark server %s stopped", self.instance_id)
+        leader.close_all()
+        log.info("server %s stopped", self.instance_id)
+
+
+def _db_call(func, *args):
+    close_old_connections()
+    try:
+        return func(*args)
+    finally:
+        close_old_connections()
