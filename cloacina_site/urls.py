@@ -1,8 +1,9 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 
 from cloacina_site.api import api
 from cloacina_site.health import healthz
+from cloacina_site.static_files import static_file
 from fleet.metrics import metrics_view
 
 urlpatterns = [
@@ -11,4 +12,5 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("console/", include("fleet.console.urls")),
+    re_path(r"^static/(?P<path>.+)$", static_file, name="static"),
 ]
