@@ -1,5 +1,187 @@
-"""REST endpoints (mounted under /api/v1 by cloacina_site.api)."""
+"""Fleet REST API: the tenant's fleet, self-service provisioning and the admin override.
 
-from ninja import Router
+A tenant key sees and changes only its own tenant's fleet, and only within
+its effective limit; only a platform admin key can move the limit itself.
+"""
 
-router = Router()
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.http import HttpRequest
+from django.utils import timezone
+from ninja import Field, Router, Schema
+from ninja.errors import HttpError
+from pydantic import ConfigDict
+
+from cloacina_site.auth import admin_auth, read_auth, write_auth
+from fleet.control import limits
+from fleet.models import AutoscaleDecision, FleetChange, Tenant
+
+router = Router(tags=["fleet"])
+
+RECENT_DEAD = timedelta(minutes=10)  # dead agents stay listed this long, then only in history
+HISTORY_MAX = 200
+
+
+class ErrorOut(Schema):
+    detail: str
+
+
+class AgentOut(Schema):
+    name: str
+    state: str = Field(description="live, draining or dead")
+    target_triple: str
+    max_concurrency: int
+    in_flight: int
+    last_heartbeat: datetime
+    managed_by: str = Field(description="the actuator that started it, or empty")
+
+
+class FleetOut(Schema):
+    tenant: str
+    desired_count: int
+    effective_limit: int
+    max_agents_override: int | None
+    overridden: bool
+    utilization: float | None = Field(description="Σ in_flight / Σ max_concurrency of live agents")
+    backlog: int = Field(description="Ready tasks waiting for an agent")
+    outbox_open: int
+    in_flight: int
+    capacity: int
+    agents: list[AgentOut]
+
+
+class AdminFleetIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    max_agents_override: int | None = Field(
+        default=None, description="the tenant's ceiling; null clears it (platform default)"
+    )
+    desired_count: int | None = Field(default=None, description="set desired_count directly")
+
+
+class AdminFleetOut(Schema):
+    tenant: str
+    desired_count: int
+    effective_limit: int
+    max_agents_override: int | None
+    overridden: bool
+
+
+class ChangeOut(Schema):
+    at: datetime
+    field: str
+    old_value: int | None
+    new_value: int | None
+    reason: str
+    actor: str
+
+
+class DecisionOut(Schema):
+    at: datetime
+    decision: str
+    utilization: float | None
+    backlog: int
+    old_desired: int
+    new_desired: int
+    reason: str
+
+
+class HistoryOut(Schema):
+    changes: list[ChangeOut]
+    decisions: list[DecisionOut]
+
+
+ERRORS = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut}
+
+
+def actor_of(request: HttpRequest) -> str:
+    """Who made a change, for the audit trail: the key's role and public lookup."""
+    key = request.api_key
+    return f"{key.role} key {key.lookup}"
+
+
+def _agents(tenant: Tenant) -> list[dict]:
+    from agents.models import Agent, AgentState
+
+    cutoff = timezone.now() - RECENT_DEAD
+    rows = Agent.objects.filter(tenant=tenant).exclude(state=AgentState.DEAD, dead_at__lt=cutoff)
+    return list(
+        rows.order_by("name").values(
+            "name",
+            "state",
+            "target_triple",
+            "max_concurrency",
+            "in_flight",
+            "last_heartbeat",
+            "managed_by",
+        )
+    )
+
+
+def fleet_view(tenant: Tenant) -> dict:
+    return {**limits.fleet_snapshot(tenant), "agents": _agents(tenant)}
+
+
+def _change(func, request: HttpRequest) -> dict:
+    try:
+        func(request.tenant, actor_of(request))
+    except limits.FleetLimitError as exc:
+        raise HttpError(exc.status, exc.message) from None
+    return fleet_view(request.tenant)
+
+
+@router.get("/fleet", auth=read_auth, response={200: FleetOut, **ERRORS})
+def get_fleet(request: HttpRequest):
+    """The tenant's desired_count, limit, utilization, backlog, outbox and agents."""
+    return fleet_view(request.tenant)
+
+
+@router.post("/fleet/provision", auth=write_auth, response={200: FleetOut, **ERRORS})
+def provision(request: HttpRequest):
+    """desired_count + 1, within the effective limit (409 at the limit)."""
+    return _change(limits.provision, request)
+
+
+@router.post("/fleet/deprovision", auth=write_auth, response={200: FleetOut, **ERRORS})
+def deprovision(request: HttpRequest):
+    """desired_count − 1, down to 0 (409 at 0)."""
+    return _change(limits.deprovision, request)
+
+
+@router.get("/fleet/history", auth=read_auth, response={200: HistoryOut, **ERRORS})
+def fleet_history(request: HttpRequest, limit: int = 50):
+    """Recent audit records of the tenant's fleet numbers and autoscaler decisions."""
+    if not 1 <= limit <= HISTORY_MAX:
+        raise HttpError(422, f"limit must be between 1 and {HISTORY_MAX}, got {limit}")
+    tenant = request.tenant
+    return {
+        "changes": list(FleetChange.objects.filter(tenant=tenant)[:limit]),
+        "decisions": list(AutoscaleDecision.objects.filter(tenant=tenant)[:limit]),
+    }
+
+
+@router.put(
+    "/admin/tenants/{tenant}/fleet", auth=admin_auth, response={200: AdminFleetOut, **ERRORS}
+)
+def admin_set_fleet(request: HttpRequest, tenant: str, payload: AdminFleetIn):
+    """Set a tenant's ``max_agents_override`` (null clears it) and/or ``desired_count``."""
+    target = Tenant.objects.filter(name=tenant).first()
+    if target is None:
+        raise HttpError(404, f"unknown tenant {tenant!r}")
+    given = payload.model_fields_set
+    if not given:
+        raise HttpError(422, "give max_agents_override and/or desired_count")
+    kwargs = {name: getattr(payload, name) for name in given}
+    try:
+        updated = limits.set_fleet_overrides(target, actor_of(request), **kwargs)
+    except limits.FleetLimitError as exc:
+        raise HttpError(exc.status, exc.message) from None
+    return {
+        "tenant": updated.name,
+        "desired_count": updated.desired_count,
+        "effective_limit": limits.effective_limit(updated),
+        "max_agents_override": updated.max_agents_override,
+        "overridden": updated.max_agents_override is not None,
+    }

@@ -1,0 +1,247 @@
+"""CLOACINA_FLEET_ACTUATOR=docker: labelled agent containers on a local Docker daemon (dev only).
+
+Every container carries ``cloacina.managed=true`` and ``cloacina.tenant=<label>``,
+and every list is filtered by both labels, so one tenant's reconcile never sees
+another tenant's containers.  Each container gets its own freshly minted agent
+key (env CLOACINA_AGENT_API_KEY) and the server URL; the key's public lookup
+part is a label too, so the key of a container that is gone can be revoked.
+
+Scale-down drains the newest container: its roster row goes to draining and
+the container gets SIGTERM (runagent finishes its work and exits); a container
+still running after CLOACINA_AGENT_DRAIN_TIMEOUT_S is killed.  Nothing here
+blocks a tick for the length of a drain.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.utils import timezone
+
+from fleet.control.actuators.base import (
+    Actuator,
+    AgentHandle,
+    ReconcileResult,
+    label_of,
+    mint_agent_key,
+    revoke_keys,
+)
+from fleet.control.settings import ControlSettings
+from fleet.models import Tenant
+
+log = logging.getLogger(__name__)
+
+MANAGED_LABEL = "cloacina.managed"
+TENANT_LABEL = "cloacina.tenant"
+AGENT_LABEL = "cloacina.agent"
+KEY_LABEL = "cloacina.key"
+MANAGED_BY = "docker"
+AGENT_UID = "10001:10001"
+
+
+@dataclass(frozen=True)
+class Box:
+    """One agent container as listed by the daemon."""
+
+    id: str
+    name: str
+    label: str
+    key_lookup: str
+    state: str  # running, created, restarting, exited, dead, …
+    created: int
+
+    @property
+    def alive(self) -> bool:
+        return self.state in ("created", "running", "restarting")
+
+
+class DockerActuator(Actuator):
+    name = "docker"
+
+    def __init__(
+        self,
+        settings: ControlSettings,
+        client_factory: Callable[[], object] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        import docker
+
+        self.settings = settings
+        self.client = client_factory() if client_factory else docker.from_env()
+        self.clock = clock
+        self._draining: dict[str, float] = {}  # container id → when the drain started
+
+    def describe(self) -> str:
+        return f"docker ({self.client.api.base_url}, image {self.settings.agent_image})"
+
+    # -- listing (always filtered by label) ----------------------------------------
+    def _boxes(self, label: str | None) -> list[Box]:
+        filters = [f"{MANAGED_LABEL}=true"] + ([f"{TENANT_LABEL}={label}"] if label else [])
+        containers = self.client.containers.list(all=True, sparse=True, filters={"label": filters})
+        boxes = []
+        for c in containers:
+            labels = c.attrs.get("Labels") or {}
+            names = c.attrs.get("Names") or [c.id]
+            boxes.append(
+                Box(
+                    id=c.id,
+                    name=labels.get(AGENT_LABEL) or names[0].lstrip("/"),
+                    label=labels.get(TENANT_LABEL, ""),
+                    key_lookup=labels.get(KEY_LABEL, ""),
+                    state=c.attrs.get("State", ""),
+                    created=int(c.attrs.get("Created") or 0),
+                )
+            )
+        if label:  # belt and braces: never act on a container the filter should have excluded
+            boxes = [b for b in boxes if b.label == label]
+        return boxes
+
+    def _is_draining(self, box: Box, drained_keys: set[str]) -> bool:
+        return box.id in self._draining or box.key_lookup in drained_keys
+
+    def _drained_keys(self, boxes: list[Box]) -> set[str]:
+        """Keys whose agent the roster already has as draining (a drain from an earlier leader)."""
+        from agents.models import Agent, AgentState
+
+        lookups = [b.key_lookup for b in boxes if b.key_lookup]
+        if not lookups:
+            return set()
+        return set(
+            Agent.objects.filter(
+                api_key__lookup__in=lookups, state=AgentState.DRAINING
+            ).values_list("api_key__lookup", flat=True)
+        )
+
+    def actual(self, tenant: Tenant | str) -> list[AgentHandle]:
+        boxes = [b for b in self._boxes(label_of(tenant)) if b.alive]
+        drained = self._drained_keys(boxes)
+        return [
+            AgentHandle(b.name, b.label, b.id, "running", b.key_lookup)
+            for b in boxes
+            if not self._is_draining(b, drained)
+        ]
+
+    def managed_labels(self) -> set[str]:
+        return {b.label for b in self._boxes(None) if b.label}
+
+    # -- reconcile -------------------------------------------------------------------
+    def reconcile(self, tenant: Tenant, desired: int) -> ReconcileResult:
+        label = label_of(tenant)
+        boxes = self._boxes(label)
+        drained = self._drained_keys(boxes)
+        crashed = self._collect(boxes, drained)
+        running = [b for b in boxes if b.alive and not self._is_draining(b, drained)]
+        result = ReconcileResult(label, desired, actual=len(running) + len(crashed))
+        for dead in crashed[: max(desired - len(running), 0)]:
+            self._spawn(tenant, label, dead.name)
+            result.restarted += 1
+        for _ in range(desired - len(running) - result.restarted):
+            self._spawn(tenant, label, None)
+            result.started += 1
+        surplus = len(running) - desired
+        if surplus > 0:
+            for box in sorted(running, key=lambda b: b.created, reverse=True)[:surplus]:
+                self._drain(box)
+                result.stopped += 1
+        self._mark_managed([b.key_lookup for b in running])
+        return result
+
+    def stop_all(self, tenant: Tenant | str) -> int:
+        label = label_of(tenant)
+        boxes = self._boxes(label)
+        drained = self._drained_keys(boxes)
+        self._collect(boxes, drained)
+        stopping = [b for b in boxes if b.alive and not self._is_draining(b, drained)]
+        for box in stopping:
+            self._drain(box)
+        return len(stopping)
+
+    # -- one container ---------------------------------------------------------------
+    def _spawn(self, tenant: Tenant, label: str, name: str | None) -> None:
+        name = name or f"cloacina-agent-{label}-{secrets.token_hex(3)}"
+        key, token = mint_agent_key(tenant, f"docker actuator: {name}")
+        s = self.settings
+        kwargs = dict(
+            image=s.agent_image,
+            command=[
+                "runagent",
+                "--server",
+                s.server_url,
+                "--name",
+                name,
+                "--max-concurrency",
+                str(s.agent_max_concurrency),
+            ],
+            name=name,
+            detach=True,
+            environment={
+                "CLOACINA_AGENT_API_KEY": token,
+                "CLOACINA_SERVER_URL": s.server_url,
+                "HOME": "/home/agent",
+            },
+            labels={
+                MANAGED_LABEL: "true",
+                TENANT_LABEL: label,
+                AGENT_LABEL: name,
+                KEY_LABEL: key.lookup,
+            },
+            user=AGENT_UID,
+            read_only=True,
+            tmpfs={"/tmp": "rw,size=512m", "/home/agent": "rw,size=1g"},
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges:true"],
+            stop_signal="SIGTERM",
+        )
+        if s.docker_network:
+            kwargs["network"] = s.docker_network
+        try:
+            container = self.client.containers.run(**kwargs)
+        except Exception:
+            revoke_keys({key.lookup})  # never leave a valid key behind for a container that failed
+            raise
+        log.info("docker actuator: started %s (%s) for tenant %s", name, container.id[:12], tenant)
+
+    def _drain(self, box: Box) -> None:
+        from agents.models import Agent, AgentState
+
+        if box.key_lookup:
+            Agent.objects.filter(api_key__lookup=box.key_lookup, state=AgentState.LIVE).update(
+                state=AgentState.DRAINING, drain_requested_at=timezone.now()
+            )
+        self._draining[box.id] = self.clock()
+        self.client.api.kill(box.id, signal="SIGTERM")
+        log.info("docker actuator: draining %s (%s)", box.name, box.id[:12])
+
+    def _collect(self, boxes: list[Box], drained: set[str]) -> list[Box]:
+        """Remove exited containers (revoking their keys), kill overdue drains; return the crashed."""
+        crashed, gone = [], []
+        now = self.clock()
+        for box in boxes:
+            draining = self._is_draining(box, drained)
+            if box.alive:
+                started = self._draining.setdefault(box.id, now) if draining else None
+                if started is not None and now - started > self.settings.agent_drain_timeout_s:
+                    log.warning("docker actuator: %s did not drain in time; killing it", box.name)
+                    self.client.api.kill(box.id, signal="SIGKILL")
+                continue
+            gone.append(box)
+            if not draining:
+                crashed.append(box)
+                log.warning("docker actuator: %s exited unasked (%s)", box.name, box.state)
+            self.client.api.remove_container(box.id, force=True)
+            self._draining.pop(box.id, None)
+        revoke_keys({b.key_lookup for b in gone if b.key_lookup})
+        return crashed
+
+    def _mark_managed(self, lookups: list[str]) -> None:
+        from agents.models import Agent
+
+        lookups = [lookup for lookup in lookups if lookup]
+        if lookups:
+            Agent.objects.filter(api_key__lookup__in=lookups).exclude(managed_by=MANAGED_BY).update(
+                managed_by=MANAGED_BY
+            )

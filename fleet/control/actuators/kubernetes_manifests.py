@@ -1,0 +1,197 @@
+"""The Kubernetes objects the kubernetes actuator creates, rendered as plain API dicts.
+
+Pure functions of the tenant label and :class:`ControlSettings`, so tests can
+validate every object against the client's generated (pydantic, extra=forbid)
+models without a cluster.
+
+The agent pod is hardened to pass a PodSecurity ``restricted`` namespace:
+uid/gid 10001, runAsNonRoot, seccomp RuntimeDefault, all capabilities dropped,
+no privilege escalation, a read-only root filesystem with emptyDir volumes for
+$HOME and /tmp.  It has no probes: the agent serves nothing, and the server
+tracks its liveness by heartbeat.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+
+from fleet.control.settings import ControlSettings
+
+log = logging.getLogger(__name__)
+
+AGENT_NAME = "cloacina-agent"  # the Deployment, its container's app label and the NetworkPolicy
+SECRET_NAME = "cloacina-agent-key"
+SECRET_KEY = "api-key"
+KEY_ANNOTATION = "cloacina.io/key-lookup"
+MANAGED_LABEL = "cloacina.managed"
+TENANT_LABEL = "cloacina.tenant"
+APP_LABEL = "app.kubernetes.io/name"
+AGENT_UID = 10001
+HOME = "/home/agent"
+
+
+def agent_labels(label: str) -> dict[str, str]:
+    return {
+        APP_LABEL: AGENT_NAME,
+        "app.kubernetes.io/managed-by": "cloacina",
+        MANAGED_LABEL: "true",
+        TENANT_LABEL: label,
+    }
+
+
+def render_namespace(name: str, label: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": name,
+            "labels": {
+                MANAGED_LABEL: "true",
+                TENANT_LABEL: label,
+                # The pods below are built to pass it; enforce it so nothing weaker slips in.
+                "pod-security.kubernetes.io/enforce": "restricted",
+            },
+        },
+    }
+
+
+def render_secret(namespace: str, label: str, token: str, lookup: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": SECRET_NAME,
+            "namespace": namespace,
+            "labels": {MANAGED_LABEL: "true", TENANT_LABEL: label},
+            "annotations": {KEY_ANNOTATION: lookup},  # the public half only, to revoke it later
+        },
+        "type": "Opaque",
+        "data": {SECRET_KEY: base64.b64encode(token.encode()).decode()},
+    }
+
+
+def render_deployment(namespace: str, label: str, replicas: int, s: ControlSettings) -> dict:
+    labels = agent_labels(label)
+    container = {
+        "name": "agent",
+        "image": s.agent_image,
+        "imagePullPolicy": s.agent_image_pull_policy,
+        "args": [
+            "runagent",
+            "--server",
+            s.server_url,
+            "--name",
+            "$(POD_NAME)",  # expanded by the kubelet: one roster name per pod
+            "--max-concurrency",
+            str(s.agent_max_concurrency),
+        ],
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {
+                "name": "CLOACINA_AGENT_API_KEY",
+                "valueFrom": {"secretKeyRef": {"name": SECRET_NAME, "key": SECRET_KEY}},
+            },
+            {"name": "CLOACINA_SERVER_URL", "value": s.server_url},
+            {"name": "HOME", "value": HOME},
+        ],
+        "resources": {
+            "requests": {"cpu": s.agent_cpu_request, "memory": s.agent_memory_request},
+            "limits": {"cpu": s.agent_cpu_limit, "memory": s.agent_memory_limit},
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": AGENT_UID,
+            "runAsGroup": AGENT_UID,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [
+            {"name": "home", "mountPath": HOME},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": AGENT_NAME, "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {APP_LABEL: AGENT_NAME, TENANT_LABEL: label}},
+            # Never drop below the requested capacity while pods are replaced.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "automountServiceAccountToken": False,  # agents never call the cluster API
+                    "enableServiceLinks": False,
+                    # SIGTERM → runagent drains; this is how long it may take.
+                    "terminationGracePeriodSeconds": int(s.agent_drain_timeout_s),
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": AGENT_UID,
+                        "runAsGroup": AGENT_UID,
+                        "fsGroup": AGENT_UID,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [container],
+                    "volumes": [
+                        {"name": "home", "emptyDir": {}},
+                        {"name": "tmp", "emptyDir": {}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def server_coordinates(
+    s: ControlSettings, default_namespace: str | None
+) -> tuple[str, dict[str, str], int] | None:
+    """(namespace, pod labels, port) of the server pods, or None when any part is unknown."""
+    namespace = s.server_namespace or default_namespace or ""
+    labels = s.pod_labels()
+    port = s.effective_server_port()
+    if not (namespace and labels and port):
+        return None
+    return namespace, labels, port
+
+
+def render_network_policy(
+    namespace: str, label: str, server: tuple[str, dict[str, str], int]
+) -> dict:
+    """Deny all ingress; egress only to DNS (53 UDP+TCP) and the server pods on the server port."""
+    server_ns, server_labels, server_port = server
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": AGENT_NAME,
+            "namespace": namespace,
+            "labels": {MANAGED_LABEL: "true", TENANT_LABEL: label},
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {APP_LABEL: AGENT_NAME}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [],
+            "egress": [
+                {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+                {
+                    "to": [
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": server_ns}
+                            },
+                            "podSelector": {"matchLabels": dict(server_labels)},
+                        }
+                    ],
+                    "ports": [{"protocol": "TCP", "port": server_port}],
+                },
+            ],
+        },
+    }

@@ -1,0 +1,22 @@
+"""CLOACINA_FLEET_ACTUATOR=none (the default): actuation is off; you run agents yourself."""
+
+from __future__ import annotations
+
+from fleet.control.actuators.base import Actuator, AgentHandle, ReconcileResult, label_of
+from fleet.models import Tenant
+
+
+class NoopActuator(Actuator):
+    name = "none"
+
+    def actual(self, tenant: Tenant | str) -> list[AgentHandle]:
+        return []
+
+    def reconcile(self, tenant: Tenant, desired: int) -> ReconcileResult:
+        return ReconcileResult(label_of(tenant), desired, actual=0)
+
+    def stop_all(self, tenant: Tenant | str) -> int:
+        return 0
+
+    def managed_labels(self) -> set[str]:
+        return set()

@@ -1,0 +1,301 @@
+"""CLOACINA_FLEET_ACTUATOR=process: local `runagent` child processes, per tenant.
+
+Each child gets a freshly minted tenant-scoped agent key through its
+environment (CLOACINA_AGENT_API_KEY: never argv, never logged) and no database
+credentials.  Scale-down drains the newest child first: its roster row is
+marked draining (the dispatcher stops choosing it) and it gets SIGTERM, on
+which `runagent` finishes its in-flight work, deregisters and exits; only a
+child still running after CLOACINA_AGENT_DRAIN_TIMEOUT_S is killed.  A child
+that exits without being asked is restarted under the same name (so its
+registration replaces the dead one at once).  The key of every child that is
+gone is revoked.
+
+Children die with the server (PR_SET_PDEATHSIG), so a killed leader never
+leaves orphans for its successor to double-count.  PDEATHSIG fires when the
+*thread* that forked exits, so every spawn happens on one long-lived thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.utils import timezone
+
+from fleet.control.actuators.base import (
+    Actuator,
+    AgentHandle,
+    ReconcileResult,
+    label_of,
+    mint_agent_key,
+    revoke_keys,
+)
+from fleet.models import Tenant
+
+log = logging.getLogger(__name__)
+
+MANAGED_BY = "process"
+PR_SET_PDEATHSIG = 1
+# The child must not inherit the server's secrets: tenant code runs in it.
+SCRUBBED_ENV = ("DATABASE_URL", "CLOACINA_SECRET_KEY", "CLOACINA_AGENT_API_KEY", "PGPASSWORD")
+REPO = Path(__file__).resolve().parents[3]
+
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: children may outlive a killed server
+    _prctl = None
+
+
+def _die_with_parent() -> None:  # runs in the forked child, before exec
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+@dataclass
+class Child:
+    name: str
+    label: str
+    tenant_id: int
+    key_lookup: str
+    proc: subprocess.Popen
+    seq: int
+    log_path: Path
+    draining_since: float | None = None
+
+    def handle(self) -> AgentHandle:
+        state = "draining" if self.draining_since is not None else "running"
+        return AgentHandle(self.name, self.label, str(self.proc.pid), state, self.key_lookup)
+
+
+class ProcessActuator(Actuator):
+    name = "process"
+
+    def __init__(
+        self,
+        server_url: str | None,
+        max_concurrency: int = 4,
+        drain_timeout_s: float = 300.0,
+        log_dir: Path | None = None,
+        manage_py: Path = REPO / "manage.py",
+        python: str = sys.executable,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.server_url = server_url
+        self.max_concurrency = max_concurrency
+        self.drain_timeout_s = drain_timeout_s
+        self.log_dir = log_dir or Path(os.environ.get("CLOACINA_HOME", ".")) / "agents"
+        self.manage_py = manage_py
+        self.python = python
+        self.extra_args = extra_args
+        self._children: dict[str, list[Child]] = {}
+        self._seq = itertools.count(1)
+        self._lock = threading.RLock()
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="process-actuator")
+
+    def bind_server(self, server_url: str) -> None:
+        """Set the URL children connect to (known only once `serve` is listening)."""
+        self.server_url = server_url
+
+    def describe(self) -> str:
+        return f"process (agents connect to {self.server_url or '<not yet listening>'})"
+
+    # -- queries ---------------------------------------------------------------------
+    def actual(self, tenant: Tenant | str) -> list[AgentHandle]:
+        with self._lock:
+            self._reap(label_of(tenant))
+            return [
+                c.handle()
+                for c in self._children.get(label_of(tenant), [])
+                if c.draining_since is None
+            ]
+
+    def draining(self, tenant: Tenant | str) -> list[AgentHandle]:
+        with self._lock:
+            return [
+                c.handle()
+                for c in self._children.get(label_of(tenant), [])
+                if c.draining_since is not None
+            ]
+
+    def managed_labels(self) -> set[str]:
+        with self._lock:
+            return {label for label, kids in self._children.items() if kids}
+
+    # -- reconcile -------------------------------------------------------------------
+    def reconcile(self, tenant: Tenant, desired: int) -> ReconcileResult:
+        label = label_of(tenant)
+        with self._lock:
+            crashed = self._reap(label)
+            kids = self._children.setdefault(label, [])
+            running = [c for c in kids if c.draining_since is None]
+            result = ReconcileResult(label, desired, actual=len(running) + len(crashed))
+            if self.server_url is None:
+                result.notes.append("server not listening yet: nothing started")
+                return result
+            # A crashed child is replaced under its own name: the new registration
+            # supersedes the stale roster row, so its work is reclaimed at once.
+            for dead in crashed[: max(desired - len(running), 0)]:
+                kids.append(self._spawn(tenant, label, dead.name))
+                result.restarted += 1
+            running = [c for c in kids if c.draining_since is None]
+            for _ in range(desired - len(running)):
+                kids.append(self._spawn(tenant, label, None))
+                result.started += 1
+            surplus = len(running) - desired
+            if surplus > 0:
+                for child in sorted(running, key=lambda c: c.seq, reverse=True)[:surplus]:
+                    self._drain(child)
+                    result.stopped += 1
+            self._mark_managed(kids)
+            return result
+
+    def stop_all(self, tenant: Tenant | str) -> int:
+        label = label_of(tenant)
+        with self._lock:
+            self._reap(label)
+            stopping = [c for c in self._children.get(label, []) if c.draining_since is None]
+            for child in stopping:
+                self._drain(child)
+            return len(stopping)
+
+    # -- lifecycle of one child ----------------------------------------------------
+    def _spawn(self, tenant: Tenant, label: str, name: str | None) -> Child:
+        seq = next(self._seq)
+        name = name or f"proc-{os.getpid()}-{seq}"
+        key, token = mint_agent_key(tenant, f"process actuator: {name}")
+        env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+        env["CLOACINA_AGENT_API_KEY"] = token
+        args = [
+            self.python,
+            str(self.manage_py),
+            "runagent",
+            "--server",
+            str(self.server_url),
+            "--name",
+            name,
+            "--max-concurrency",
+            str(self.max_concurrency),
+            *self.extra_args,
+        ]
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{label}-{name}.log"
+
+        def start() -> subprocess.Popen:
+            with log_path.open("ab") as out:
+                return subprocess.Popen(
+                    args,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=str(self.manage_py.parent),
+                    preexec_fn=_die_with_parent,
+                )
+
+        proc = self._spawner.submit(start).result()
+        log.info(
+            "process actuator: started agent %s (pid %d) for tenant %s; log %s",
+            name,
+            proc.pid,
+            tenant.name,
+            log_path,
+        )
+        return Child(name, label, tenant.pk, key.lookup, proc, seq, log_path)
+
+    def _drain(self, child: Child) -> None:
+        from agents.models import Agent, AgentState
+
+        # Stop new work first (the dispatcher only picks live agents), then let it finish.
+        Agent.objects.filter(api_key__lookup=child.key_lookup, state=AgentState.LIVE).update(
+            state=AgentState.DRAINING, drain_requested_at=timezone.now()
+        )
+        child.draining_since = time.monotonic()
+        if child.proc.poll() is None:
+            child.proc.send_signal(signal.SIGTERM)
+        log.info("process actuator: draining agent %s (pid %d)", child.name, child.proc.pid)
+
+    def _reap(self, label: str) -> list[Child]:
+        """Forget exited children (revoking their keys); kill overdue drains; return the crashed."""
+        kids = self._children.get(label, [])
+        crashed, gone = [], []
+        now = time.monotonic()
+        for child in kids:
+            code = child.proc.poll()
+            if code is None:
+                if (
+                    child.draining_since is not None
+                    and now - child.draining_since > self.drain_timeout_s
+                ):
+                    log.warning(
+                        "process actuator: agent %s did not drain within %.0fs; killing it",
+                        child.name,
+                        self.drain_timeout_s,
+                    )
+                    child.proc.kill()
+                continue
+            gone.append(child)
+            if child.draining_since is None:
+                crashed.append(child)
+                log.warning(
+                    "process actuator: agent %s (pid %d) exited with code %s unasked; see %s",
+                    child.name,
+                    child.proc.pid,
+                    code,
+                    child.log_path,
+                )
+        if gone:
+            revoke_keys({c.key_lookup for c in gone})
+            self._children[label] = [c for c in kids if c not in gone]
+        return crashed
+
+    def _mark_managed(self, kids: list[Child]) -> None:
+        from agents.models import Agent
+
+        lookups = [c.key_lookup for c in kids]
+        if lookups:
+            Agent.objects.filter(api_key__lookup__in=lookups).exclude(managed_by=MANAGED_BY).update(
+                managed_by=MANAGED_BY
+            )
+
+    # -- giving up the fleet -------------------------------------------------------
+    def leadership_lost(self) -> None:
+        """Another server drives the fleet now: drain every child so agents are not doubled."""
+        with self._lock:
+            for label in list(self._children):
+                self.stop_all(label)
+
+    def shutdown(self, wait_s: float = 20.0) -> None:
+        """Drain all children, wait up to ``wait_s`` for them, kill the rest, revoke every key."""
+        with self._lock:
+            children = [c for kids in self._children.values() for c in kids]
+            for child in children:
+                if child.draining_since is None:
+                    try:
+                        self._drain(child)
+                    except Exception:  # the database may already be gone; the signal matters
+                        child.draining_since = time.monotonic()
+                        if child.proc.poll() is None:
+                            child.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + wait_s
+            for child in children:
+                try:
+                    child.proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
+                except subprocess.TimeoutExpired:
+                    child.proc.kill()
+                    child.proc.wait()
+            try:
+                revoke_keys({c.key_lookup for c in children})
+            except Exception:
+                log.exception("process actuator: could not revoke the keys of stopped agents")
+            self._children.clear()
+        self._spawner.shutdown(wait=False)

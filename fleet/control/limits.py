@@ -1,0 +1,236 @@
+"""Capacity limits and desired_count: the numbers that bound a tenant's fleet.
+
+* effective limit: the platform default (CLOACINA_DEFAULT_MAX_AGENTS) unless a
+  platform admin set ``max_agents_override``.  A tenant can never raise it.
+* desired_count: the operational target, in [0, effective limit].
+
+Every change is one atomic statement (compare-and-set in the UPDATE's WHERE),
+so concurrent provision calls never lose an update, and every change writes a
+:class:`~fleet.models.FleetChange` audit row in the same transaction.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+
+from django.db import connection, transaction
+from django.db.models import Count, Q, Sum
+from django.utils import timezone
+
+from cloacina_site.config import get_config
+from fleet.models import ChangeReason, DeliveryOutbox, FleetChange, OutboxState, TaskStatus, Tenant
+
+
+class _Unset(enum.Enum):
+    UNSET = "unset"
+
+
+UNSET = _Unset.UNSET  # "leave this field alone" (None means "clear the override")
+
+
+class FleetLimitError(Exception):
+    """A fleet change refused: ``status`` is the HTTP status that fits (404, 409 or 422)."""
+
+    def __init__(self, message: str, status: int = 409) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+def effective_limit(tenant: Tenant) -> int:
+    """The tenant's hard ceiling on agents (override, else the platform default)."""
+    return tenant.effective_limit(get_config().default_max_agents)
+
+
+def record_change(
+    tenant_id: int,
+    field: str,
+    old: int | None,
+    new: int | None,
+    reason: str,
+    actor: str,
+    at: datetime | None = None,
+) -> FleetChange:
+    """Append one audit row (callers do this inside the transaction that made the change)."""
+    return FleetChange.objects.create(
+        tenant_id=tenant_id,
+        field=field,
+        old_value=old,
+        new_value=new,
+        reason=reason,
+        actor=actor[:200],
+        at=at or timezone.now(),
+    )
+
+
+def _step(tenant: Tenant, actor: str, delta: int) -> int:
+    """desired_count += delta in one statement, guarded by the bound; audit in the same txn."""
+    default_max = get_config().default_max_agents
+    bound_sql = (
+        "desired_count < COALESCE(max_agents_override, %s)" if delta > 0 else "desired_count > 0"
+    )
+    params = [delta, tenant.pk] + ([default_max] if delta > 0 else [])
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE fleet_tenant SET desired_count = desired_count + %s "
+            f"WHERE id = %s AND is_active AND {bound_sql} RETURNING desired_count",
+            params,
+        )
+        row = cursor.fetchone()
+        if row is not None:
+            new = row[0]
+            record_change(tenant.pk, "desired_count", new - delta, new, ChangeReason.MANUAL, actor)
+            tenant.desired_count = new
+            return new
+    raise _refusal(tenant.pk, delta, default_max)
+
+
+def _refusal(tenant_id: int, delta: int, default_max: int) -> FleetLimitError:
+    """Why the guarded UPDATE matched no row, as the error the caller sees."""
+    current = Tenant.objects.filter(pk=tenant_id).first()
+    if current is None:
+        return FleetLimitError("tenant does not exist", status=404)
+    if not current.is_active:
+        return FleetLimitError(f"tenant {current.name!r} is disabled", status=409)
+    if delta > 0:
+        limit = current.effective_limit(default_max)
+        return FleetLimitError(
+            f"desired_count is already at the effective limit ({limit}); "
+            "only a platform admin can raise the limit",
+            status=409,
+        )
+    return FleetLimitError("desired_count is already 0; there is nothing to deprovision", 409)
+
+
+def provision(tenant: Tenant, actor: str) -> int:
+    """desired_count + 1 (tenant self-service); FleetLimitError 409 at the effective limit."""
+    return _step(tenant, actor, +1)
+
+
+def deprovision(tenant: Tenant, actor: str) -> int:
+    """desired_count − 1 down to 0 (the autoscaler's floor does not apply); 409 at 0."""
+    return _step(tenant, actor, -1)
+
+
+def _check_count(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise FleetLimitError(f"{name} must be a non-negative integer, got {value!r}", 422)
+    return value
+
+
+def set_fleet_overrides(
+    tenant: Tenant,
+    actor: str,
+    max_agents_override: int | None | _Unset = UNSET,
+    desired_count: int | None | _Unset = UNSET,
+) -> Tenant:
+    """Platform-admin change of a tenant's ceiling and/or desired_count.
+
+    ``max_agents_override=None`` clears the override (back to the platform
+    default).  Lowering the limit below desired_count clamps desired_count and
+    records that as a ``clamp`` change.  An explicit desired_count above the
+    (new) limit is refused with 422 and nothing is changed.
+    """
+    if max_agents_override is not UNSET:
+        max_agents_override = _check_count("max_agents_override", max_agents_override)
+    if desired_count is not UNSET:
+        if desired_count is None:
+            raise FleetLimitError("desired_count must be a non-negative integer, got None", 422)
+        desired_count = _check_count("desired_count", desired_count)
+    default_max = get_config().default_max_agents
+    with transaction.atomic():
+        current = Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+        if current is None:
+            raise FleetLimitError("tenant does not exist", status=404)
+        now = timezone.now()
+        old_override, old_desired = current.max_agents_override, current.desired_count
+        if max_agents_override is not UNSET:
+            current.max_agents_override = max_agents_override
+        limit = current.effective_limit(default_max)
+        if desired_count is not UNSET:
+            if desired_count > limit:
+                raise FleetLimitError(
+                    f"desired_count {desired_count} exceeds the effective limit ({limit})", 422
+                )
+            current.desired_count = desired_count
+            desired_reason = ChangeReason.ADMIN
+        elif current.desired_count > limit:
+            current.desired_count = limit
+            desired_reason = ChangeReason.CLAMP
+        current.save(update_fields=["max_agents_override", "desired_count"])
+        if current.max_agents_override != old_override:
+            record_change(
+                current.pk,
+                "max_agents_override",
+                old_override,
+                current.max_agents_override,
+                ChangeReason.ADMIN,
+                actor,
+                now,
+            )
+        if current.desired_count != old_desired:
+            record_change(
+                current.pk,
+                "desired_count",
+                old_desired,
+                current.desired_count,
+                desired_reason,
+                actor,
+                now,
+            )
+    tenant.max_agents_override = current.max_agents_override
+    tenant.desired_count = current.desired_count
+    return current
+
+
+def backlog_count(tenant_id: int, now: datetime | None = None) -> int:
+    """Ready tasks of the tenant that are due and waiting for an agent to take them."""
+    from fleet.models import TaskExecution
+
+    now = now or timezone.now()
+    return (
+        TaskExecution.objects.filter(tenant_id=tenant_id, status=TaskStatus.READY)
+        .filter(Q(ready_at__isnull=True) | Q(ready_at__lte=now))
+        .count()
+    )
+
+
+def fleet_snapshot(tenant: Tenant) -> dict:
+    """The tenant's fleet numbers in one dict (GET /fleet and the console read this)."""
+    from agents.models import Agent, AgentState
+
+    tenant.refresh_from_db(
+        fields=["desired_count", "max_agents_override", "is_active", "last_autoscaled_at"]
+    )
+    live = Q(state=AgentState.LIVE)
+    agg = Agent.objects.filter(tenant=tenant).aggregate(
+        total=Count("id", filter=~Q(state=AgentState.DEAD)),
+        live=Count("id", filter=live),
+        draining=Count("id", filter=Q(state=AgentState.DRAINING)),
+        in_flight=Sum("in_flight", filter=live),
+        capacity=Sum("max_concurrency", filter=live),
+    )
+    in_flight, capacity = agg["in_flight"] or 0, agg["capacity"] or 0
+    outbox_open = (
+        DeliveryOutbox.objects.filter(tenant=tenant).exclude(state=OutboxState.ACKED).count()
+    )
+    return {
+        "tenant": tenant.name,
+        "is_active": tenant.is_active,
+        "desired_count": tenant.desired_count,
+        "effective_limit": effective_limit(tenant),
+        "max_agents_override": tenant.max_agents_override,
+        "overridden": tenant.max_agents_override is not None,
+        "utilization": (in_flight / capacity) if capacity else None,
+        "backlog": backlog_count(tenant.pk),
+        "outbox_open": outbox_open,
+        "agents_live": agg["live"],
+        "agents_draining": agg["draining"],
+        "agents_total": agg["total"],
+        "in_flight": in_flight,
+        "capacity": capacity,
+        "last_autoscaled_at": tenant.last_autoscaled_at,
+    }

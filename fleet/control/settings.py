@@ -1,0 +1,128 @@
+"""The actuators' own knobs (image, agent resources, server coordinates, …).
+
+Read with the same precedence as every other setting (environment variable >
+``[server]`` table of ``$CLOACINA_HOME/config.toml`` > default) through the
+shared machinery of :mod:`cloacina_site.config`; they live here because only
+the control plane uses them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from cloacina_site.config import ConfigError, Setting, _coerce, _read_toml
+
+CONTROL_SETTINGS: tuple[Setting, ...] = (
+    # The URL agents use to reach the server.  The process actuator defaults to
+    # the loopback address `serve` listens on; docker and kubernetes need it set.
+    Setting("server_url", "CLOACINA_FLEET_SERVER_URL", "fleet_server_url", str, ""),
+    Setting("agent_image", "CLOACINA_AGENT_IMAGE", "agent_image", str, "cloacina:latest"),
+    Setting(
+        "agent_image_pull_policy",
+        "CLOACINA_AGENT_IMAGE_PULL_POLICY",
+        "agent_image_pull_policy",
+        str,
+        "IfNotPresent",
+    ),
+    Setting(
+        "agent_max_concurrency",
+        "CLOACINA_AGENT_MAX_CONCURRENCY",
+        "agent_max_concurrency",
+        int,
+        4,
+        1,
+    ),
+    Setting("agent_cpu_request", "CLOACINA_AGENT_CPU_REQUEST", "agent_cpu_request", str, "250m"),
+    Setting("agent_cpu_limit", "CLOACINA_AGENT_CPU_LIMIT", "agent_cpu_limit", str, "2"),
+    # The agent runs CPython and tenant code: a generous memory limit avoids OOM kills.
+    Setting(
+        "agent_memory_request",
+        "CLOACINA_AGENT_MEMORY_REQUEST",
+        "agent_memory_request",
+        str,
+        "512Mi",
+    ),
+    Setting("agent_memory_limit", "CLOACINA_AGENT_MEMORY_LIMIT", "agent_memory_limit", str, "2Gi"),
+    # How long a stopped agent may take to finish its in-flight work before it is killed.
+    Setting(
+        "agent_drain_timeout_s",
+        "CLOACINA_AGENT_DRAIN_TIMEOUT_S",
+        "agent_drain_timeout_s",
+        float,
+        300.0,
+        1,
+    ),
+    Setting("docker_network", "CLOACINA_DOCKER_NETWORK", "docker_network", str, ""),
+    Setting("network_policy", "CLOACINA_FLEET_NETWORK_POLICY", "fleet_network_policy", bool, True),
+    # Where the server pods run, for the tenant NetworkPolicy's egress rule.
+    Setting("server_namespace", "CLOACINA_SERVER_NAMESPACE", "server_namespace", str, ""),
+    Setting("server_pod_labels", "CLOACINA_SERVER_POD_LABELS", "server_pod_labels", str, ""),
+    Setting("server_port", "CLOACINA_SERVER_PORT", "server_port", int, 0),
+)
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+@dataclass(frozen=True)
+class ControlSettings:
+    server_url: str = ""
+    agent_image: str = "cloacina:latest"
+    agent_image_pull_policy: str = "IfNotPresent"
+    agent_max_concurrency: int = 4
+    agent_cpu_request: str = "250m"
+    agent_cpu_limit: str = "2"
+    agent_memory_request: str = "512Mi"
+    agent_memory_limit: str = "2Gi"
+    agent_drain_timeout_s: float = 300.0
+    docker_network: str = ""
+    network_policy: bool = True
+    server_namespace: str = ""
+    server_pod_labels: str = ""
+    server_port: int = 0
+
+    def pod_labels(self) -> dict[str, str]:
+        """``CLOACINA_SERVER_POD_LABELS`` ("k=v,k2=v2") as a dict; ConfigError when malformed."""
+        labels: dict[str, str] = {}
+        for item in filter(None, (p.strip() for p in self.server_pod_labels.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(
+                    f"CLOACINA_SERVER_POD_LABELS must be k=v pairs separated by commas, got {item!r}"
+                )
+            labels[key.strip()] = value.strip()
+        return labels
+
+    def effective_server_port(self) -> int:
+        """The server port agents connect to: explicit, else the one in the server URL."""
+        if self.server_port:
+            return self.server_port
+        if not self.server_url:
+            return 0
+        parsed = urlparse(self.server_url)
+        if parsed.port:
+            return parsed.port
+        return {"http": 80, "https": 443}.get(parsed.scheme, 0)
+
+
+def load_control_settings(environ: dict | None = None) -> ControlSettings:
+    env = os.environ if environ is None else environ
+    home = Path(env.get("CLOACINA_HOME") or "~/.cloacina").expanduser()
+    toml = _read_toml(home)
+    values = {}
+    for setting in CONTROL_SETTINGS:
+        if env.get(setting.env) not in (None, ""):
+            values[setting.attr] = _coerce(setting, env[setting.env], "environment")
+        elif setting.toml_key in toml:
+            values[setting.attr] = _coerce(setting, toml[setting.toml_key], "config.toml")
+    settings = ControlSettings(**values)
+    if settings.server_url:
+        parsed = urlparse(settings.server_url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ConfigError(
+                f"CLOACINA_FLEET_SERVER_URL must be an http(s):// URL, got {settings.server_url!r}"
+            )
+    settings.pod_labels()  # validate early: a typo is a boot error, not a silent policy skip
+    return settings
