@@ -1,8 +1,29 @@
 from django.urls import path
 
-from fleet.console import views
+from fleet.console import auth, evictions, executions, outbox, overview, tenants
 
 app_name = "console"
 urlpatterns = [
-    path("", views.overview, name="overview"),
+    path("", overview.overview, name="overview"),
+    path("partials/overview/", overview.overview_rows, name="overview_rows"),
+    path("login/", auth.login, name="login"),
+    path("logout/", auth.logout, name="logout"),
+    path("tenants/<str:name>/", tenants.tenant_page, name="tenant"),
+    path("tenants/<str:name>/partials/<slug:part>/", tenants.tenant_partial, name="tenant_partial"),
+    path("tenants/<str:name>/provision/", tenants.provision, name="provision"),
+    path("tenants/<str:name>/deprovision/", tenants.deprovision, name="deprovision"),
+    path("tenants/<str:name>/fleet-overrides/", tenants.fleet_overrides, name="fleet_overrides"),
+    path("evictions/", evictions.evictions, name="evictions"),
+    path("evictions/partials/table/", evictions.evictions_table, name="evictions_table"),
+    path("outbox/", outbox.outbox, name="outbox"),
+    path("outbox/partials/depth/", outbox.outbox_depth, name="outbox_depth"),
+    path("executions/", executions.executions, name="executions"),
+    path("executions/partials/table/", executions.executions_table, name="executions_table"),
+    path("executions/<uuid:execution_id>/", executions.execution_detail, name="execution"),
+    path(
+        "executions/<uuid:execution_id>/partials/graph/",
+        executions.execution_graph,
+        name="execution_graph",
+    ),
+    path("executions/<uuid:execution_id>/cancel/", executions.cancel, name="cancel_execution"),
 ]

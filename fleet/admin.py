@@ -1,0 +1,242 @@
+"""Django admin for the platform: tenants and their fleet overrides, members, keys, records.
+
+Fleet numbers (``max_agents_override``, ``desired_count``) are changed only
+through the control plane (:func:`fleet.control.limits.set_fleet_overrides`),
+so the bounds are the same as everywhere else and every change lands in the
+FleetChange audit trail.  Keys never show their hash and cannot be added here
+(a token shown in a browser page would end up in its history and caches):
+mint them with ``manage.py mintkey``; revoke them here.
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.db import transaction
+from django.http import HttpRequest
+
+from fleet.control import limits
+from fleet.management.commands.createtenant import TENANT_NAME, create_tenant
+from fleet.models import (
+    ApiKey,
+    AutoscaleDecision,
+    DeliveryOutbox,
+    Eviction,
+    FleetChange,
+    Tenant,
+    TenantMembership,
+)
+
+FLEET_FIELDS = ("max_agents_override", "desired_count")
+
+
+def admin_actor(request: HttpRequest) -> str:
+    return f"admin:{request.user.get_username()}"
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Records written by the system: visible to the platform, never edited by hand."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+class _DryRun(Exception):
+    """Raised to roll back a validation-only call of the control plane."""
+
+
+class TenantAdminForm(forms.ModelForm):
+    class Meta:
+        model = Tenant
+        fields = ["name", "is_active", "max_agents_override", "desired_count", "max_backlog"]
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"]
+        if not TENANT_NAME.fullmatch(name):
+            raise forms.ValidationError(
+                "use 1-63 lowercase letters, digits and '-', starting with a letter or digit"
+            )
+        return name
+
+    def fleet_changes(self) -> dict:
+        return {f: self.cleaned_data.get(f) for f in FLEET_FIELDS if f in self.changed_data}
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        changes = self.fleet_changes()
+        if self.instance.pk and changes and not self.errors:
+            # Validate with the control plane's own rules by applying the change in a
+            # savepoint and rolling it back; save_model then applies it for real.
+            try:
+                with transaction.atomic():
+                    limits.set_fleet_overrides(
+                        Tenant.objects.get(pk=self.instance.pk), "admin:validate", **changes
+                    )
+                    raise _DryRun
+            except _DryRun:
+                pass
+            except limits.FleetLimitError as exc:
+                raise forms.ValidationError(exc.message) from None
+        return cleaned
+
+
+class MembershipInline(admin.TabularInline):
+    model = TenantMembership
+    extra = 0
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    form = TenantAdminForm
+    list_display = [
+        "name",
+        "is_active",
+        "effective_limit_display",
+        "max_agents_override",
+        "desired_count",
+        "created_at",
+    ]
+    list_editable = ["max_agents_override", "desired_count"]
+    list_filter = ["is_active"]
+    search_fields = ["name"]
+    readonly_fields = ["created_at", "last_autoscaled_at"]
+    inlines = [MembershipInline]
+
+    def get_changelist_form(self, request: HttpRequest, **kwargs):
+        # Inline edits in the list go through the same control-plane validation and save.
+        kwargs.setdefault("form", TenantAdminForm)
+        return super().get_changelist_form(request, **kwargs)
+
+    @admin.display(description="effective limit")
+    def effective_limit_display(self, obj: Tenant) -> int:
+        return limits.effective_limit(obj)
+
+    def get_readonly_fields(self, request: HttpRequest, obj=None):
+        fields = list(super().get_readonly_fields(request, obj))
+        if obj is None:
+            # A new tenant gets its desired_count seeded (CLOACINA_INITIAL_AGENTS) like the CLI does.
+            fields.append("desired_count")
+        else:
+            fields.append("name")  # the name is the tenant's identity in keys, slugs and URLs
+        return fields
+
+    def save_model(self, request: HttpRequest, obj: Tenant, form, change: bool) -> None:
+        if not change:
+            tenant, _ = create_tenant(obj.name, obj.max_agents_override)
+            Tenant.objects.filter(pk=tenant.pk).update(
+                is_active=obj.is_active, max_backlog=obj.max_backlog
+            )
+            obj.pk = tenant.pk
+            obj.refresh_from_db()
+            return
+        plain = [f for f in form.changed_data if f not in FLEET_FIELDS and f != "name"]
+        if plain:
+            obj.save(update_fields=plain)
+        changes = form.fleet_changes()
+        if changes:
+            limits.set_fleet_overrides(obj, admin_actor(request), **changes)
+            messages.info(
+                request,
+                f"{obj.name}: limit override {obj.max_agents_override}, "
+                f"desired_count {obj.desired_count} (recorded in the audit trail)",
+            )
+
+
+@admin.register(TenantMembership)
+class TenantMembershipAdmin(admin.ModelAdmin):
+    list_display = ["user", "tenant", "role"]
+    list_filter = ["role", "tenant"]
+    search_fields = ["user__username", "tenant__name"]
+    autocomplete_fields = ["user", "tenant"]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    # key_hash is never listed, shown or editable.
+    list_display = ["lookup", "tenant", "role", "label", "created_at", "last_used_at", "status"]
+    list_filter = ["role", "tenant", ("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["lookup", "label", "tenant__name"]
+    fields = ["lookup", "tenant", "role", "label", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["lookup", "tenant", "role", "created_at", "last_used_at", "revoked_at"]
+    actions = ["revoke"]
+
+    @admin.display(description="status")
+    def status(self, obj: ApiKey) -> str:
+        return "revoked" if obj.revoked_at else "active"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # mint with `manage.py mintkey`: the token is shown once, on a terminal
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False  # revoke instead, so last_used_at and the audit stay
+
+    @admin.action(description="Revoke selected keys")
+    def revoke(self, request: HttpRequest, queryset) -> None:
+        revoked = sum(1 for key in queryset if key.revoke())
+        skipped = queryset.count() - revoked
+        message = f"revoked {revoked} key(s)"
+        if skipped:
+            message += f"; {skipped} already revoked"
+        self.message_user(request, message, messages.SUCCESS)
+
+
+@admin.register(Eviction)
+class EvictionAdmin(ReadOnlyAdmin):
+    list_display = [
+        "evicted_at",
+        "tenant",
+        "agent_name",
+        "last_heartbeat",
+        "in_flight",
+        "reassigned",
+        "reason",
+    ]
+    list_filter = ["tenant"]
+    search_fields = ["agent_name"]
+    date_hierarchy = "evicted_at"
+
+
+@admin.register(DeliveryOutbox)
+class DeliveryOutboxAdmin(ReadOnlyAdmin):
+    list_display = [
+        "id",
+        "tenant",
+        "agent",
+        "task",
+        "assignment",
+        "state",
+        "attempts",
+        "created_at",
+    ]
+    list_filter = ["state", "tenant"]
+    list_select_related = ["tenant", "agent", "task"]
+    # The payload carries the task's input context: tenant data, not shown in lists.
+    exclude = ["payload"]
+
+
+@admin.register(FleetChange)
+class FleetChangeAdmin(ReadOnlyAdmin):
+    list_display = ["at", "tenant", "field", "old_value", "new_value", "reason", "actor"]
+    list_filter = ["reason", "field", "tenant"]
+
+
+@admin.register(AutoscaleDecision)
+class AutoscaleDecisionAdmin(ReadOnlyAdmin):
+    list_display = [
+        "at",
+        "tenant",
+        "decision",
+        "old_desired",
+        "new_desired",
+        "utilization",
+        "backlog",
+        "reason",
+    ]
+    list_filter = ["decision", "tenant"]

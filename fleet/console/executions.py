@@ -1,0 +1,133 @@
+"""Executions: a filterable list, and one execution's task graph laid out in dependency layers."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.core.paginator import Paginator
+from django.db.models import Count, Prefetch, Q
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import reverse
+
+from fleet.console import filters
+from fleet.console.access import _get_execution_for_user, _tenants_for_user
+from fleet.console.responses import ConsoleError, action_done, console_view
+from fleet.engine import scheduler
+from fleet.models import (
+    WORKFLOW_TERMINAL,
+    TaskExecution,
+    TaskOutcome,
+    TaskStatus,
+    WorkflowExecution,
+    WorkflowStatus,
+)
+
+STATUSES = [s.value for s in WorkflowStatus]
+
+
+def _list_context(request: HttpRequest) -> dict:
+    tenant = filters.tenant_filter(request)
+    status = filters.choice_filter(request, "status", STATUSES)
+    visible = _tenants_for_user(request.user)
+    rows = WorkflowExecution.objects.select_related("tenant", "package").filter(tenant__in=visible)
+    if tenant is not None:
+        rows = rows.filter(tenant=tenant)
+    if status:
+        rows = rows.filter(status=status)
+    rows = rows.annotate(
+        n_tasks=Count("tasks"),
+        n_done=Count("tasks", filter=Q(tasks__status=TaskStatus.COMPLETED)),
+        n_failed=Count("tasks", filter=Q(tasks__status=TaskStatus.FAILED)),
+        n_running=Count("tasks", filter=Q(tasks__status=TaskStatus.RUNNING)),
+    ).order_by("-created_at", "-id")
+    page = Paginator(rows, filters.PAGE_SIZE).get_page(filters.page_number(request))
+    return {
+        "page": page,
+        "tenants": visible,
+        "tenant": tenant,
+        "status": status,
+        "statuses": STATUSES,
+        "query": filters.query_without_page(request),
+        "full_query": request.GET.urlencode(),
+    }
+
+
+@console_view()
+def executions(request: HttpRequest) -> HttpResponse:
+    return render(request, "console/executions.html", _list_context(request))
+
+
+@console_view()
+def executions_table(request: HttpRequest) -> HttpResponse:
+    return render(request, "console/partials/executions_table.html", _list_context(request))
+
+
+def dependency_layers(tasks: list[TaskExecution]) -> list[list[TaskExecution]]:
+    """Tasks grouped by depth: roots first, each task one layer after its deepest dependency."""
+    by_id = {t.task_id: t for t in tasks}
+    depth: dict[str, int] = {}
+
+    def layer_of(task_id: str, seen: frozenset = frozenset()) -> int:
+        if task_id in depth:
+            return depth[task_id]
+        deps = [d for d in by_id[task_id].dependencies if d in by_id and d not in seen]
+        depth[task_id] = 1 + max((layer_of(d, seen | {task_id}) for d in deps), default=-1)
+        return depth[task_id]
+
+    layers: list[list[TaskExecution]] = []
+    for task in sorted(tasks, key=lambda t: t.position):
+        n = layer_of(task.task_id)
+        while len(layers) <= n:
+            layers.append([])
+        layers[n].append(task)
+    return layers
+
+
+def _detail_context(request: HttpRequest, execution_id: uuid.UUID) -> dict:
+    execution, can_write = _get_execution_for_user(request, execution_id)
+    tasks = list(
+        TaskExecution.objects.filter(workflow_execution=execution)
+        .select_related("agent")
+        .prefetch_related(
+            Prefetch("outcomes", queryset=TaskOutcome.objects.order_by("received_at", "id"))
+        )
+    )
+    counts: dict[str, int] = {}
+    for task in tasks:
+        counts[task.status] = counts.get(task.status, 0) + 1
+    return {
+        "execution": execution,
+        "can_write": can_write,
+        "terminal": execution.status in WORKFLOW_TERMINAL,
+        "layers": dependency_layers(tasks),
+        "counts": sorted(counts.items()),
+    }
+
+
+@console_view()
+def execution_detail(request: HttpRequest, execution_id: uuid.UUID) -> HttpResponse:
+    return render(request, "console/execution.html", _detail_context(request, execution_id))
+
+
+@console_view()
+def execution_graph(request: HttpRequest, execution_id: uuid.UUID) -> HttpResponse:
+    return render(
+        request, "console/partials/execution_graph.html", _detail_context(request, execution_id)
+    )
+
+
+@console_view(methods=["POST"])
+def cancel(request: HttpRequest, execution_id: uuid.UUID) -> HttpResponse:
+    execution, can_write = _get_execution_for_user(request, execution_id)
+    if not can_write:
+        raise ConsoleError(f"your role in tenant {execution.tenant.name!r} is read-only", 403)
+    try:
+        scheduler.cancel_execution(execution.tenant, execution.pk)
+    except scheduler.SchedulingError as exc:
+        raise ConsoleError(str(exc), exc.status) from None
+    return action_done(
+        request,
+        f"execution {str(execution.pk)[:8]} cancelled",
+        reverse("console:execution", args=[execution.pk]),
+    )

@@ -1,0 +1,197 @@
+"""The tenant page: agent roster, fleet numbers with provision/deprovision, overrides, audit.
+
+Mutations go through the control plane (``fleet.control.limits``) so the
+console, the REST API and the admin share one set of bounds and one audit trail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils import timezone
+
+from agents.models import Agent, AgentState
+from cloacina_site.config import get_config
+from fleet.console.access import (
+    _get_rw_tenant_for_user,
+    _get_tenant_for_user,
+    _require_platform_admin,
+    is_platform_admin,
+)
+from fleet.console.fleet_rows import tenant_rows
+from fleet.console.responses import ConsoleError, action_done, console_view
+from fleet.control import limits
+from fleet.models import AutoscaleDecision, FleetChange, Tenant
+
+# Dead agents stay listed this long, so a crash is visible after the sweeper ran.
+RECENTLY_DEAD = timedelta(hours=1)
+DECISIONS_SHOWN = 20
+CHANGES_SHOWN = 30
+# A heartbeat this many intervals old is late (shown amber) before it is fatal.
+LATE_AFTER_INTERVALS = 1.5
+
+
+@dataclass
+class RosterEntry:
+    agent: Agent
+    heartbeat_age_s: float
+    late: bool  # missed a beat
+    overdue: bool  # past the liveness window: the sweeper should evict it
+
+
+def actor_of(request: HttpRequest) -> str:
+    """How console changes are signed in the audit trail."""
+    return f"console:{request.user.get_username()}"
+
+
+def roster(tenant: Tenant) -> list[RosterEntry]:
+    """Live and draining agents, then the recently dead, each with its heartbeat age."""
+    config = get_config()
+    now = timezone.now()
+    agents = Agent.objects.filter(tenant=tenant).exclude(
+        state=AgentState.DEAD, dead_at__lt=now - RECENTLY_DEAD
+    )
+    order = {AgentState.LIVE: 0, AgentState.DRAINING: 1, AgentState.DEAD: 2}
+    entries = []
+    for agent in agents:
+        age = (now - agent.last_heartbeat).total_seconds()
+        alive = agent.state != AgentState.DEAD
+        entries.append(
+            RosterEntry(
+                agent=agent,
+                heartbeat_age_s=age,
+                late=alive and age > config.heartbeat_interval_s * LATE_AFTER_INTERVALS,
+                overdue=alive and age > config.liveness_window_s,
+            )
+        )
+    entries.sort(key=lambda e: (order.get(e.agent.state, 3), e.agent.name))
+    return entries
+
+
+def _fleet_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict:
+    row = tenant_rows([tenant], None if can_write else set())[0]
+    return {"row": row}
+
+
+def _roster_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict:
+    return {"roster": roster(tenant), "liveness_window_s": get_config().liveness_window_s}
+
+
+def _decisions_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict:
+    return {"decisions": AutoscaleDecision.objects.filter(tenant=tenant)[:DECISIONS_SHOWN]}
+
+
+def _changes_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict:
+    return {"changes": FleetChange.objects.filter(tenant=tenant)[:CHANGES_SHOWN]}
+
+
+# Each partial is the template the page includes, rendered alone for htmx polling.
+PARTIALS = {
+    "fleet": ("console/partials/tenant_fleet.html", _fleet_part),
+    "agents": ("console/partials/tenant_roster.html", _roster_part),
+    "decisions": ("console/partials/tenant_decisions.html", _decisions_part),
+    "changes": ("console/partials/tenant_changes.html", _changes_part),
+}
+
+
+def _base_context(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict:
+    return {
+        "tenant": tenant,
+        "can_write": can_write,
+        "is_platform_admin": is_platform_admin(request.user),
+    }
+
+
+@console_view()
+def tenant_page(request: HttpRequest, name: str) -> HttpResponse:
+    tenant, can_write = _get_tenant_for_user(request, name)
+    context = _base_context(request, tenant, can_write)
+    for _, part in PARTIALS.values():
+        context.update(part(request, tenant, can_write))
+    return render(request, "console/tenant.html", context)
+
+
+@console_view()
+def tenant_partial(request: HttpRequest, name: str, part: str) -> HttpResponse:
+    tenant, can_write = _get_tenant_for_user(request, name)
+    if part not in PARTIALS:
+        raise ConsoleError(f"unknown tenant partial {part!r}", 404)
+    template, build = PARTIALS[part]
+    context = _base_context(request, tenant, can_write) | build(request, tenant, can_write)
+    return render(request, template, context)
+
+
+def _scale(request: HttpRequest, name: str, change) -> HttpResponse:
+    tenant = _get_rw_tenant_for_user(request, name)
+    old = tenant.desired_count
+    try:
+        new = change(tenant, actor_of(request))
+    except limits.FleetLimitError as exc:
+        raise ConsoleError(f"{tenant.name}: {exc}", exc.status) from None
+    return action_done(
+        request,
+        f"{tenant.name}: desired_count {old} → {new}",
+        _back(request, tenant),
+    )
+
+
+@console_view(methods=["POST"])
+def provision(request: HttpRequest, name: str) -> HttpResponse:
+    return _scale(request, name, limits.provision)
+
+
+@console_view(methods=["POST"])
+def deprovision(request: HttpRequest, name: str) -> HttpResponse:
+    return _scale(request, name, limits.deprovision)
+
+
+@console_view(methods=["POST"])
+def fleet_overrides(request: HttpRequest, name: str) -> HttpResponse:
+    """Platform admin: set the limit override (blank clears it) and/or desired_count."""
+    tenant, _ = _get_tenant_for_user(request, name)
+    _require_platform_admin(request)
+    changes: dict = {}
+    if "max_agents_override" in request.POST:
+        changes["max_agents_override"] = _parse_count(
+            request.POST["max_agents_override"], "max_agents_override", blank_ok=True
+        )
+    if "desired_count" in request.POST:
+        changes["desired_count"] = _parse_count(request.POST["desired_count"], "desired_count")
+    if not changes:
+        raise ConsoleError("nothing to change: send max_agents_override and/or desired_count")
+    try:
+        tenant = limits.set_fleet_overrides(tenant, actor_of(request), **changes)
+    except limits.FleetLimitError as exc:
+        raise ConsoleError(f"{tenant.name}: {exc}", exc.status) from None
+    limit = "platform default" if tenant.max_agents_override is None else tenant.max_agents_override
+    return action_done(
+        request,
+        f"{tenant.name}: limit override {limit}, desired_count {tenant.desired_count}",
+        _back(request, tenant),
+    )
+
+
+def _parse_count(raw: str, field: str, blank_ok: bool = False) -> int | None:
+    raw = raw.strip()
+    if raw == "" and blank_ok:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        hint = " or empty for the platform default" if blank_ok else ""
+        raise ConsoleError(f"{field} must be a whole number ≥ 0{hint}, got {raw!r}")
+    return value
+
+
+def _back(request: HttpRequest, tenant: Tenant) -> str:
+    """Where a plain form post returns: the page it came from if it is ours, else the tenant page."""
+    back = request.POST.get("next", "")
+    if back.startswith("/console/") and not back.startswith("//"):
+        return back
+    return reverse("console:tenant", args=[tenant.name])

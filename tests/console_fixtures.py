@@ -1,0 +1,135 @@
+"""Console test fixtures: users with each role, logged-in clients, fleet rows.
+
+Test modules take them with ``from tests.console_fixtures import *``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+__all__ = [
+    "admin_client",
+    "admin_user",
+    "anon_client",
+    "client_for",
+    "make_agent",
+    "make_eviction",
+    "make_outbox_row",
+    "outsider_client",
+    "outsider_user",
+    "reader_client",
+    "reader_user",
+    "writer_client",
+    "writer_user",
+    "HX",
+]
+
+HX = {"HTTP_HX_REQUEST": "true"}  # what htmx sends with every request
+
+
+def _user(username: str, superuser: bool = False):
+    from django.contrib.auth import get_user_model
+
+    User = get_user_model()
+    if superuser:
+        return User.objects.create_superuser(username, f"{username}@example.com", "pw-123456")
+    return User.objects.create_user(username, f"{username}@example.com", "pw-123456")
+
+
+def _member(username: str, tenant, role: str):
+    from fleet.models import TenantMembership
+
+    user = _user(username)
+    TenantMembership.objects.create(user=user, tenant=tenant, role=role)
+    return user
+
+
+def client_for(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def admin_user(db):
+    return _user("root", superuser=True)
+
+
+@pytest.fixture
+def writer_user(tenant):
+    return _member("wendy", tenant, "write")
+
+
+@pytest.fixture
+def reader_user(tenant):
+    return _member("rita", tenant, "read")
+
+
+@pytest.fixture
+def outsider_user(other_tenant):
+    return _member("otto", other_tenant, "write")
+
+
+@pytest.fixture
+def admin_client(admin_user) -> Client:
+    return client_for(admin_user)
+
+
+@pytest.fixture
+def writer_client(writer_user) -> Client:
+    return client_for(writer_user)
+
+
+@pytest.fixture
+def reader_client(reader_user) -> Client:
+    return client_for(reader_user)
+
+
+@pytest.fixture
+def outsider_client(outsider_user) -> Client:
+    return client_for(outsider_user)
+
+
+@pytest.fixture
+def anon_client(db) -> Client:
+    return Client()
+
+
+def make_agent(tenant, name: str, **fields):
+    from agents.models import Agent
+
+    fields.setdefault("target_triple", "x86_64-unknown-linux-gnu")
+    fields.setdefault("max_concurrency", 4)
+    fields.setdefault("connected_to", "test-server")
+    return Agent.objects.create(tenant=tenant, name=name, **fields)
+
+
+def make_eviction(agent, minutes_ago: float = 1, **fields):
+    from fleet.models import Eviction
+
+    at = timezone.now() - timedelta(minutes=minutes_ago)
+    fields.setdefault("reason", "no heartbeat for 45s")
+    fields.setdefault("last_heartbeat", at - timedelta(seconds=45))
+    return Eviction.objects.create(
+        agent=agent, tenant=agent.tenant, agent_name=agent.name, evicted_at=at, **fields
+    )
+
+
+def make_outbox_row(task, agent, state: str = "pending", age_s: float = 0, assignment: int = 1):
+    from fleet.models import DeliveryOutbox
+
+    created = timezone.now() - timedelta(seconds=age_s)
+    return DeliveryOutbox.objects.create(
+        tenant=task.tenant,
+        agent=agent,
+        task=task,
+        assignment=assignment,
+        state=state,
+        payload={"task": str(task.pk)},
+        created_at=created,
+        delivered_at=created if state != "pending" else None,
+    )
