@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import File, Form, Router, Schema, Status, UploadedFile
 from ninja.errors import HttpError
 
-from artifacts import queries, services
+from artifacts import queries, services, wheels
 from artifacts.models import PackageArtifact, WorkflowPackage
 from cloacina_site.auth import agent_auth, read_auth, write_auth
 
@@ -57,8 +57,14 @@ class TargetArtifactOut(Schema):
     digest: str
 
 
+class TargetBuildIn(Schema):
+    target_triple: str
+
+
 ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut}
 UPLOAD_ERRORS = {**ERRORS, 413: ErrorOut, 422: ErrorOut}
+# The build step depends on the package index: unreachable (502), no pip (503), too slow (504).
+BUILD_ERRORS = {**UPLOAD_ERRORS, 502: ErrorOut, 503: ErrorOut, 504: ErrorOut}
 
 
 def _read_upload(file: UploadedFile) -> bytes:
@@ -149,6 +155,23 @@ def upload_target_artifact(
         artifact, created = services.publish_target_artifact(
             request.tenant, name, version, target_triple, _read_upload(file), digest=digest
         )
+    except services.UploadRejected as exc:
+        raise HttpError(exc.status, exc.detail) from None
+    return Status(201 if created else 200, _artifact_out(artifact))
+
+
+@router.post(
+    "/packages/{name}/{version}/builds",
+    auth=write_auth,
+    response={200: TargetArtifactOut, 201: TargetArtifactOut, **BUILD_ERRORS},
+    summary="Build a per-target artifact of a native package by vendoring platform wheels",
+)
+def build_target_artifact(request: HttpRequest, name: str, version: str, body: TargetBuildIn):
+    """Runs ``pip download`` for the target's platform tags over the package's
+    requirements.txt (see docs/packages.md); 201 when new, 200 when identical to the stored
+    build for that triple."""
+    try:
+        artifact, created = wheels.build_target(request.tenant, name, version, body.target_triple)
     except services.UploadRejected as exc:
         raise HttpError(exc.status, exc.detail) from None
     return Status(201 if created else 200, _artifact_out(artifact))

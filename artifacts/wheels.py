@@ -1,0 +1,375 @@
+"""Per-target builds made by the server: vendor platform wheels of a native package.
+
+A native package whose root holds a ``requirements.txt`` can have its per-target
+builds produced here instead of uploaded: for the target triple, ``pip download``
+fetches binary wheels for that platform's tags (never an sdist, so no tenant or
+third-party build code runs on the control plane), their files are unpacked into
+``vendor/`` of a copy of the primary build, and the result is published with
+:func:`artifacts.services.publish_target_artifact` like an uploaded build.
+
+The requirements file is tenant input handed to pip, so only plain requirement
+lines (name, specifiers, markers, ``--hash``) are accepted: an option such as
+``--index-url`` or ``-r /etc/passwd`` could make the server fetch or read what
+the tenant chooses.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import posixpath
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+from agents.runtime import archive
+from agents.runtime.triples import TripleError, parse_triple
+from artifacts.build import canonical_archive
+from artifacts.models import PackageArtifact, PackageKind
+from artifacts.queries import find_package
+from artifacts.services import UploadRejected, publish_target_artifact
+from artifacts.storage import load_blob
+from artifacts.validation import EXTENSION_SUFFIXES
+from cloacina_site.config import get_config
+
+if TYPE_CHECKING:
+    from fleet.models import Tenant
+
+REQUIREMENTS_FILE = "requirements.txt"
+VENDOR_DIR = "vendor"
+PIP_TIMEOUT_S = 300.0  # the whole download; the request waits for it
+PIP_SOCKET_TIMEOUT_S = 30  # one stalled connection to the index
+# The newest glibc a vendored manylinux wheel may need. Triples do not say which glibc
+# an agent has; 2.28 (RHEL 8, Debian 10, Ubuntu 18.10) is the manylinux_2_28 baseline.
+MANYLINUX_MAX_GLIBC_MINOR = 28
+MUSLLINUX_MAX_MINOR = 2
+MAX_PIP_ERROR_CHARS = 600
+
+# (triple arch, C library) -> (wheel arch, oldest glibc minor with a manylinux tag).
+_MANYLINUX_ARCHES = {
+    "x86_64": ("x86_64", 5),
+    "i686": ("i686", 5),
+    "aarch64": ("aarch64", 17),
+    "powerpc64le": ("ppc64le", 17),
+    "s390x": ("s390x", 17),
+    "armv7": ("armv7l", 17),
+}
+_MUSLLINUX_ARCHES = {"x86_64": "x86_64", "i686": "i686", "aarch64": "aarch64", "armv7": "armv7l"}
+# PEP 599/571/513 names for the same glibc floors; some wheels carry only these.
+_LEGACY_MANYLINUX = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+_HASH_OPTION = re.compile(r"^--hash[= ](sha256|sha384|sha512):[0-9a-fA-F]+$")
+_COMMENT = re.compile(r"(^|\s+)#.*$")
+_NO_MATCH = re.compile(r"No matching distribution found for (\S+)")
+_FROM_VERSIONS = re.compile(r"\(from versions: ([^)]*)\)")
+
+
+def platform_tags(target_triple: str) -> list[str]:
+    """pip ``--platform`` tags whose wheels load on ``target_triple``, most specific first.
+
+    Only manylinux (glibc) and musllinux tags: a bare ``linux_x86_64`` wheel was built
+    against one machine's libraries and promises nothing about another's.
+    """
+    try:
+        triple = parse_triple(target_triple)
+    except TripleError as exc:
+        raise UploadRejected(422, str(exc)) from None
+    env = triple.env or ""
+    if triple.os == "linux" and env.startswith("gnu") and triple.arch in _MANYLINUX_ARCHES:
+        arch, oldest = _MANYLINUX_ARCHES[triple.arch]
+        tags = []
+        for minor in range(MANYLINUX_MAX_GLIBC_MINOR, oldest - 1, -1):
+            tags.append(f"manylinux_2_{minor}_{arch}")
+            if minor in _LEGACY_MANYLINUX:
+                tags.append(f"{_LEGACY_MANYLINUX[minor]}_{arch}")
+        return tags
+    if triple.os == "linux" and env.startswith("musl") and triple.arch in _MUSLLINUX_ARCHES:
+        arch = _MUSLLINUX_ARCHES[triple.arch]
+        return [f"musllinux_1_{minor}_{arch}" for minor in range(MUSLLINUX_MAX_MINOR, -1, -1)]
+    supported = [f"{a}-unknown-linux-gnu" for a in _MANYLINUX_ARCHES] + [
+        f"{a}-unknown-linux-musl" for a in _MUSLLINUX_ARCHES
+    ]
+    raise UploadRejected(
+        422,
+        f"no wheel platform is known for target triple {target_triple!r}; the build step can "
+        f"vendor wheels for {', '.join(supported)} — upload a build for other targets instead",
+    )
+
+
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """``(first line number, text)`` per requirement, comments stripped, ``\\`` joined."""
+    out: list[tuple[int, str]] = []
+    pending, start = "", 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = _COMMENT.sub("", raw).rstrip()
+        if not pending:
+            start = number
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = (pending + line).strip()
+        pending = ""
+        if line:
+            out.append((start, line))
+    if pending.strip():
+        out.append((start, pending.strip()))
+    return out
+
+
+def parse_requirements(text: str) -> list[str]:
+    """The requirement lines of ``requirements.txt``, each checked; 422 naming a bad line.
+
+    Accepted: ``name[extras] specifiers ; markers`` optionally followed by ``--hash=alg:hex``
+    options. Refused: every other option (``--index-url``, ``-r``, ``-e``, ``-f`` …), direct
+    URL references and ``${VAR}`` (pip would expand the server's environment into it).
+    """
+    requirements: list[str] = []
+    for number, line in _logical_lines(text):
+        where = f"{REQUIREMENTS_FILE} line {number}"
+        if "$" in line:
+            raise UploadRejected(422, f"{where}: '$' is not allowed (no environment variables)")
+        words = line.split()
+        first_option = next((i for i, w in enumerate(words) if w.startswith("-")), len(words))
+        spec, options = " ".join(words[:first_option]), words[first_option:]
+        joined = [f"{a} {b}" if a == "--hash" else a for a, b in _pairs(options)]
+        for option in joined:
+            if not _HASH_OPTION.match(option):
+                name = option.split("=", 1)[0].split(" ", 1)[0]
+                raise UploadRejected(
+                    422,
+                    f"{where}: option {name!r} is not allowed; list requirements only "
+                    "(name, version specifiers, markers, --hash)",
+                )
+        if not spec:
+            raise UploadRejected(422, f"{where}: an option without a requirement")
+        try:
+            requirement = Requirement(spec)
+        except InvalidRequirement as exc:
+            raise UploadRejected(422, f"{where}: invalid requirement {spec!r}: {exc}") from None
+        if requirement.url:
+            raise UploadRejected(
+                422, f"{where}: direct URL references ({spec!r}) are not allowed; name a version"
+            )
+        requirements.append(" ".join([spec, *(o.replace(" ", "=") for o in joined)]))
+    if not requirements:
+        raise UploadRejected(422, f"{REQUIREMENTS_FILE} lists no requirements")
+    return requirements
+
+
+def _pairs(options: list[str]) -> list[tuple[str, str]]:
+    """Split options into (word, its value when the option is a bare ``--hash``)."""
+    out: list[tuple[str, str]] = []
+    index = 0
+    while index < len(options):
+        word = options[index]
+        if word == "--hash" and index + 1 < len(options):
+            out.append((word, options[index + 1]))
+            index += 2
+        else:
+            out.append((word, ""))
+            index += 1
+    return out
+
+
+def _python_version() -> str:
+    # Agents run the same CPython minor as the server (one deployment, one image line).
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def _pip_failure(stderr: str, target_triple: str, tags: list[str]) -> UploadRejected:
+    """Turn pip's stderr into the error the caller sees."""
+    missing = _NO_MATCH.search(stderr)
+    if missing:
+        versions = _FROM_VERSIONS.search(stderr)
+        found = (versions.group(1).strip() or "none") if versions else "none"
+        return UploadRejected(
+            422,
+            f"requirement {missing.group(1)!r} has no wheel for {target_triple} (platform tags "
+            f"{tags[0]} … {tags[-1]}, CPython {_python_version()}; versions with such a wheel: "
+            f"{found}); the build vendors binary wheels only",
+        )
+    errors = [line for line in stderr.splitlines() if line.startswith("ERROR")]
+    text = " ".join(errors) or stderr.strip()[-MAX_PIP_ERROR_CHARS:]
+    if "DO NOT MATCH THE HASHES" in stderr or "hash" in text.lower():
+        return UploadRejected(422, f"a wheel for {target_triple} failed its --hash check: {text}")
+    return UploadRejected(
+        502, f"pip download for {target_triple} failed: {text[:MAX_PIP_ERROR_CHARS]}"
+    )
+
+
+def download_wheels(requirements: list[str], target_triple: str, dest: Path) -> list[Path]:
+    """Run ``pip download`` (binary only, dependencies resolved for the platform) into ``dest``.
+
+    Honours the operator's pip configuration (index, mirror, certificates); the
+    tenant's requirements cannot change it (see :func:`parse_requirements`).
+    """
+    tags = platform_tags(target_triple)
+    if importlib.util.find_spec("pip") is None:
+        raise UploadRejected(503, "pip is not installed on this server; the build step needs it")
+    requirements_path = dest.parent / "requirements.checked.txt"
+    requirements_path.write_text("\n".join(requirements) + "\n")
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--only-binary=:all:",
+        "--no-input",
+        "--disable-pip-version-check",
+        "--progress-bar=off",
+        f"--timeout={PIP_SOCKET_TIMEOUT_S}",
+        "--implementation=cp",
+        f"--python-version={_python_version()}",
+        *(f"--platform={tag}" for tag in tags),
+        f"--dest={dest}",
+        "-r",
+        str(requirements_path),
+    ]
+    try:
+        run = subprocess.run(
+            command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, cwd=dest.parent
+        )
+    except subprocess.TimeoutExpired:
+        raise UploadRejected(
+            504, f"pip download for {target_triple} did not finish within {PIP_TIMEOUT_S:g} s"
+        ) from None
+    if run.returncode != 0:
+        raise _pip_failure(run.stderr, target_triple, tags)
+    return sorted(dest.glob("*.whl"))
+
+
+@dataclass(frozen=True)
+class Wheel:
+    """A downloaded wheel: its distribution name (canonical) and files (archive paths)."""
+
+    filename: str
+    name: str
+    files: dict[str, bytes]
+
+
+def read_wheel(path: Path, target_triple: str) -> Wheel:
+    """Read a wheel with the safe archive reader, checking its platform tag a second time."""
+    try:
+        name, _version, _build, tags = parse_wheel_filename(path.name)
+    except InvalidWheelFilename as exc:
+        raise UploadRejected(502, f"pip returned a file that is not a wheel: {exc}") from None
+    allowed = set(platform_tags(target_triple)) | {"any"}
+    if not any(tag.platform in allowed for tag in tags):
+        raise UploadRejected(502, f"pip returned {path.name}, which is not for {target_triple}")
+    try:
+        files = archive.read_members(path.read_bytes())
+    except archive.ArchiveLimitError as exc:
+        raise UploadRejected(413, f"wheel {path.name} is too large to vendor: {exc}") from None
+    except archive.ArchiveError as exc:
+        raise UploadRejected(502, f"wheel {path.name} is unreadable or unsafe: {exc}") from None
+    return Wheel(path.name, canonicalize_name(name), files)
+
+
+def _install_path(name: str) -> str | None:
+    """Where a wheel member lands under vendor/ (None: not importable, left out).
+
+    ``<dist>.data/purelib`` and ``platlib`` install at the root like pip does; the
+    wheel's scripts, headers and data files are not code a task imports.
+    """
+    top, _, rest = name.partition("/")
+    if top.endswith(".data") and rest:
+        scheme, _, inner = rest.partition("/")
+        return inner if scheme in ("purelib", "platlib") and inner else None
+    return name
+
+
+def _module_key(top: str) -> str:
+    """``msgpack`` for ``msgpack/``, ``six.py`` and ``_cffi_backend.cpython-311-….so`` alike."""
+    if top.endswith((".py", *EXTENSION_SUFFIXES)):
+        return top.split(".", 1)[0]
+    return top
+
+
+def _dist_info_name(top: str) -> str | None:
+    if top.endswith((".dist-info", ".data")):
+        return canonicalize_name(top.rsplit(".", 1)[0].split("-", 1)[0])
+    return None
+
+
+def vendor_wheels(members: dict[str, bytes], wheels: list[Wheel]) -> dict[str, bytes]:
+    """``members`` with the wheels' files under vendor/.
+
+    A wheel's top-level modules replace same-named entries already in vendor/ (for
+    instance the host build's compiled copy of the same dependency), as does its
+    dist-info any older dist-info of that distribution; everything else is kept.
+    """
+    installed: dict[str, bytes] = {}
+    for wheel in wheels:  # sorted by file name: a later wheel overwrites, like pip install
+        for name, data in wheel.files.items():
+            path = _install_path(name)
+            if path is not None:
+                installed[path] = data
+    modules = {_module_key(path.split("/", 1)[0]) for path in installed}
+    dists = {wheel.name for wheel in wheels}
+    prefix = VENDOR_DIR + "/"
+    kept: dict[str, bytes] = {}
+    for name, data in members.items():
+        if name.startswith(prefix):
+            top = name[len(prefix) :].split("/", 1)[0]
+            if _module_key(top) in modules or _dist_info_name(top) in dists:
+                continue
+        kept[name] = data
+    kept.update({posixpath.join(VENDOR_DIR, path): data for path, data in installed.items()})
+    return kept
+
+
+def build_target(
+    tenant: Tenant, name: str, version: str, target_triple: str
+) -> tuple[PackageArtifact, bool]:
+    """Build and publish the per-target artifact of ``name`` ``version`` for ``target_triple``
+    by vendoring wheels from its requirements.txt; returns ``(artifact, created)``."""
+    platform_tags(target_triple)  # refuses a bad or unsupported triple before any lookup
+    package = find_package(tenant, name, version)
+    if package is None:
+        raise UploadRejected(404, f"package {name} version {version} not found")
+    if package.kind != PackageKind.NATIVE:
+        raise UploadRejected(
+            422,
+            f"{name} {package.version} is a python package: it runs from source on any agent "
+            "and takes no per-target builds",
+        )
+    members = archive.read_members(load_blob(package.digest))
+    if REQUIREMENTS_FILE not in members:
+        raise UploadRejected(
+            422,
+            f"{name} {package.version} has no top-level {REQUIREMENTS_FILE}: nothing to vendor "
+            f"for {target_triple}; upload the build with POST "
+            f"/packages/{name}/{package.version}/artifacts instead",
+        )
+    try:
+        text = members[REQUIREMENTS_FILE].decode("utf-8")
+    except UnicodeDecodeError:
+        raise UploadRejected(422, f"{REQUIREMENTS_FILE} is not UTF-8 text") from None
+    requirements = parse_requirements(text)
+    with tempfile.TemporaryDirectory(prefix="cloacina-wheels-") as tmp:
+        dest = Path(tmp) / "wheels"
+        dest.mkdir()
+        paths = download_wheels(requirements, target_triple, dest)
+        wheels = [read_wheel(path, target_triple) for path in paths]
+    built = canonical_archive(vendor_wheels(members, wheels))
+    limit = get_config().max_package_bytes
+    if len(built) > limit:
+        raise UploadRejected(
+            413,
+            f"the vendored build of {name} {package.version} for {target_triple} is "
+            f"{len(built)} bytes; the limit is {limit} (CLOACINA_MAX_PACKAGE_BYTES)",
+        )
+    return publish_target_artifact(tenant, package.name, package.version, target_triple, built)
+
+
+def build_target_artifact(
+    tenant: Tenant, name: str, version: str, target_triple: str
+) -> PackageArtifact:
+    """The per-target artifact for ``target_triple``, built by vendoring wheels (or the
+    identical one already stored). Raises :class:`UploadRejected` with an HTTP status."""
+    return build_target(tenant, name, version, target_triple)[0]

@@ -1,0 +1,369 @@
+"""The build step that vendors platform wheels (artifacts/wheels.py, POST .../builds).
+
+Most tests run the real ``pip download`` against a local find-links directory of
+wheels built here (no index, no operator pip config), so they are fast and offline;
+the ``network`` test fetches a real compiled wheel from the package index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from django.test import Client
+
+from agents.runtime import archive
+from agents.runtime.triples import host_triple
+from artifacts import services, wheels
+from artifacts.models import ArtifactBlob, PackageArtifact, WorkflowPackage
+from artifacts.queries import resolve_artifact
+from artifacts.services import UploadRejected
+from artifacts.storage import load_blob
+from artifacts.testing import build_archive, package_files
+from tests.conftest import bearer
+from tests.test_packages_api import ARM, upload
+
+X86 = "x86_64-unknown-linux-gnu"
+ARM_SO = "fakeext/_native.cpython-311-aarch64-linux-gnu.so"
+HOST_SO = "fakeext/_native.cpython-311-x86_64-linux-gnu.so"
+ELF_MACHINE_AARCH64 = 183
+ELF_MACHINE_X86_64 = 62
+
+
+def make_wheel(directory: Path, filename: str, files: dict[str, bytes], requires=()) -> Path:
+    """A minimal valid wheel (zip with dist-info) that pip can resolve from find-links."""
+    name, version = filename.split("-")[:2]
+    dist_info = f"{name}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
+    path = directory / filename
+    with zipfile.ZipFile(path, "w") as zf:
+        for member, data in files.items():
+            zf.writestr(member, data)
+        zf.writestr(f"{dist_info}/METADATA", metadata)
+        zf.writestr(f"{dist_info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: false\n")
+        zf.writestr(f"{dist_info}/RECORD", "")
+    return path
+
+
+@pytest.fixture
+def local_index(tmp_path, monkeypatch) -> Path:
+    """fakeext 1.0 (aarch64 only, depends on fakedep) and fakedep 1.0 (pure) as the only index."""
+    links = tmp_path / "links"
+    links.mkdir()
+    make_wheel(
+        links,
+        "fakeext-1.0-cp311-cp311-manylinux2014_aarch64.whl",
+        {"fakeext/__init__.py": b"", ARM_SO: b"\x7fELF arm", "fakeext-1.0.data/scripts/x": b""},
+        requires=["fakedep"],
+    )
+    make_wheel(
+        links,
+        "fakedep-1.0-py3-none-any.whl",
+        {"fakedep-1.0.data/purelib/fakedep.py": b"X = 1\n"},
+    )
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")  # no operator index, mirror or constraints
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    return links
+
+
+def native_with_requirements(requirements: str | None, **extra: str | bytes) -> bytes:
+    files = package_files(kind="native")
+    if requirements is not None:
+        files["requirements.txt"] = requirements
+    files.update(extra)
+    return build_archive(files)
+
+
+def build(client: Client, key: str, triple: str = ARM, name: str = "demo", version: str = "1.0.0"):
+    return client.post(
+        f"/api/v1/packages/{name}/{version}/builds",
+        json.dumps({"target_triple": triple}),
+        content_type="application/json",
+        **bearer(key),
+    )
+
+
+# --- platform tags and requirements (no database) ------------------------------------
+
+
+def test_linux_triples_map_to_manylinux_tags_only():
+    x86 = wheels.platform_tags(X86)
+    assert {"manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux1_x86_64"} <= set(x86)
+    assert x86[0] == f"manylinux_2_{wheels.MANYLINUX_MAX_GLIBC_MINOR}_x86_64"
+    assert all(t.startswith("manylinux") and t.endswith("_x86_64") for t in x86)
+    arm = wheels.platform_tags(ARM)
+    assert {"manylinux2014_aarch64", "manylinux_2_17_aarch64", "manylinux_2_28_aarch64"} <= set(arm)
+    assert all(t.endswith("_aarch64") for t in arm) and "manylinux_2_16_aarch64" not in arm
+    assert wheels.platform_tags("aarch64-unknown-linux-musl")[0] == "musllinux_1_2_aarch64"
+
+
+@pytest.mark.parametrize(
+    "triple, problem",
+    [
+        ("aarch64-apple-darwin", "no wheel platform is known"),
+        ("riscv64gc-unknown-linux-gnu", "no wheel platform is known"),
+        ("x86_64-linux", "malformed target triple"),
+        ("m68k-unknown-linux-gnu", "unknown architecture"),
+    ],
+)
+def test_other_triples_are_a_422(triple, problem):
+    with pytest.raises(UploadRejected, match=problem) as info:
+        wheels.platform_tags(triple)
+    assert info.value.status == 422
+
+
+def test_it_reads_plain_requirement_lines():
+    text = (
+        "# pinned\n"
+        "msgpack==1.2.4  # fast\n"
+        "\n"
+        "attrs >=23 ; python_version >= '3.8'\n"
+        "cffi==1.17.1 \\\n"
+        "    --hash=sha256:ABCDEF01 \\\n"
+        "    --hash sha256:abcdef02\n"
+    )
+    assert wheels.parse_requirements(text) == [
+        "msgpack==1.2.4",
+        "attrs >=23 ; python_version >= '3.8'",
+        "cffi==1.17.1 --hash=sha256:ABCDEF01 --hash=sha256:abcdef02",
+    ]
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("--index-url https://evil.example/simple\nfoo\n", "line 1: option '--index-url'"),
+        ("foo\n-r /etc/passwd\n", "line 2: option '-r'"),
+        ("-e .\n", "option '-e'"),
+        ("foo --find-links=/tmp\n", "option '--find-links'"),
+        ("foo==${SECRET_KEY}\n", "'$' is not allowed"),
+        ("foo @ https://example.com/foo.whl\n", "direct URL references"),
+        ("foo==1.0 --hash=md5:abc\n", "option '--hash'"),
+        ("not a requirement!\n", "line 1: invalid requirement"),
+        ("# nothing\n\n", "lists no requirements"),
+    ],
+)
+def test_it_refuses_options_urls_and_garbage(text, problem):
+    with pytest.raises(UploadRejected, match=re.escape(problem)) as info:
+        wheels.parse_requirements(text)
+    assert info.value.status == 422
+
+
+def test_vendoring_replaces_host_copies_and_keeps_the_rest():
+    primary = {
+        "cloacina.toml": b"toml",
+        "workflow/demo/steps.py": b"src",
+        "vendor/mylib.py": b"tenant's own code",
+        f"vendor/{HOST_SO}": b"x86 build",
+        "vendor/fakeext/old.py": b"stale module of the host copy",
+        "vendor/fakeext-0.9.dist-info/METADATA": b"old",
+        "vendor/fakedep.py": b"old fakedep",
+    }
+    wheel = wheels.Wheel(
+        "fakeext-1.0-…whl",
+        "fakeext",
+        {
+            "fakeext/__init__.py": b"",
+            ARM_SO: b"arm build",
+            "fakeext-1.0.dist-info/METADATA": b"new",
+            "fakeext-1.0.data/platlib/fakeext_plat.py": b"platlib",
+            "fakeext-1.0.data/headers/fakeext.h": b"not code",
+        },
+    )
+    dep = wheels.Wheel("fakedep-…whl", "fakedep", {"fakedep-1.0.data/purelib/fakedep.py": b"new"})
+    out = wheels.vendor_wheels(primary, [dep, wheel])
+    assert out == {
+        "cloacina.toml": b"toml",
+        "workflow/demo/steps.py": b"src",
+        "vendor/mylib.py": b"tenant's own code",
+        "vendor/fakeext/__init__.py": b"",
+        f"vendor/{ARM_SO}": b"arm build",
+        "vendor/fakeext-1.0.dist-info/METADATA": b"new",
+        "vendor/fakeext_plat.py": b"platlib",
+        "vendor/fakedep.py": b"new",
+    }
+
+
+# --- the build endpoint ------------------------------------------------------------
+
+
+@pytest.fixture
+def client() -> Client:
+    return Client()
+
+
+@pytest.mark.django_db
+def test_it_builds_a_target_artifact_from_a_local_index(client, write_key, tenant, local_index):
+    primary = native_with_requirements(
+        "fakeext==1.0\n", **{f"vendor/{HOST_SO}": b"x86 build", "vendor/mylib.py": b"mine"}
+    )
+    assert upload(client, write_key, primary).status_code == 201
+    response = build(client, write_key)
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body == {
+        "package": "demo",
+        "version": "1.0.0",
+        "target_triple": ARM,
+        "digest": body["digest"],
+    }
+    package = WorkflowPackage.objects.get()
+    assert resolve_artifact(package, ARM).digest == body["digest"] != package.digest
+    members = archive.read_members(load_blob(body["digest"]))
+    assert members[f"vendor/{ARM_SO}"] == b"\x7fELF arm"
+    assert members["vendor/fakedep.py"] == b"X = 1\n"  # the dependency, resolved by pip
+    assert f"vendor/{HOST_SO}" not in members and members["vendor/mylib.py"] == b"mine"
+    assert (
+        members["workflow/demo/steps.py"] == archive.read_members(primary)["workflow/demo/steps.py"]
+    )
+    assert not any("/scripts/" in name or ".data/" in name for name in members)
+    # Deterministic: building again gives the same bytes, so it is the stored build (200).
+    again = build(client, write_key)
+    assert again.status_code == 200 and again.json()["digest"] == body["digest"]
+    # The service call others use; "1.0" names 1.0.0 (PEP 440 equality).
+    assert services.build_target_artifact(tenant, "demo", "1.0", ARM).content_hash == body["digest"]
+    assert PackageArtifact.objects.count() == 1
+    listed = client.get("/api/v1/packages", **bearer(write_key)).json()[0]["artifacts"]
+    assert listed == [{"target_triple": ARM, "digest": body["digest"]}]
+
+
+@pytest.mark.django_db
+def test_a_missing_platform_wheel_is_a_422_naming_requirement_and_platform(
+    client, write_key, local_index
+):
+    upload(client, write_key, native_with_requirements("fakeext==1.0\n"))
+    blobs = ArtifactBlob.objects.count()
+    response = build(client, write_key, triple=X86)  # fakeext has an aarch64 wheel only
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert "'fakeext==1.0' has no wheel for x86_64-unknown-linux-gnu" in detail
+    assert "manylinux_2_28_x86_64" in detail and "versions with such a wheel: none" in detail
+    assert PackageArtifact.objects.count() == 0 and ArtifactBlob.objects.count() == blobs
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("correct", [True, False])
+def test_hashes_are_checked(client, write_key, local_index, correct):
+    ext = _sha256(next(local_index.glob("fakeext-*.whl"))) if correct else "0" * 64
+    dep = _sha256(next(local_index.glob("fakedep-*.whl")))
+    requirements = f"fakeext==1.0 --hash=sha256:{ext}\nfakedep==1.0 --hash=sha256:{dep}\n"
+    upload(client, write_key, native_with_requirements(requirements))
+    response = build(client, write_key)
+    if correct:
+        assert response.status_code == 201, response.content
+    else:
+        assert response.status_code == 422
+        assert "failed its --hash check" in response.json()["detail"]
+        assert PackageArtifact.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_pip_that_takes_too_long_is_a_504(client, write_key, local_index, monkeypatch):
+    upload(client, write_key, native_with_requirements("fakeext==1.0\n"))
+    monkeypatch.setattr(wheels, "PIP_TIMEOUT_S", 0.05)
+    response = build(client, write_key)
+    assert response.status_code == 504 and "did not finish within" in response.json()["detail"]
+    assert PackageArtifact.objects.count() == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "requirements, url, triple, status, problem",
+    [
+        ("fakeext==1.0\n", "nope/1.0.0", ARM, 404, "package nope version 1.0.0 not found"),
+        ("fakeext==1.0\n", "demo/2.0.0", ARM, 404, "not found"),
+        ("fakeext==1.0\n", "demo/1.0.0", "x86_64-linux", 422, "malformed target triple"),
+        ("fakeext==1.0\n", "demo/1.0.0", "aarch64-apple-darwin", 422, "no wheel platform"),
+        (None, "demo/1.0.0", ARM, 422, "has no top-level requirements.txt"),
+        ("--index-url http://evil/\n", "demo/1.0.0", ARM, 422, "option '--index-url'"),
+    ],
+)
+def test_bad_requests_are_clear_4xx_and_store_nothing(
+    client, write_key, local_index, requirements, url, triple, status, problem
+):
+    upload(client, write_key, native_with_requirements(requirements))
+    blobs = ArtifactBlob.objects.count()
+    name, version = url.split("/")
+    response = build(client, write_key, triple=triple, name=name, version=version)
+    assert response.status_code == status and problem in response.json()["detail"]
+    assert PackageArtifact.objects.count() == 0 and ArtifactBlob.objects.count() == blobs
+
+
+@pytest.mark.django_db
+def test_python_packages_take_no_builds(client, write_key, local_index):
+    files = package_files()
+    files["requirements.txt"] = "fakeext==1.0\n"
+    upload(client, write_key, build_archive(files))
+    response = build(client, write_key)
+    assert response.status_code == 422 and "python package" in response.json()["detail"]
+
+
+@pytest.mark.django_db
+def test_roles_tenants_and_body_are_checked(
+    client, write_key, read_key, other_write_key, local_index
+):
+    upload(client, write_key, native_with_requirements("fakeext==1.0\n"))
+    assert build(client, read_key).status_code == 403
+    # Tenant B sees no package demo of tenant A.
+    assert build(client, other_write_key).status_code == 404
+    response = client.post(
+        "/api/v1/packages/demo/1.0.0/builds",
+        "{}",
+        content_type="application/json",
+        **bearer(write_key),
+    )
+    assert response.status_code == 422 and "target_triple" in json.dumps(response.json())
+    assert PackageArtifact.objects.count() == 0
+
+
+# --- the real package index -----------------------------------------------------------
+
+
+def _elf_machine(data: bytes) -> int:
+    assert data[:4] == b"\x7fELF"
+    return int.from_bytes(data[18:20], "little")
+
+
+@pytest.mark.network
+@pytest.mark.django_db
+def test_it_vendors_real_msgpack_wheels(client, write_key, tmp_path):
+    """msgpack 1.2.4 ships compiled manylinux wheels for both arches: the aarch64 build
+    carries an aarch64 extension, and the host build imports from vendor/ in a fresh
+    interpreter."""
+    upload(client, write_key, native_with_requirements("msgpack==1.2.4\n"))
+    arm = build(client, write_key, triple=ARM)
+    assert arm.status_code == 201, arm.content
+    members = archive.read_members(load_blob(arm.json()["digest"]))
+    compiled = [n for n in members if n.startswith("vendor/msgpack/") and n.endswith(".so")]
+    assert compiled and all("aarch64" in n for n in compiled)
+    assert {_elf_machine(members[n]) for n in compiled} == {ELF_MACHINE_AARCH64}
+    assert any(n.startswith("vendor/msgpack-1.2.4.dist-info/") for n in members)
+
+    if host_triple() != X86:
+        pytest.skip("the import check needs an x86_64 Linux host")
+    host = build(client, write_key, triple=X86)
+    assert host.status_code == 201, host.content
+    archive.safe_extract(load_blob(host.json()["digest"]), tmp_path / "pkg")
+    vendor = tmp_path / "pkg" / "vendor"
+    code = (
+        f"import sys; sys.path.insert(0, {str(vendor)!r}); import msgpack, msgpack._cmsgpack as c; "
+        f"assert c.__file__.startswith({str(vendor)!r}), c.__file__; "
+        "assert msgpack.unpackb(msgpack.packb({'a': 1})) == {'a': 1}; print(c.__file__)"
+    )
+    run = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert _elf_machine((vendor / Path(run.stdout.strip()).relative_to(vendor)).read_bytes()) == (
+        ELF_MACHINE_X86_64
+    )
