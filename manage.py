@@ -14,7 +14,13 @@ def main() -> None:
         os.environ["CLOACINA_DB_LESS"] = "1"
     from django.core.management import execute_from_command_line
 
-    execute_from_command_line(sys.argv)
+    from cloacina_site.config import ConfigError
+
+    try:
+        execute_from_command_line(sys.argv)
+    except ConfigError as exc:  # a bad setting read while loading settings: one line, exit 2
+        sys.stderr.write(f"configuration error: {exc}\n")
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connection
 
 from cloacina_site.config import Config, ConfigError, apply_overrides
+from fleet.control import jobs as control
+from fleet.control import substrate
 from fleet.engine import leader, recovery, server_registry
 from fleet.engine.dispatcher import Dispatcher
 from fleet.engine.events import ExecutorNotFound
@@ -29,7 +31,6 @@ from fleet.engine.registry import build_dispatcher
 
 log = logging.getLogger("cloacina.serve")
 
-ACTUATORS = ("none", "process", "docker", "kubernetes")
 STOP_TIMEOUT_S = 30.0  # the executor's own drain must finish within this on SIGTERM
 EXIT_CONFIG = 2
 
@@ -48,7 +49,7 @@ class Command(BaseCommand):
             help="executor key every task goes to (default | fleet)",
         )
         parser.add_argument(
-            "--actuator", default=None, help=f"fleet actuator: {' | '.join(ACTUATORS)}"
+            "--actuator", default=None, help=f"fleet actuator: {' | '.join(substrate.ACTUATORS)}"
         )
 
     def handle(self, *args, **options) -> None:
@@ -57,6 +58,11 @@ class Command(BaseCommand):
         try:
             dispatcher = build_dispatcher(config, claimer=instance_id)
         except ExecutorNotFound as exc:
+            raise CommandError(str(exc), returncode=EXIT_CONFIG) from None
+        try:
+            # The actuator's substrate guard: a missing Docker daemon, cluster, … stops the boot.
+            control.build_actuator(config)
+        except ConfigError as exc:
             raise CommandError(str(exc), returncode=EXIT_CONFIG) from None
         self.check(display_num_errors=False)
         migrate_with_lock()
@@ -78,11 +84,6 @@ class Command(BaseCommand):
             )
         except ConfigError as exc:
             raise CommandError(str(exc), returncode=EXIT_CONFIG) from None
-        if config.fleet_actuator not in ACTUATORS:
-            raise CommandError(
-                f"unknown actuator {config.fleet_actuator!r}; valid: {', '.join(ACTUATORS)}",
-                returncode=EXIT_CONFIG,
-            )
         if not 0 <= options["port"] <= 65535:
             raise CommandError(f"--port must be 0..65535, got {options['port']}", returncode=2)
         log.debug("server heartbeat every %.1fs", heartbeat_s)
@@ -177,6 +178,9 @@ class ServeProcess:
         await asyncio.get_running_loop().run_in_executor(
             None, _db_call, server_registry.set_port, self.instance_id, port
         )
+        # Agents the process actuator starts connect back here.
+        local = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        control.bind_server_url(f"http://{local}:{port}")
         self.stdout.write(
             f"Cloacina server ready: console at http://{self.host}:{port}/console/ "
             f"(executor: {executor.key})"
@@ -192,6 +196,7 @@ class ServeProcess:
                 server_registry.heartbeat_interval_s(),
             ),
             *recovery.recovery_jobs(),
+            *control.control_plane_jobs(self.config),
             *executor_jobs,
         ]
 
@@ -224,6 +229,10 @@ class ServeProcess:
                 await asyncio.wait_for(self.dispatcher.executor.stop(), STOP_TIMEOUT_S)
             except Exception:
                 log.exception("executor did not stop cleanly")
+        try:
+            await loop.run_in_executor(None, control.shutdown)  # agents it started, leadership
+        except Exception:
+            log.exception("the fleet control plane did not shut down cleanly")
         if self.engine is not None:
             await self.engine.stop()
         try:

@@ -1,0 +1,66 @@
+"""`serve` boot configuration: the executor registry and loud failures on bad configuration."""
+
+from __future__ import annotations
+
+import pytest
+
+from cloacina_site.config import load_config
+from fleet.engine.events import ExecutorNotFound
+from fleet.engine.registry import build_dispatcher
+from fleet.models import ServerInstance
+from tests.e2e_support import Processes
+
+
+def config(tmp_path, **env: str):
+    return load_config({"CLOACINA_HOME": str(tmp_path), **env})
+
+
+def test_default_registers_only_the_in_process_executor(tmp_path):
+    dispatcher = build_dispatcher(config(tmp_path), claimer="test")
+    assert dispatcher.valid_keys() == ["default"]
+    assert dispatcher.executor.key == "default"
+    assert dispatcher.executor.workers == 4
+
+
+def test_an_unknown_key_lists_the_valid_ones_and_not_fleet(tmp_path):
+    with pytest.raises(ExecutorNotFound) as caught:
+        build_dispatcher(config(tmp_path, CLOACINA_DEFAULT_EXECUTOR="flet"), claimer="test")
+    assert str(caught.value) == "unknown default executor 'flet'; valid keys: default"
+
+
+def test_fleet_is_registered_when_opted_in(tmp_path):
+    pytest.importorskip("fleet.engine.fleet_executor")
+    dispatcher = build_dispatcher(config(tmp_path, CLOACINA_DEFAULT_EXECUTOR="fleet"), "test")
+    assert dispatcher.valid_keys() == ["default", "fleet"]
+    assert dispatcher.executor.key == "fleet"
+
+
+@pytest.fixture
+def procs(transactional_db, tmp_path):
+    with Processes(tmp_path) as procs:
+        yield procs
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "flags, env, message",
+    [
+        (
+            ["--default-executor", "bogus"],
+            {},
+            "unknown default executor 'bogus'; valid keys: default",
+        ),
+        ([], {"CLOACINA_DEFAULT_EXECUTOR": "bogus"}, "valid keys: default"),
+        (["--actuator", "podman"], {}, "unknown actuator 'podman'"),
+        ([], {"CLOACINA_SCHEDULER_POLL_S": "fast"}, "CLOACINA_SCHEDULER_POLL_S must be a number"),
+    ],
+)
+def test_serve_refuses_bad_configuration(procs, flags, env, message):
+    result = procs.manage("serve", "--port", "0", *flags, env=procs.env(**env), timeout=30)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1  # one clear line, no traceback
+    if "valid keys" in message:
+        assert "fleet" not in result.stderr  # not opted in: the key does not exist
+    assert result.stdout == ""  # never got as far as the ready line
+    assert not ServerInstance.objects.exists()
