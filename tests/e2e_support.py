@@ -216,3 +216,56 @@ class Processes:
             text=True,
             timeout=timeout,
         )
+
+
+# --- talking to a running server ----------------------------------------------------------
+
+TERMINAL = {"Completed", "Failed", "Cancelled"}
+
+
+def cli_tenant_key(procs: Processes, tenant: str = "acme") -> str:
+    """Create ``tenant`` and mint a write key for it through the real CLI."""
+    created = procs.manage("createtenant", tenant)
+    assert created.returncode == 0, created.stderr
+    minted = procs.manage("mintkey", "--tenant", tenant, "--role", "write")
+    assert minted.returncode == 0, minted.stderr
+    return minted.stdout.strip()
+
+
+def upload(server: ServeHandle, key: str, data: bytes) -> dict:
+    """POST a package archive; assert 201."""
+    response = httpx.post(
+        server.api("/packages"),
+        files={"file": ("pkg.tar.gz", data)},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def start(server: ServeHandle, key: str, workflow: str, context: dict) -> str:
+    """Start an execution; return its id."""
+    response = httpx.post(
+        server.api(f"/workflows/{workflow}/executions"),
+        json={"context": context},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=10,
+    )
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def wait_terminal(server: ServeHandle, key: str, execution_id: str, timeout: float = 30.0) -> dict:
+    """Poll GET /executions/{id} until it is Completed, Failed or Cancelled; return the body."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = httpx.get(
+            server.api(f"/executions/{execution_id}"),
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=10,
+        ).json()
+        if body["status"] in TERMINAL:
+            return body
+        time.sleep(0.05)
+    raise AssertionError(f"execution {execution_id} not finished after {timeout}s: {body}")

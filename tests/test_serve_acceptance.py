@@ -6,69 +6,21 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 
-import httpx
 import pytest
 
 from artifacts.testing import build_archive, example_archive, manifest_toml
 from fleet.models import TaskExecution, TaskOutcome, WorkflowExecution
-from tests.e2e_support import Processes, ServeHandle
+from tests.e2e_support import Processes, cli_tenant_key, start, upload, wait_terminal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-
-TERMINAL = {"Completed", "Failed", "Cancelled"}
 
 
 @pytest.fixture
 def procs(transactional_db, tmp_path):
     with Processes(tmp_path) as procs:
         yield procs
-
-
-def cli_tenant_key(procs: Processes, tenant: str = "acme") -> str:
-    created = procs.manage("createtenant", tenant)
-    assert created.returncode == 0, created.stderr
-    minted = procs.manage("mintkey", "--tenant", tenant, "--role", "write")
-    assert minted.returncode == 0, minted.stderr
-    return minted.stdout.strip()
-
-
-def upload(server: ServeHandle, key: str, data: bytes) -> dict:
-    response = httpx.post(
-        server.api("/packages"),
-        files={"file": ("pkg.tar.gz", data)},
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=30,
-    )
-    assert response.status_code == 201, response.text
-    return response.json()
-
-
-def start(server: ServeHandle, key: str, workflow: str, context: dict) -> str:
-    response = httpx.post(
-        server.api(f"/workflows/{workflow}/executions"),
-        json={"context": context},
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=10,
-    )
-    assert response.status_code == 201, response.text
-    return response.json()["id"]
-
-
-def wait_terminal(server: ServeHandle, key: str, execution_id: str, timeout: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        body = httpx.get(
-            server.api(f"/executions/{execution_id}"),
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=10,
-        ).json()
-        if body["status"] in TERMINAL:
-            return body
-        time.sleep(0.05)
-    raise AssertionError(f"execution {execution_id} not finished after {timeout}s: {body}\n")
 
 
 def test_etl_demo_end_to_end_with_a_retry(procs, tmp_path):
