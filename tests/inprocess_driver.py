@@ -19,6 +19,7 @@ from fleet.engine.db_threads import DbThreadPool
 from fleet.engine.events import ExecutionResult, TaskReadyEvent
 from fleet.engine.inprocess import InProcessExecutor
 from fleet.models import WORKFLOW_TERMINAL, WorkflowExecution
+from tests.own_loop import run_async
 
 
 class ReadySink:
@@ -48,12 +49,12 @@ def running_executor(cache_root, workers: int = 2, **kwargs):
     )
     sink = ReadySink()
     ready_queue.register(sink)
-    asyncio.run(executor.start())
+    run_async(executor.start())
     try:
         yield executor, sink
     finally:
         ready_queue.register(None)
-        asyncio.run(executor.stop())
+        run_async(executor.stop())
 
 
 def _status(execution_id: uuid.UUID) -> str:

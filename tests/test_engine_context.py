@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
@@ -16,6 +15,7 @@ from fleet.engine.context import (
 from fleet.engine.db_threads import DbThreadPool
 from tests.factories import finish, make_package, start, tasks_of
 from tests.inprocess_driver import drive, running_executor
+from tests.own_loop import run_async
 
 SOURCE = "def f(ctx):\n    return {}\n"
 
@@ -126,7 +126,7 @@ def test_the_in_process_child_gets_exactly_the_shared_builders_bytes(tenant, tmp
 
         executor.runner.run = recording_run
         try:
-            asyncio.run(drive(executor, sink, execution.pk))
+            run_async(drive(executor, sink, execution.pk))
         finally:
             db.close()
     assert handed == expected

@@ -12,6 +12,7 @@ from fleet.engine.events import ExecutionStatus
 from fleet.models import TaskOutcome, WorkflowExecution
 from tests.factories import make_package, publish_example, start, tasks_of
 from tests.inprocess_driver import drive, initial_events, running_executor
+from tests.own_loop import run_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,7 +34,7 @@ def test_it_runs_the_example_diamond_to_completed(tenant, tmp_path):
     publish_example(tenant)
     execution, _ = start(tenant, "etl", {"input_rows": [4, 5, 6]})
     with running_executor(tmp_path / "cache") as (executor, sink):
-        results = asyncio.run(drive(executor, sink, execution.pk))
+        results = run_async(drive(executor, sink, execution.pk))
         metrics = executor.metrics()
     assert [r.status for r in results] == [ExecutionStatus.COMPLETED] * 4
     # extract's success made both transforms Ready; the second transform made load Ready.
@@ -60,7 +61,7 @@ def test_the_fail_once_path_retries_and_succeeds(tenant, tmp_path):
     context = {"fail_once": True, "marker_path": str(marker), "input_rows": [4, 5, 6]}
     execution, _ = start(tenant, "etl", context)
     with running_executor(tmp_path / "cache") as (executor, sink):
-        results = asyncio.run(drive(executor, sink, execution.pk))
+        results = run_async(drive(executor, sink, execution.pk))
     assert results[0].status == ExecutionStatus.RETRY
     assert "simulated transient failure" in results[0].error
     assert marker.exists()
@@ -87,7 +88,7 @@ def test_a_missing_package_blob_fails_the_task_instead_of_leaving_it_running(ten
     ArtifactBlob.objects.filter(digest=package.digest).delete()
     execution, _ = start(tenant, "demo")
     with running_executor(tmp_path / "cache") as (executor, sink):
-        results = asyncio.run(drive(executor, sink, execution.pk))
+        results = run_async(drive(executor, sink, execution.pk))
     assert [r.status for r in results] == [ExecutionStatus.FAILED]
     task = tasks_of(execution)["a"]
     assert (task.status, task.attempt, task.error_type) == ("Failed", 1, "PackageUnavailable")
@@ -108,7 +109,7 @@ def test_a_task_offered_twice_runs_once(tenant, tmp_path):
         async def twice():
             return await asyncio.gather(executor.execute(event), executor.execute(event))
 
-        results = asyncio.run(twice())
+        results = run_async(twice())
     assert sorted(r.status.value for r in results) == ["Completed", "Superseded"]
     assert counter.read_text() == "x"
 
@@ -138,7 +139,7 @@ def test_capacity_is_the_number_of_workers(tenant, tmp_path):
             result = await run
             return busy, result, executor.has_capacity()
 
-        busy, result, after = asyncio.run(scenario())
+        busy, result, after = run_async(scenario())
     assert busy == (False, 1)
     assert result.status == ExecutionStatus.COMPLETED and result.duration_s >= 0.5
     assert after is True
@@ -157,7 +158,7 @@ def test_stop_lets_a_running_task_finish(tenant, tmp_path):
             await executor.stop()
             return await run, time.monotonic() - started, executor.has_capacity()
 
-        result, waited, capacity = asyncio.run(scenario())
+        result, waited, capacity = run_async(scenario())
     assert result.status == ExecutionStatus.COMPLETED
     assert waited >= 0.2 and capacity is False
     assert tasks_of(execution)["a"].status == "Completed"
@@ -168,7 +169,7 @@ def test_the_runner_is_not_a_fork_of_the_server(tenant, tmp_path):
     make_package(tenant, [{"id": "a", "function": "demo.steps:a"}], source)
     execution, _ = start(tenant, "demo")
     with running_executor(tmp_path / "cache") as (executor, sink):
-        asyncio.run(drive(executor, sink, execution.pk))
+        run_async(drive(executor, sink, execution.pk))
         pids = executor.runner.child_pids()
     output = tasks_of(execution)["a"].output_context
     assert output["pid"] in pids

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 from datetime import timedelta
 
@@ -13,6 +12,7 @@ from fleet.engine.events import ExecutionStatus
 from fleet.models import TaskExecution, TaskOutcome
 from tests.factories import finish, make_package, start, tasks_of
 from tests.inprocess_driver import drive, running_executor
+from tests.own_loop import run_async
 
 SOURCE = "def f(ctx):\n    return {}\n"
 
@@ -124,7 +124,7 @@ def test_a_task_past_its_timeout_is_killed_and_the_retry_succeeds(tenant, tmp_pa
     context = {"marker": str(tmp_path / "m"), "pids": str(tmp_path / "pids")}
     execution, _ = start(tenant, "demo", context)
     with running_executor(tmp_path / "cache") as (executor, sink):
-        results = asyncio.run(drive(executor, sink, execution.pk, timeout_s=15))
+        results = run_async(drive(executor, sink, execution.pk, timeout_s=15))
     assert [r.status for r in results] == [ExecutionStatus.RETRY, ExecutionStatus.COMPLETED]
     assert 0.5 <= results[0].duration_s < 2.0
     task = tasks_of(execution)["slow"]
@@ -143,7 +143,7 @@ def test_a_task_that_always_times_out_fails_after_its_retries(tenant, tmp_path):
     context = {"marker": str(tmp_path / "m"), "pids": str(tmp_path / "pids"), "always_slow": True}
     execution, _ = start(tenant, "demo", context)
     with running_executor(tmp_path / "cache") as (executor, sink):
-        results = asyncio.run(drive(executor, sink, execution.pk, timeout_s=15))
+        results = run_async(drive(executor, sink, execution.pk, timeout_s=15))
     assert [r.status for r in results] == [ExecutionStatus.RETRY, ExecutionStatus.FAILED]
     task = tasks_of(execution)["slow"]
     assert (task.status, task.attempt, task.error_type) == ("Failed", 2, "TaskTimeout")

@@ -16,6 +16,7 @@ import pytest
 from agents.runtime.archive import ArchiveError
 from agents.runtime.package_cache import DigestMismatch, PackageCache, PackageCacheError
 from tests.factories import build_tar_gz, sha256
+from tests.own_loop import run_async
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -158,7 +159,7 @@ def test_concurrent_async_callers_share_one_fetch(tmp_path):
     async def scenario():
         return await asyncio.gather(*[cache.aget(digest, fetch) for _ in range(6)])
 
-    assert asyncio.run(scenario()) == [tmp_path / digest] * 6
+    assert run_async(scenario()) == [tmp_path / digest] * 6
     assert calls == 1
 
 
@@ -166,8 +167,8 @@ def test_aget_accepts_a_plain_fetch_function(tmp_path):
     cache = PackageCache(tmp_path, max_bytes=10**6)
     digest, data = archive("a")
     fetch = Fetcher(data)
-    assert asyncio.run(cache.aget(digest, fetch)) == tmp_path / digest
-    assert asyncio.run(cache.aget(digest, fetch)) == tmp_path / digest
+    assert run_async(cache.aget(digest, fetch)) == tmp_path / digest
+    assert run_async(cache.aget(digest, fetch)) == tmp_path / digest
     assert fetch.calls == 1
 
 

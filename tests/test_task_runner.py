@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agents.runtime.task_runner import TaskRunner
+from tests.own_loop import in_own_loop, run_async
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -114,7 +115,7 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.asyncio
+@in_own_loop
 async def test_it_runs_a_task_with_the_decoded_context(runner, package):
     outcome = await run(runner, package, "echo", {"a": 1, "nested": {"b": [1, 2]}})
     assert outcome.status == "success"
@@ -123,13 +124,13 @@ async def test_it_runs_a_task_with_the_decoded_context(runner, package):
     assert outcome.output["pid"] != os.getpid()
 
 
-@pytest.mark.asyncio
+@in_own_loop
 async def test_it_turns_none_into_an_empty_output(runner, package):
     outcome = await run(runner, package, "noop")
     assert (outcome.status, outcome.output) == ("success", {})
 
 
-@pytest.mark.asyncio
+@in_own_loop
 async def test_it_reports_an_exception_with_type_message_and_traceback(runner, package):
     outcome = await run(runner, package, "boom", {"key": "colour"})
     assert outcome.status == "failure"
@@ -141,7 +142,7 @@ async def test_it_reports_an_exception_with_type_message_and_traceback(runner, p
     assert (await run(runner, package, "noop")).status == "success"
 
 
-@pytest.mark.asyncio
+@in_own_loop
 async def test_it_kills_a_task_at_its_timeout_and_keeps_its_capacity(runner, package):
     before = set(runner.child_pids())
     started = time.monotonic()
@@ -160,7 +161,7 @@ async def test_it_kills_a_task_at_its_timeout_and_keeps_its_capacity(runner, pac
     assert [r.status for r in results] == ["success"] * 4
 
 
-@pytest.mark.asyncio
+@in_own_loop
 async def test_a_replacement_childs_boot_does_not_count_against_the_next_timeout(runner, package):
     await run(runner, package, "sleepy", {"sleep_s": 30}, timeout_s=0.2)
     await run(runner, package, "sleepy", {"sleep_s": 30}, timeout_s=0.2)
@@ -169,7 +170,7 @@ async def test_a_replacement_childs_boot_does_not_count_against_the_next_timeout
     assert outcome.status == "success"
 
 
-@pytest.mark.asyncio
+@in_own_loop
 @pytest.mark.parametrize(
     ("task", "message"),
     [
@@ -187,7 +188,7 @@ async def test_a_crashing_child_is_a_worker_crashed_failure_and_is_replaced(
     assert [(await run(runner, package, "noop")).status for _ in range(3)] == ["success"] * 3
 
 
-@pytest.mark.asyncio
+@in_own_loop
 @pytest.mark.parametrize(
     ("task", "message"),
     [
@@ -203,19 +204,19 @@ async def test_it_refuses_output_that_is_not_a_json_object(runner, package, task
     assert outcome.output is None
 
 
-@pytest.mark.asyncio
+@in_own_loop
 async def test_it_runs_async_functions(runner, package):
     outcome = await run(runner, package, "async_add", {"a": 2, "b": 3})
     assert (outcome.status, outcome.output) == ("success", {"sum": 5})
 
 
-@pytest.mark.asyncio
+@in_own_loop
 async def test_workflow_comes_first_then_vendor_on_the_import_path(runner, package):
     outcome = await run(runner, package, "which_helper")
     assert outcome.output == {"helper": "workflow", "vendored": "9.9"}
 
 
-@pytest.mark.asyncio
+@in_own_loop
 async def test_two_packages_with_the_same_module_names_each_see_their_own(tmp_path, runner):
     first = write_package(tmp_path / "one", {"workflow/steps.py": "def v(ctx): return {'v': 1}\n"})
     second = write_package(tmp_path / "two", {"workflow/steps.py": "def v(ctx): return {'v': 2}\n"})
@@ -231,13 +232,13 @@ async def test_two_packages_with_the_same_module_names_each_see_their_own(tmp_pa
     assert seen == [1, 2, 1, 2]
 
 
-@pytest.mark.asyncio
+@in_own_loop
 async def test_a_task_cannot_import_the_server(runner, package):
     outcome = await run(runner, package, "imports_server")
     assert (outcome.status, outcome.error_type) == ("failure", "ModuleNotFoundError")
 
 
-@pytest.mark.asyncio
+@in_own_loop
 async def test_system_exit_in_a_task_is_a_failure_not_a_dead_child(runner, package):
     pids = set(runner.child_pids())
     outcome = await run(runner, package, "exits_cleanly")
@@ -245,7 +246,7 @@ async def test_system_exit_in_a_task_is_a_failure_not_a_dead_child(runner, packa
     assert set(runner.child_pids()) == pids
 
 
-@pytest.mark.asyncio
+@in_own_loop
 async def test_a_bad_function_spec_is_a_failure(runner, package):
     outcome = await runner.run(package, "demo.steps", "{}", 5)
     assert outcome.error_type == "ValueError"
@@ -254,7 +255,7 @@ async def test_a_bad_function_spec_is_a_failure(runner, package):
     assert outcome.error_type == "ModuleNotFoundError"
 
 
-@pytest.mark.asyncio
+@in_own_loop
 async def test_tasks_run_in_parallel_up_to_capacity(runner, package):
     import asyncio
 
@@ -266,7 +267,7 @@ async def test_tasks_run_in_parallel_up_to_capacity(runner, package):
     assert time.monotonic() - started < 0.75  # two at once, not one after the other
 
 
-@pytest.mark.asyncio
+@in_own_loop
 async def test_busy_counts_running_tasks(runner, package):
     import asyncio
 
@@ -277,7 +278,7 @@ async def test_busy_counts_running_tasks(runner, package):
     assert runner.busy == 0
 
 
-@pytest.mark.asyncio
+@in_own_loop
 async def test_a_no_op_round_trip_is_well_under_five_ms(runner, package):
     for _ in range(20):  # warm the import cache of both children
         await run(runner, package, "noop")
@@ -302,7 +303,7 @@ def test_close_stops_every_child_even_a_busy_one(package):
         await asyncio.to_thread(runner.close)
         return await task
 
-    outcome = asyncio.run(scenario())
+    outcome = run_async(scenario())
     assert outcome.error_type == "WorkerCrashed"
     assert not any(pid_alive(pid) for pid in pids)
 
