@@ -1,5 +1,207 @@
-"""REST endpoints of this app (mounted under /api/v1 by cloacina_site.api)."""
+"""The agents' REST endpoints (docs/agent-protocol.md): register, heartbeat, results, deregister.
 
-from ninja import Router
+Every call needs an ``agent`` key; an agent id of another tenant is answered
+exactly like an unknown one (404).  The result endpoint hands the outcome to
+the one TaskResultHandler, after checking that the packet it names was
+addressed to this agent of this tenant.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+from django.db.models import Q
+from django.http import HttpRequest
+from ninja import Field, Router, Schema, Status
+
+from agents import roster
+from cloacina_site.auth import agent_auth
+from cloacina_site.config import get_config
+from fleet.delivery.rendezvous import Outcome as Wake
+from fleet.delivery.rendezvous import announce
+from fleet.engine import ready_queue
+from fleet.engine.results import TaskReport, result_handler
+from fleet.models import DeliveryOutbox
 
 router = Router()
+
+UNKNOWN_AGENT = "unknown agent"
+
+
+class Error(Schema):
+    detail: str
+
+
+class RegisterIn(Schema):
+    name: str = Field("", max_length=200)
+    target_triple: str = Field(..., max_length=100)
+    max_concurrency: int = 1
+    version: str = Field("", max_length=50)
+    protocol_version: int
+    wire_format: str = "json"
+    tags: list[str] = []
+    capabilities: list[str] = []
+    exclusive: bool = False
+    metrics: dict[str, Any] = {}
+
+
+class RegisterOut(Schema):
+    agent_id: uuid.UUID
+    name: str
+    heartbeat_interval_s: float
+    liveness_misses: int
+    wire_format: str
+    ws_path: str
+    server_protocol_version: int
+
+
+class HeartbeatIn(Schema):
+    in_flight: int = Field(0, ge=0)
+    running: list[uuid.UUID] = Field([], max_length=4096)
+    metrics: dict[str, Any] = {}
+    draining: bool = False
+
+
+class HeartbeatOut(Schema):
+    state: str
+    drain: bool
+
+
+class ResultIn(Schema):
+    outbox_id: int
+    task_execution_id: uuid.UUID
+    assignment: int = Field(..., ge=1)
+    outcome: Literal["success", "failure", "refused", "timeout"]
+    output: Any = None
+    error_type: str = Field("", max_length=200)
+    error_message: str = ""
+    traceback: str = ""
+
+
+class ResultOut(Schema):
+    applied: bool
+    reason: str
+
+
+class Empty(Schema):
+    pass
+
+
+@router.post(
+    "/agents/register",
+    auth=agent_auth,
+    response={201: RegisterOut, 409: Error, 422: Error},
+    summary="Register an agent (replaces a live agent of the same name)",
+)
+def register_agent(request: HttpRequest, body: RegisterIn):
+    try:
+        agent = roster.register(
+            request.api_key,
+            roster.Registration(
+                name=body.name,
+                target_triple=body.target_triple,
+                max_concurrency=body.max_concurrency,
+                version=body.version,
+                protocol_version=body.protocol_version,
+                wire_format=body.wire_format,
+                tags=tuple(body.tags),
+                capabilities=tuple(body.capabilities),
+                exclusive=body.exclusive,
+                metrics=body.metrics,
+            ),
+        )
+    except roster.RosterError as exc:
+        return Status(exc.status, {"detail": exc.detail})
+    config = get_config()
+    return Status(
+        201,
+        {
+            "agent_id": agent.id,
+            "name": agent.name,
+            "heartbeat_interval_s": config.heartbeat_interval_s,
+            "liveness_misses": config.liveness_misses,
+            "wire_format": agent.wire_format,
+            "ws_path": f"/ws/agents/{agent.id}/",
+            "server_protocol_version": roster.PROTOCOL_VERSION,
+        },
+    )
+
+
+@router.post(
+    "/agents/{agent_id}/heartbeat",
+    auth=agent_auth,
+    response={200: HeartbeatOut, 404: Error, 422: Error},
+    summary="Heartbeat over REST (the socket carries them too)",
+)
+def agent_heartbeat(request: HttpRequest, agent_id: uuid.UUID, body: HeartbeatIn):
+    try:
+        metrics = roster.check_metrics(body.metrics) if body.metrics else None
+    except roster.RosterError as exc:
+        return Status(exc.status, {"detail": exc.detail})
+    beat = roster.heartbeat(request.tenant.pk, agent_id, body.running, metrics, body.draining)
+    if beat is None:
+        return Status(404, {"detail": UNKNOWN_AGENT})
+    return Status(200, {"state": beat.state, "drain": beat.drain})
+
+
+@router.post(
+    "/agents/{agent_id}/results",
+    auth=agent_auth,
+    response={200: ResultOut, 404: Error},
+    summary="Report a task outcome (idempotent: a duplicate or late one is recorded, not applied)",
+)
+def agent_result(request: HttpRequest, agent_id: uuid.UUID, body: ResultIn):
+    agent = roster.agent_of_tenant(request.tenant, agent_id)
+    if agent is None:
+        return Status(404, {"detail": UNKNOWN_AGENT})
+    addressed = (
+        DeliveryOutbox.objects.filter(
+            pk=body.outbox_id,
+            tenant_id=agent.tenant_id,
+            task_id=body.task_execution_id,
+            assignment=body.assignment,
+        )
+        .filter(Q(agent_id=agent.id) | Q(former_agents__contains=[str(agent.id)]))
+        .exists()
+    )
+    if not addressed:
+        return Status(
+            404,
+            {
+                "detail": f"work packet {body.outbox_id} (task {body.task_execution_id}, assignment "
+                f"{body.assignment}) was never addressed to this agent"
+            },
+        )
+    applied = result_handler.apply(
+        TaskReport(
+            task_execution_id=body.task_execution_id,
+            assignment=body.assignment,
+            outcome=body.outcome,
+            output=body.output,
+            error_type=body.error_type,
+            error_message=body.error_message,
+            traceback=body.traceback,
+            agent_id=agent.id,
+            agent_name=agent.name,
+        )
+    )
+    ready_queue.submit(applied.ready)
+    if applied.applied:
+        announce(body.task_execution_id, Wake(body.assignment, applied.status, applied.reason))
+    from fleet.metrics import RESULTS
+
+    RESULTS.labels(outcome=body.outcome, applied=str(applied.applied).lower()).inc()
+    return Status(200, {"applied": applied.applied, "reason": applied.reason})
+
+
+@router.post(
+    "/agents/{agent_id}/deregister",
+    auth=agent_auth,
+    response={200: Empty, 404: Error},
+    summary="Leave the fleet cleanly (the agent is dead; no eviction is recorded)",
+)
+def deregister_agent(request: HttpRequest, agent_id: uuid.UUID):
+    if not roster.deregister(request.tenant.pk, agent_id):
+        return Status(404, {"detail": UNKNOWN_AGENT})
+    return Status(200, {})

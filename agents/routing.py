@@ -1,3 +1,9 @@
-"""WebSocket routes (the agent delivery socket)."""
+"""WebSocket routes: the agents' delivery socket (``ws_path`` in the registration answer)."""
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from agents.consumers import AgentDeliveryConsumer
+
+websocket_urlpatterns: list = [
+    path("ws/agents/<str:agent_id>/", AgentDeliveryConsumer.as_asgi()),
+]

@@ -1,0 +1,275 @@
+"""The delivery WebSocket: one consumer per connected agent (docs/agent-protocol.md).
+
+Thin by design.  The handshake's ``Authorization: Bearer`` key is checked and
+the agent must belong to the key's tenant; the connection then owns the agent
+(``connected_to`` + a new ``connection_generation``).  Frames are size-
+checked (1 MiB), rate-limited (token bucket) and parsed as they arrive, then
+queued (bounded) for one worker task that batches their database work: so a
+burst of ``received`` frames costs one UPDATE, and a slow database never
+blocks the socket's reader.  Work packets come from this process's relay
+through the channel layer (``delivery.work``); the relay can also close the
+socket (``delivery.close``) when the agent died or connected elsewhere.
+
+Close codes: 4400 malformed frame, 4401 bad key, 4403 key not allowed,
+4404 unknown/dead agent, 4408 superseded, 4413 frame too large, 4429 flood.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from typing import Any
+
+from channels.consumer import get_handler_name
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from agents import roster
+from agents.runtime import wire
+from fleet.delivery import db as delivery_db
+from fleet.delivery import local_sockets, redelivery
+
+log = logging.getLogger(__name__)
+
+MAX_FRAME_BYTES = 1024 * 1024
+INBOUND_QUEUE = 1024  # frames parsed but not yet handled
+FRAME_RATE_PER_S = 1000.0  # sustained frames per second per socket
+FRAME_BURST = 2000  # frames allowed at once above the sustained rate
+MAX_HOLDING = 10_000
+INBOUND_BATCH = 512
+
+CLOSE_MALFORMED = 4400
+CLOSE_BAD_KEY = 4401
+CLOSE_UNKNOWN_AGENT = 4404
+CLOSE_TOO_LARGE = 4413
+CLOSE_FLOOD = 4429
+CLOSE_SUPERSEDED = 4408
+
+
+class FrameRejected(ValueError):
+    """A frame that parses but does not fit the protocol (4400)."""
+
+
+class TokenBucket:
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, float(burst)
+        self.tokens, self.stamp = float(burst), time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+def _bearer(scope: dict) -> str:
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"authorization":
+            text = value.decode("latin-1").strip()
+            if text[:7].lower() == "bearer ":
+                return text[7:].strip()
+    return ""
+
+
+def _check_frame(frame: dict[str, Any]) -> dict[str, Any]:
+    kind = frame.get("type")
+    if kind == "received":
+        if not isinstance(frame.get("outbox_id"), int) or isinstance(frame["outbox_id"], bool):
+            raise FrameRejected("received: outbox_id must be an integer")
+    elif kind == "hello":
+        holding = frame.get("holding", [])
+        if not isinstance(holding, list) or len(holding) > MAX_HOLDING:
+            raise FrameRejected(f"hello: holding must be a list of at most {MAX_HOLDING} pairs")
+        pairs = []
+        for item in holding:
+            try:
+                task_id, assignment = item
+                pairs.append((uuid.UUID(str(task_id)), int(assignment)))
+            except (TypeError, ValueError):
+                raise FrameRejected(
+                    "hello: each holding entry must be [task_execution_id, assignment]"
+                ) from None
+        frame = {"type": "hello", "holding": pairs}
+    elif kind == "heartbeat":
+        metrics = frame.get("metrics")
+        if metrics is not None and not isinstance(metrics, dict):
+            raise FrameRejected("heartbeat: metrics must be an object")
+        running = frame.get("running") or []
+        try:
+            running = [uuid.UUID(str(t)) for t in running][:4096]
+        except (TypeError, ValueError):
+            raise FrameRejected("heartbeat: running must be a list of task_execution_ids") from None
+        frame = {**frame, "running": running, "draining": frame.get("draining") is True}
+    else:
+        raise FrameRejected(f"unknown frame type {kind!r} (expected hello, received, heartbeat)")
+    return frame
+
+
+class AgentDeliveryConsumer(AsyncWebsocketConsumer):
+    grant: roster.SocketGrant | None = None
+
+    async def dispatch(self, message):
+        # Channels' default dispatch closes old DB connections (a thread hop) before
+        # every message, including each work packet; this consumer's DB work manages
+        # its own connections, so skip that.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"no handler for message type {message['type']}")
+        await handler(message)
+
+    # -- connect / disconnect ------------------------------------------------------------
+    async def connect(self) -> None:
+        self.grant = None
+        self._closing = False
+        self._registered = False
+        self._drain_sent = False
+        self._worker: asyncio.Task | None = None
+        self._inbound: asyncio.Queue = asyncio.Queue(maxsize=INBOUND_QUEUE)
+        self._bucket = TokenBucket(FRAME_RATE_PER_S, FRAME_BURST)
+        # Accept first: a close code (and its reason) can only be sent on an open socket.
+        await self.accept()
+        token = _bearer(self.scope)
+        if not token:
+            await self._close(CLOSE_BAD_KEY, "missing Authorization: Bearer <agent key> header")
+            return
+        try:
+            agent_id = uuid.UUID(str(self.scope["url_route"]["kwargs"]["agent_id"]))
+        except ValueError:
+            await self._close(CLOSE_UNKNOWN_AGENT, "unknown agent")
+            return
+        result = await database_sync_to_async(roster.open_socket)(
+            token, agent_id, local_sockets.server_id()
+        )
+        if isinstance(result, roster.SocketRefusal):
+            await self._close(result.code, result.reason)
+            return
+        self.grant = result
+        self._worker = asyncio.create_task(self._handle_inbound(), name=f"agent-{agent_id}-in")
+
+    async def disconnect(self, code) -> None:
+        self._closing = True
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._worker
+        grant = self.grant
+        if grant is None:
+            return
+        local_sockets.unregister(grant.agent_id, self.channel_name)
+        with contextlib.suppress(Exception):
+            await database_sync_to_async(roster.close_socket)(
+                grant.agent_id, local_sockets.server_id(), grant.generation
+            )
+
+    async def _close(self, code: int, reason: str) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        if self.grant is not None:
+            local_sockets.unregister(self.grant.agent_id, self.channel_name)
+        log.info("closing agent socket %s: %s %s", self.channel_name, code, reason)
+        await self.close(code=code, reason=reason[:120])
+
+    # -- frames from the agent -----------------------------------------------------------
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self._closing or self.grant is None:
+            return
+        data: str | bytes = text_data if text_data is not None else (bytes_data or b"")
+        size = len(data.encode()) if isinstance(data, str) else len(data)
+        if size > MAX_FRAME_BYTES:
+            await self._close(CLOSE_TOO_LARGE, f"frame of {size} bytes is over the 1 MiB limit")
+            return
+        if not self._bucket.take():
+            await self._close(CLOSE_FLOOD, f"more than {FRAME_RATE_PER_S:g} frames per second")
+            return
+        try:
+            frame = _check_frame(wire.decode(data, self.grant.wire_format))
+        except (wire.WireFormatError, FrameRejected) as exc:
+            await self._close(CLOSE_MALFORMED, f"malformed frame: {exc}")
+            return
+        try:
+            self._inbound.put_nowait(frame)
+        except asyncio.QueueFull:
+            await self._close(CLOSE_FLOOD, f"more than {INBOUND_QUEUE} frames waiting")
+
+    async def _handle_inbound(self) -> None:
+        while True:
+            batch = [await self._inbound.get()]
+            while len(batch) < INBOUND_BATCH and not self._inbound.empty():
+                batch.append(self._inbound.get_nowait())
+            try:
+                await self._handle_batch(batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # The database may be away: the frames' effects are safety-netted
+                # (redelivery, heartbeats over REST); keep the socket.
+                log.exception("handling frames of agent %s failed", self.grant.agent_id)
+
+    async def _handle_batch(self, batch: list[dict]) -> None:
+        grant = self.grant
+        hellos = [f for f in batch if f["type"] == "hello"]
+        if not self._registered:
+            holding = hellos[-1]["holding"] if hellos else []
+            if not hellos:
+                log.warning("agent %s sent %s before hello", grant.agent_id, batch[0]["type"])
+            await delivery_db.call(redelivery.apply_hello, grant.agent_id, holding)
+            self._register()
+        received = [f["outbox_id"] for f in batch if f["type"] == "received"]
+        if received:
+            await delivery_db.call(redelivery.mark_received, grant.agent_id, received)
+        beats = [f for f in batch if f["type"] == "heartbeat"]
+        if beats:
+            beat = beats[-1]
+            result = await delivery_db.call(
+                roster.socket_heartbeat, grant, beat["running"], beat.get("metrics"),
+                beat["draining"],
+            )  # fmt: skip
+            if result is None:
+                await self._close(CLOSE_UNKNOWN_AGENT, "agent is dead; register again")
+            elif result.drain and not self._drain_sent:
+                self._drain_sent = True
+                await self._send_frame({"type": "drain"})
+
+    def _register(self) -> None:
+        grant = self.grant
+        previous = local_sockets.register(
+            local_sockets.LocalSocket(
+                grant.agent_id, grant.tenant_id, self.channel_name, grant.generation,
+                grant.wire_format,
+            )
+        )  # fmt: skip
+        self._registered = True
+        if previous is not None:
+            # The same agent reconnected to this process: the older socket is stale.
+            asyncio.ensure_future(
+                self.channel_layer.send(
+                    previous.channel_name,
+                    {
+                        "type": "delivery.close",
+                        "code": CLOSE_SUPERSEDED,
+                        "reason": "superseded by a newer connection",
+                    },
+                )  # fmt: skip
+            )
+
+    # -- messages from the relay ---------------------------------------------------------
+    async def delivery_work(self, event: dict) -> None:
+        if not self._closing:
+            await self._send_frame({"type": "work", "packet": event["packet"]})
+
+    async def delivery_close(self, event: dict) -> None:
+        await self._close(event["code"], event.get("reason", ""))
+
+    async def _send_frame(self, frame: dict) -> None:
+        data = wire.encode(frame, self.grant.wire_format if self.grant else "json")
+        if isinstance(data, bytes):
+            await self.send(bytes_data=data)
+        else:
+            await self.send(text_data=data)

@@ -1,0 +1,259 @@
+"""The agent roster's services: register (and replace), heartbeat, deregister, sockets.
+
+Every function takes the caller's tenant and refuses agents of any other
+tenant exactly as it refuses unknown ones (None), so a key of tenant A can
+never tell whether an agent id of tenant B exists.  State changes are
+compare-and-set updates; dead is final (a dead agent registers anew).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import uuid
+from dataclasses import dataclass
+
+from django.db import IntegrityError, connection, transaction
+
+from agents.models import Agent, AgentState
+from agents.runtime.triples import TripleError, parse_triple
+from agents.runtime.wire import WireFormatError, require_same_format
+from cloacina_site.auth import ROLE_IMPLIES, touch_last_used
+from cloacina_site.config import get_config
+from fleet.delivery.liveness import evict_agent
+from fleet.delivery.redelivery import mark_running_received
+from fleet.models import ApiKey, Role, Tenant
+
+PROTOCOL_VERSION = 1
+MAX_CONCURRENCY = 1024
+MAX_LIST_ITEMS = 64
+MAX_ITEM_CHARS = 100
+MAX_METRICS_BYTES = 16 * 1024
+REGISTER_ATTEMPTS = 3  # a concurrent registration of the same name may win the unique index
+
+
+class RosterError(Exception):
+    """A request the roster refuses; ``status`` is the HTTP status, the message says why."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Registration:
+    name: str
+    target_triple: str
+    max_concurrency: int = 1
+    version: str = ""
+    protocol_version: int = PROTOCOL_VERSION
+    wire_format: str = "json"
+    tags: tuple[str, ...] = ()
+    capabilities: tuple[str, ...] = ()
+    exclusive: bool = False
+    metrics: dict | None = None
+
+
+def _check_strings(field: str, values) -> list[str]:
+    values = list(values or [])
+    if len(values) > MAX_LIST_ITEMS:
+        raise RosterError(422, f"{field}: at most {MAX_LIST_ITEMS} entries, got {len(values)}")
+    for value in values:
+        if not isinstance(value, str) or not value or len(value) > MAX_ITEM_CHARS:
+            raise RosterError(
+                422, f"{field}: each entry must be a string of 1..{MAX_ITEM_CHARS} characters"
+            )
+    return values
+
+
+def check_metrics(metrics) -> dict:
+    metrics = metrics or {}
+    if not isinstance(metrics, dict):
+        raise RosterError(422, "metrics must be a JSON object")
+    size = len(json.dumps(metrics, default=str))
+    if size > MAX_METRICS_BYTES:
+        raise RosterError(422, f"metrics is {size} bytes, over the {MAX_METRICS_BYTES}-byte limit")
+    return metrics
+
+
+def _validate(reg: Registration) -> Registration:
+    config = get_config()
+    if reg.protocol_version != PROTOCOL_VERSION:
+        raise RosterError(
+            409,
+            f"protocol version {reg.protocol_version} is not the server's ({PROTOCOL_VERSION}); "
+            f"wire format: agent {reg.wire_format}, server {config.wire_format}",
+        )
+    try:
+        require_same_format(config.wire_format, reg.wire_format)
+    except WireFormatError as exc:
+        raise RosterError(
+            409,
+            f"{exc} (protocol version: agent {reg.protocol_version}, server {PROTOCOL_VERSION})",
+        ) from None
+    try:
+        parse_triple(reg.target_triple)
+    except TripleError as exc:
+        raise RosterError(422, f"target_triple: {exc}") from None
+    if not 1 <= reg.max_concurrency <= MAX_CONCURRENCY:
+        raise RosterError(
+            422, f"max_concurrency must be 1..{MAX_CONCURRENCY}, got {reg.max_concurrency}"
+        )
+    name = (reg.name or "").strip() or f"agent-{secrets.token_hex(4)}"
+    if len(name) > 200:
+        raise RosterError(422, "name must be at most 200 characters")
+    return Registration(
+        name=name,
+        target_triple=reg.target_triple,
+        max_concurrency=reg.max_concurrency,
+        version=(reg.version or "")[:50],
+        protocol_version=reg.protocol_version,
+        wire_format=reg.wire_format,
+        tags=tuple(_check_strings("tags", reg.tags)),
+        capabilities=tuple(_check_strings("capabilities", reg.capabilities)),
+        exclusive=bool(reg.exclusive),
+        metrics=check_metrics(reg.metrics),
+    )
+
+
+def register(key: ApiKey, registration: Registration) -> Agent:
+    """Add an agent to the key's tenant; a live agent of the same name is replaced
+    (declared dead, its work reclaimed) — a restarted agent keeps its name."""
+    reg = _validate(registration)
+    for _ in range(REGISTER_ATTEMPTS):
+        holder = (
+            Agent.objects.filter(tenant_id=key.tenant_id, name=reg.name)
+            .exclude(state=AgentState.DEAD)
+            .values_list("id", flat=True)
+            .first()
+        )
+        if holder is not None:
+            evict_agent(holder, "replaced by a new registration with the same name")
+        try:
+            with transaction.atomic():
+                return Agent.objects.create(
+                    tenant_id=key.tenant_id,
+                    api_key=key,
+                    name=reg.name,
+                    target_triple=reg.target_triple,
+                    max_concurrency=reg.max_concurrency,
+                    version=reg.version,
+                    protocol_version=reg.protocol_version,
+                    wire_format=reg.wire_format,
+                    tags=list(reg.tags),
+                    capabilities=list(reg.capabilities),
+                    exclusive=reg.exclusive,
+                    metrics=reg.metrics or {},
+                )
+        except IntegrityError:
+            continue  # a concurrent registration took the name first: replace that one
+    raise RosterError(409, f"agent name {reg.name!r} is being registered concurrently; retry")
+
+
+def agent_of_tenant(tenant: Tenant | int, agent_id: uuid.UUID) -> Agent | None:
+    """The agent (in any state) if it belongs to ``tenant``."""
+    return Agent.objects.filter(pk=agent_id, tenant=tenant).first()
+
+
+@dataclass(frozen=True)
+class Beat:
+    state: str
+    drain: bool
+
+
+def heartbeat(
+    tenant_id: int,
+    agent_id: uuid.UUID,
+    running: list[uuid.UUID] | None = None,
+    metrics: dict | None = None,
+    draining: bool = False,
+) -> Beat | None:
+    """Record a beat; None when the agent is unknown here or already dead (it must re-register)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE agents_agent SET last_heartbeat = now(),
+                metrics = CASE WHEN %s THEN %s::jsonb ELSE metrics END,
+                state = CASE WHEN %s AND state = 'live' THEN 'draining' ELSE state END
+            WHERE id = %s AND tenant_id = %s AND state <> 'dead'
+            RETURNING state, drain_requested_at IS NOT NULL
+            """,
+            [metrics is not None, json.dumps(metrics or {}), draining, agent_id, tenant_id],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    if running:
+        mark_running_received(agent_id, running)
+    return Beat(state=row[0], drain=row[1])
+
+
+def deregister(tenant_id: int, agent_id: uuid.UUID) -> bool:
+    """A clean exit: the agent is dead, no eviction is recorded (unless work had to be moved)."""
+    if not Agent.objects.filter(pk=agent_id, tenant_id=tenant_id).exclude(state="dead").exists():
+        return False
+    evict_agent(agent_id, "deregistered with work still in flight", record=False)
+    return True
+
+
+# -- the delivery socket -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SocketGrant:
+    agent_id: uuid.UUID
+    tenant_id: int
+    name: str
+    wire_format: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class SocketRefusal:
+    code: int
+    reason: str
+
+
+def open_socket(token: str, agent_id: uuid.UUID, server: str) -> SocketGrant | SocketRefusal:
+    """Authenticate a delivery socket and record that ``server`` now holds it.
+
+    Bumps ``connection_generation``: whichever connection came last owns the
+    agent, and an older connection's disconnect can no longer clear it.
+    """
+    key = ApiKey.verify(token)
+    if key is None:
+        return SocketRefusal(4401, "invalid or revoked API key")
+    if not (ROLE_IMPLIES[key.role] & {Role.AGENT}):
+        return SocketRefusal(4403, f"a {key.role} key may not open an agent socket (needs agent)")
+    touch_last_used(key)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE agents_agent SET connected_to = %s,
+                connection_generation = connection_generation + 1, last_heartbeat = now()
+            WHERE id = %s AND tenant_id = %s AND state <> 'dead'
+            RETURNING tenant_id, name, wire_format, connection_generation
+            """,
+            [server, agent_id, key.tenant_id],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return SocketRefusal(4404, "unknown agent (never registered here, or dead): register again")
+    return SocketGrant(agent_id, *row)
+
+
+def close_socket(agent_id: uuid.UUID, server: str, generation: int) -> bool:
+    """Forget the socket, unless a newer connection (here or elsewhere) already owns the agent."""
+    return (
+        Agent.objects.filter(
+            pk=agent_id, connected_to=server, connection_generation=generation
+        ).update(connected_to="")
+        == 1
+    )
+
+
+def socket_heartbeat(
+    grant: SocketGrant, running: list[uuid.UUID], metrics: dict | None, draining: bool
+) -> Beat | None:
+    return heartbeat(grant.tenant_id, grant.agent_id, running, metrics, draining)

@@ -1,0 +1,86 @@
+"""This process's agent sockets: agent id → the consumer's channel name and connection generation.
+
+Consumers register here once the agent's ``hello`` is handled; the relay reads
+it to know which agents it may push to.  ``server_id`` is what this process
+writes into ``agents_agent.connected_to``.  Everything here runs on the event
+loop thread, so no locking is needed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+_server_id: str | None = None
+
+
+def server_id() -> str:
+    """This process's identity in ``connected_to`` (the ServerInstance id under `serve`)."""
+    global _server_id
+    if _server_id is None:
+        from fleet.engine.server_registry import new_instance_id
+
+        _server_id = new_instance_id()
+    return _server_id
+
+
+def set_server_id(value: str) -> None:
+    """Adopt the `serve` process's instance id (called by the FleetExecutor)."""
+    global _server_id
+    _server_id = value
+
+
+@dataclass(frozen=True)
+class LocalSocket:
+    agent_id: uuid.UUID
+    tenant_id: int
+    channel_name: str
+    generation: int
+    wire_format: str
+
+
+_sockets: dict[uuid.UUID, LocalSocket] = {}
+_listeners: list[Callable[[LocalSocket], None]] = []
+
+
+def register(socket: LocalSocket) -> LocalSocket | None:
+    """Record ``socket`` as the agent's live connection; return the one it replaces, if any."""
+    previous = _sockets.get(socket.agent_id)
+    _sockets[socket.agent_id] = socket
+    for listener in list(_listeners):
+        listener(socket)
+    return previous if previous and previous.channel_name != socket.channel_name else None
+
+
+def unregister(agent_id: uuid.UUID, channel_name: str) -> bool:
+    """Forget the agent's socket, but only if it is still this channel (not a newer one)."""
+    current = _sockets.get(agent_id)
+    if current is not None and current.channel_name == channel_name:
+        del _sockets[agent_id]
+        return True
+    return False
+
+
+def get(agent_id: uuid.UUID) -> LocalSocket | None:
+    return _sockets.get(agent_id)
+
+
+def snapshot() -> dict[uuid.UUID, LocalSocket]:
+    return dict(_sockets)
+
+
+def on_register(listener: Callable[[LocalSocket], None]) -> None:
+    """Call ``listener`` whenever an agent socket registers (the relay wakes up)."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def remove_listener(listener: Callable[[LocalSocket], None]) -> None:
+    if listener in _listeners:
+        _listeners.remove(listener)
+
+
+def clear() -> None:
+    """Forget every socket (tests)."""
+    _sockets.clear()

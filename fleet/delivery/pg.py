@@ -1,0 +1,26 @@
+"""Dedicated psycopg connections for the delivery loops, outside Django's ORM.
+
+The relay, the LISTEN connection and the capacity probe each hold one async
+autocommit connection of their own: LISTEN needs a session that nothing else
+uses, and the relay's one-statement batches need no transaction management.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from django.db import connections
+
+
+def connection_params(alias: str = "default") -> dict:
+    """psycopg.connect() keywords for Django's database ``alias``."""
+    params = connections[alias].get_connection_params()
+    for key in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
+        params.pop(key, None)
+    return params
+
+
+async def connect_async(application_name: str) -> psycopg.AsyncConnection:
+    """A new autocommit AsyncConnection, named so it is recognisable in pg_stat_activity."""
+    params = connection_params()
+    params.setdefault("application_name", application_name)
+    return await psycopg.AsyncConnection.connect(**params, autocommit=True)

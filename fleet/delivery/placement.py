@@ -1,0 +1,144 @@
+"""Placing one Ready task on the fleet, in ONE transaction: claim → context → reserve → enqueue.
+
+Either all of it commits (the task is Running, an agent slot is reserved, the
+packet is in ``delivery_outbox`` addressed to that agent and the task names
+the agent) or, when no agent has room, the claim is released with the reason
+(back to Ready, no attempt used).  A crash in between leaves nothing behind:
+no claim without a packet, no slot without a row.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from artifacts.models import WorkflowPackage
+from artifacts.queries import resolve_artifact, runnable_triples
+from fleet.delivery.outbox import PackageRef, enqueue, work_packet
+from fleet.delivery.reservation import no_capacity_reason, reserve_agent
+from fleet.engine import ready_queue
+from fleet.engine.claims import claim_task, release_claim
+from fleet.engine.context import build_task_context, encode_context
+from fleet.engine.events import ExecutionStatus
+from fleet.engine.results import TaskReport, result_handler
+from fleet.models import Outcome, TaskExecution, TaskOutcome, TaskStatus, WorkflowExecution
+
+EXECUTION_CACHE_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class Placed:
+    tenant_id: int
+    assignment: int
+    agent_id: uuid.UUID
+    agent_name: str
+
+
+@dataclass(frozen=True)
+class NoAgent:
+    tenant_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class NotClaimed:
+    reason: str = "not Ready: claimed elsewhere, finished, or not due yet"
+
+
+class _ExecutionInfo:
+    """workflow execution → (package, tenant name); both immutable for an execution's life."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[uuid.UUID, tuple[WorkflowPackage, str]] = OrderedDict()
+
+    def get(self, workflow_execution_id: uuid.UUID) -> tuple[WorkflowPackage, str]:
+        with self._lock:
+            hit = self._cache.get(workflow_execution_id)
+            if hit is not None:
+                self._cache.move_to_end(workflow_execution_id)
+                return hit
+        execution = WorkflowExecution.objects.select_related("package", "tenant").get(
+            pk=workflow_execution_id
+        )
+        value = (execution.package, execution.tenant.name)
+        with self._lock:
+            self._cache[workflow_execution_id] = value
+            while len(self._cache) > EXECUTION_CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return value
+
+
+_executions = _ExecutionInfo()
+
+
+def place_task(task_execution_id: uuid.UUID, claimer: str) -> Placed | NoAgent | NotClaimed:
+    """Claim the task and hand it to an agent through the outbox (see module docstring)."""
+    with transaction.atomic():
+        claim = claim_task(task_execution_id, claimer, deadline=False)
+        if claim is None:
+            return NotClaimed()
+        package, tenant_name = _executions.get(claim.workflow_execution_id)
+        triples = runnable_triples(package)
+        # The context is built before the reservation: the agent row stays locked
+        # (other dispatches skip it) only for the insert and the commit.
+        context_json = encode_context(build_task_context(task_execution_id))
+        agent = reserve_agent(claim.tenant_id, triples)
+        if agent is None:
+            reason = no_capacity_reason(claim.tenant_id, triples)
+            release_claim(task_execution_id, claim.assignment, reason)
+            return NoAgent(claim.tenant_id, reason)
+        artifact = resolve_artifact(package, agent.target_triple)
+        ref = PackageRef(
+            digest=artifact.digest if artifact else package.digest,
+            kind=package.kind,
+            target_triple=artifact.target_triple if artifact else agent.target_triple,
+        )
+        enqueue(claim, agent.id, work_packet(claim, context_json, ref, tenant_name))
+    return Placed(claim.tenant_id, claim.assignment, agent.id, agent.name)
+
+
+def run_status(task_execution_id: uuid.UUID, assignment: int) -> ExecutionStatus | None:
+    """What became of this run according to the database; None while it is still open.
+
+    A run past its result deadline is declared lost here (through the result
+    handler, so the task's retry policy applies).
+    """
+    task = (
+        TaskExecution.objects.filter(pk=task_execution_id)
+        .values("status", "assignment", "result_deadline")
+        .first()
+    )
+    if task is None:
+        return ExecutionStatus.SUPERSEDED
+    if task["status"] == TaskStatus.RUNNING and task["assignment"] == assignment:
+        deadline = task["result_deadline"]
+        if deadline is None or deadline > timezone.now():
+            return None
+        applied = result_handler.apply(
+            TaskReport(
+                task_execution_id, assignment, Outcome.LOST, error_type="ResultLost",
+                error_message=f"no outcome reported by the result deadline {deadline.isoformat()}",
+            )
+        )  # fmt: skip
+        ready_queue.submit(applied.ready)
+        return applied.status if applied.applied else run_status(task_execution_id, assignment)
+    outcome = (
+        TaskOutcome.objects.filter(task_id=task_execution_id, assignment=assignment, applied=True)
+        .values_list("outcome", flat=True)
+        .first()
+    )
+    if outcome is None:
+        return ExecutionStatus.SUPERSEDED
+    if outcome == Outcome.SUCCESS:
+        return ExecutionStatus.COMPLETED
+    if task["assignment"] == assignment and task["status"] == TaskStatus.FAILED:
+        return ExecutionStatus.FAILED
+    if outcome == Outcome.REFUSED:
+        return ExecutionStatus.REQUEUED
+    return ExecutionStatus.RETRY

@@ -1,0 +1,122 @@
+"""Where a dispatching FleetExecutor waits for its task's outcome.
+
+A waiter is keyed by task_execution_id and registered before the packet is
+enqueued.  Whoever applies the outcome wakes it: the result endpoint of this
+process directly (:func:`wake`, thread-safe), any other process through
+``NOTIFY task_outcome, '<task id>:<assignment>:<status>'`` (:func:`announce`),
+which this process's listener turns into the same call.  Outcomes go to the
+database first; the rendezvous only shortens the wait, so a lost wake-up costs
+the waiter one database check, never the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from dataclasses import dataclass
+
+from django.db import connection
+
+from fleet.engine.events import ExecutionStatus
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "task_outcome"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    assignment: int
+    status: ExecutionStatus
+    reason: str = ""
+
+
+class Rendezvous:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiters: dict[uuid.UUID, tuple[int, asyncio.Future, asyncio.AbstractEventLoop]] = {}
+
+    def register(self, task_id: uuid.UUID, assignment: int = 0) -> asyncio.Future:
+        """A future resolved with an :class:`Outcome` for ``task_id`` (call on the event loop).
+
+        ``assignment`` 0 accepts any assignment (it is set once the claim is known).
+        """
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self._lock:
+            self._waiters[task_id] = (assignment, future, loop)
+        return future
+
+    def set_assignment(self, task_id: uuid.UUID, assignment: int) -> None:
+        with self._lock:
+            entry = self._waiters.get(task_id)
+            if entry is not None:
+                self._waiters[task_id] = (assignment, entry[1], entry[2])
+
+    def unregister(self, task_id: uuid.UUID, future: asyncio.Future) -> None:
+        with self._lock:
+            entry = self._waiters.get(task_id)
+            if entry is not None and entry[1] is future:
+                del self._waiters[task_id]
+
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._waiters)
+
+    def wake(self, task_id: uuid.UUID, outcome: Outcome) -> bool:
+        """Resolve the local waiter of ``task_id`` (any thread); False if none is here."""
+        with self._lock:
+            entry = self._waiters.get(task_id)
+        if entry is None:
+            return False
+        assignment, future, loop = entry
+        if assignment and assignment != outcome.assignment:
+            return False
+        try:
+            loop.call_soon_threadsafe(_resolve, future, outcome)
+        except RuntimeError:  # loop closed
+            return False
+        return True
+
+    def wake_all_to_recheck(self) -> None:
+        """Wake every waiter with no outcome: after a listener reconnect, notifications
+        may have been lost, so each waiter re-reads its task from the database."""
+        with self._lock:
+            entries = list(self._waiters.values())
+        for _assignment, future, loop in entries:
+            try:
+                loop.call_soon_threadsafe(_resolve, future, None)
+            except RuntimeError:
+                pass
+
+    def on_notify(self, payload: str) -> None:
+        """Listener callback for ``task_outcome`` notifications."""
+        try:
+            task_text, assignment, status = payload.split(":", 2)
+            outcome = Outcome(int(assignment), ExecutionStatus(status))
+            task_id = uuid.UUID(task_text)
+        except ValueError:
+            log.warning("ignoring malformed task_outcome notification %r", payload)
+            return
+        self.wake(task_id, outcome)
+
+
+def _resolve(future: asyncio.Future, outcome: Outcome | None) -> None:
+    if not future.done():
+        future.set_result(outcome)
+
+
+rendezvous = Rendezvous()
+
+
+def announce(task_id: uuid.UUID, outcome: Outcome) -> None:
+    """Wake the waiter of ``task_id`` wherever it is: here directly, elsewhere by NOTIFY."""
+    if rendezvous.wake(task_id, outcome):
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_notify(%s, %s)",
+            [CHANNEL, f"{task_id}:{outcome.assignment}:{outcome.status.value}"],
+        )

@@ -1,0 +1,265 @@
+"""The ``fleet`` executor: every task runs on a DB-less agent (docs/fleet.md).
+
+``execute`` places the task in one transaction (:mod:`fleet.delivery.placement`:
+claim, shared context builder, atomic slot reservation, outbox row), then
+waits at the rendezvous keyed by task_execution_id until some process
+applies the outcome (the result endpoint wakes it directly or by NOTIFY) —
+re-reading the database every few seconds, so a lost wake-up or a passed
+result deadline never strands it.  No agent with room: the claim is released
+with the reason and the result is REQUEUED (not an attempt).
+
+``start`` runs this process's delivery machinery on the event loop: the
+LISTEN connection, the outbox relay and the capacity probe behind
+``has_capacity``.  ``periodic_jobs`` are the sweeps: liveness + reclaim,
+redelivery, pruning, depth samples and wait reasons.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+
+import psycopg
+
+from cloacina_site.config import Config
+from fleet.delivery import db as delivery_db
+from fleet.delivery import local_sockets
+from fleet.delivery.depth import SAMPLE_INTERVAL_S, sample_outbox_depth
+from fleet.delivery.listener import NotificationListener
+from fleet.delivery.liveness import sweep_dead_agents
+from fleet.delivery.pg import connect_async
+from fleet.delivery.placement import NoAgent, NotClaimed, place_task, run_status
+from fleet.delivery.pruning import prune_acked, prune_depth_samples
+from fleet.delivery.redelivery import redeliver_unreceived
+from fleet.delivery.relay import Relay
+from fleet.delivery.rendezvous import CHANNEL as OUTCOME_CHANNEL
+from fleet.delivery.rendezvous import rendezvous
+from fleet.delivery.wait_reasons import WAIT_REASON_INTERVAL_S, explain_waiting_tasks
+from fleet.engine.events import ExecutionResult, ExecutionStatus, ExecutorMetrics, TaskReadyEvent
+from fleet.engine.executor import PeriodicJob, TaskExecutor
+
+log = logging.getLogger(__name__)
+
+EXECUTOR_KEY = "fleet"
+OUTCOME_RECHECK_S = 5.0  # a waiter re-reads its task this often (lost wake-up, deadline)
+CAPACITY_PROBE_S = 0.1  # how stale has_capacity's view of free agent slots may get
+PRUNE_INTERVAL_S = 60.0
+
+_FREE_SLOTS = """
+SELECT coalesce(sum(max_concurrency - in_flight), 0) FROM agents_agent
+WHERE state = 'live' AND connected_to <> '' AND in_flight < max_concurrency
+  AND last_heartbeat > now() - make_interval(secs => %s)
+"""
+
+
+class CapacityEstimate:
+    """Free agent slots cluster-wide, as seen by this process (a hint; reservation decides).
+
+    ``probed`` is the last database figure; ``delta`` the slots this process took
+    (-1) or saw freed (+1) since; ``claiming`` the placements in progress.
+    """
+
+    def __init__(self) -> None:
+        self.probed: int | None = None
+        self.delta = 0
+        self.claiming = 0
+
+    def available(self) -> int:
+        if self.probed is None:
+            return 1  # unknown (no probe yet, or the database is away): let dispatch find out
+        return self.probed + self.delta - self.claiming
+
+
+class FleetExecutor(TaskExecutor):
+    key = EXECUTOR_KEY
+    # Each dispatch waits for a remote outcome: many may be in flight per process.
+    dispatch_concurrency = 1024
+
+    def __init__(self, claimer: str, config: Config) -> None:
+        self.claimer = claimer
+        self.config = config
+        local_sockets.set_server_id(claimer)
+        self.relay = Relay()
+        self.capacity = CapacityEstimate()
+        self.listener: NotificationListener | None = None
+        self._probe_task: asyncio.Task | None = None
+        self._probe_wake = asyncio.Event()
+        self._started_at = time.monotonic()
+        self._active = 0
+        self._stats = {"completed": 0, "failed": 0, "requeued": 0, "dispatched": 0}
+
+    # -- lifecycle ------------------------------------------------------------------
+    async def start(self) -> None:
+        self._started_at = time.monotonic()
+        self._probe_wake = asyncio.Event()
+        self.listener = NotificationListener(
+            {"delivery_outbox": self.relay.on_notify, OUTCOME_CHANNEL: rendezvous.on_notify},
+            on_reconnect=self._after_listener_reconnect,
+        )
+        self.listener.start()
+        self.relay.start()
+        self._probe_task = asyncio.create_task(self._probe_capacity(), name="fleet-capacity")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.listener.listening.wait(), 5.0)
+        log.info("fleet executor started (server %s)", self.claimer)
+
+    async def stop(self) -> None:
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._probe_task
+            self._probe_task = None
+        await self.relay.stop()
+        if self.listener is not None:
+            await self.listener.stop()
+        await asyncio.get_running_loop().run_in_executor(None, delivery_db.close)
+
+    def _after_listener_reconnect(self) -> None:
+        self.relay.kick()
+        rendezvous.wake_all_to_recheck()
+
+    async def _probe_capacity(self) -> None:
+        conn: psycopg.AsyncConnection | None = None
+        while True:
+            try:
+                if conn is None or conn.closed:
+                    conn = await connect_async("cloacina-capacity")
+                before = self.capacity.delta
+                cursor = await conn.execute(_FREE_SLOTS, [self.config.liveness_window_s])
+                (free,) = await cursor.fetchone()
+                self.capacity.probed = int(free)
+                self.capacity.delta -= before
+            except asyncio.CancelledError:
+                if conn is not None:
+                    await conn.close()
+                raise
+            except (psycopg.Error, OSError) as exc:
+                log.debug("capacity probe failed: %s", exc)
+                self.capacity.probed = None
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+                conn = None
+            self._probe_wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._probe_wake.wait(), CAPACITY_PROBE_S)
+
+    # -- the TaskExecutor interface -------------------------------------------------
+    def has_capacity(self) -> bool:
+        return self.capacity.available() > 0
+
+    def metrics(self) -> ExecutorMetrics:
+        return ExecutorMetrics(
+            active_tasks=self._active,
+            max_concurrent=max(self.capacity.available(), 0) + self._active,
+            total_executed=self._stats["completed"] + self._stats["failed"],
+            total_failed=self._stats["failed"],
+            extra={
+                "requeued": self._stats["requeued"],
+                "dispatched": self._stats["dispatched"],
+                "pushed": self.relay.pushed,
+                "local_agents": len(local_sockets.snapshot()),
+                "waiting": rendezvous.waiting(),
+            },
+        )
+
+    async def execute(self, event: TaskReadyEvent) -> ExecutionResult:
+        task_id = event.task_execution_id
+        started = time.monotonic()
+        # The waiter exists before the packet can reach an agent (no lost early result).
+        future = rendezvous.register(task_id)
+        self.capacity.claiming += 1
+        try:
+            placement = await delivery_db.call(place_task, task_id, self.claimer)
+        except BaseException:
+            rendezvous.unregister(task_id, future)
+            raise
+        finally:
+            self.capacity.claiming -= 1
+        if isinstance(placement, NotClaimed | NoAgent):
+            rendezvous.unregister(task_id, future)
+            if isinstance(placement, NotClaimed):
+                return ExecutionResult(task_id, ExecutionStatus.SUPERSEDED, placement.reason)
+            self._stats["requeued"] += 1
+            # What we believed free was not: look again now rather than at the next probe.
+            self.capacity.probed = 0 if self.capacity.probed is not None else None
+            self._probe_wake.set()
+            log.debug("task %s waits: %s", task_id, placement.reason)
+            return ExecutionResult(task_id, ExecutionStatus.REQUEUED, placement.reason)
+        self._stats["dispatched"] += 1
+        self.capacity.delta -= 1
+        self._active += 1
+        rendezvous.set_assignment(task_id, placement.assignment)
+        try:
+            status = await self._await_outcome(task_id, placement.assignment, future)
+        finally:
+            self._active -= 1
+            self.capacity.delta += 1
+        if status == ExecutionStatus.COMPLETED:
+            self._stats["completed"] += 1
+        elif status == ExecutionStatus.FAILED:
+            self._stats["failed"] += 1
+        return ExecutionResult(task_id, status, duration_s=time.monotonic() - started)
+
+    async def _await_outcome(
+        self, task_id: uuid.UUID, assignment: int, future: asyncio.Future
+    ) -> ExecutionStatus:
+        try:
+            while True:
+                # Jitter spreads the re-checks of many long-running waiters.
+                timeout = OUTCOME_RECHECK_S * random.uniform(0.8, 1.2)
+                with contextlib.suppress(TimeoutError):
+                    outcome = await asyncio.wait_for(asyncio.shield(future), timeout)
+                    if outcome is not None and outcome.assignment == assignment:
+                        return outcome.status
+                status = await delivery_db.call(run_status, task_id, assignment)
+                if status is not None:
+                    return status
+                if future.done():  # woken to re-check: wait on a fresh future
+                    rendezvous.unregister(task_id, future)
+                    future = rendezvous.register(task_id, assignment)
+        finally:
+            rendezvous.unregister(task_id, future)
+
+    def periodic_jobs(self) -> list[PeriodicJob]:
+        config = self.config
+        return [
+            PeriodicJob(
+                "fleet_liveness_sweep",
+                self._liveness_sweep,
+                max(0.05, config.heartbeat_interval_s / 2),
+                leader_only=True,
+            ),
+            PeriodicJob(
+                "fleet_redelivery",
+                lambda: redeliver_unreceived(config.outbox_redeliver_s),
+                max(0.1, config.outbox_redeliver_s / 2),
+                leader_only=True,
+            ),
+            PeriodicJob(
+                "fleet_prune_outbox",
+                lambda: (prune_acked(config.outbox_retention_s), prune_depth_samples()),
+                min(PRUNE_INTERVAL_S, max(1.0, config.outbox_retention_s / 2)),
+                leader_only=True,
+            ),
+            PeriodicJob(
+                "fleet_outbox_depth", sample_outbox_depth, SAMPLE_INTERVAL_S, leader_only=True
+            ),
+            PeriodicJob(
+                "fleet_wait_reasons",
+                explain_waiting_tasks,
+                WAIT_REASON_INTERVAL_S,
+                leader_only=True,
+            ),
+        ]
+
+    def _liveness_sweep(self) -> None:
+        # A server that just started gives agents one liveness window to reach it
+        # (their beats could not land while no server was up) before evicting anyone.
+        if time.monotonic() - self._started_at < self.config.liveness_window_s:
+            return
+        sweep_dead_agents()
