@@ -26,18 +26,30 @@ __all__ = [
     "writer_client",
     "writer_user",
     "HX",
+    "PASSWORD",
+    "with_password",
 ]
 
 HX = {"HTTP_HX_REQUEST": "true"}  # what htmx sends with every request
 
 
+PASSWORD = "pw-123456"
+
+
 def _user(username: str, superuser: bool = False):
+    # No password: hashing one costs ~0.2 s and force_login does not need it.
+    # Tests that log in through the form call ``with_password``.
     from django.contrib.auth import get_user_model
 
     User = get_user_model()
-    if superuser:
-        return User.objects.create_superuser(username, f"{username}@example.com", "pw-123456")
-    return User.objects.create_user(username, f"{username}@example.com", "pw-123456")
+    create = User.objects.create_superuser if superuser else User.objects.create_user
+    return create(username, f"{username}@example.com", None)
+
+
+def with_password(user, password: str = PASSWORD):
+    user.set_password(password)
+    user.save(update_fields=["password"])
+    return user
 
 
 def _member(username: str, tenant, role: str):
