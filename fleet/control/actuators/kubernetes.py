@@ -40,6 +40,8 @@ from fleet.models import ApiKey, Tenant
 log = logging.getLogger(__name__)
 
 KEY_LABEL_PREFIX = "kubernetes actuator: "
+# The API server rejects (instead of silently dropping) any field it does not know.
+STRICT = "Strict"
 
 
 def _missing(exc: ApiException) -> bool:
@@ -143,7 +145,7 @@ class KubernetesActuator(Actuator):
             self._ensure_network_policy(ns, label)
             self._rotate_key(tenant, ns, label)
             body = m.render_deployment(ns, label, desired, self.settings)
-            self.apps.create_namespaced_deployment(ns, body)
+            self.apps.create_namespaced_deployment(ns, body, field_validation=STRICT)
             result.started = desired
             log.info(
                 "kubernetes actuator: created %s/%s with %d replicas", ns, m.AGENT_NAME, desired
@@ -197,7 +199,7 @@ class KubernetesActuator(Actuator):
             if not _missing(exc):
                 raise
             try:
-                self.core.create_namespace(m.render_namespace(ns, label))
+                self.core.create_namespace(m.render_namespace(ns, label), field_validation=STRICT)
             except ApiException as create_exc:
                 if create_exc.status != 409:  # created meanwhile: fine
                     raise
@@ -207,12 +209,12 @@ class KubernetesActuator(Actuator):
         key, token = mint_agent_key(tenant, KEY_LABEL_PREFIX + ns)
         body = m.render_secret(ns, label, token, key.lookup)
         try:
-            self.core.replace_namespaced_secret(m.SECRET_NAME, ns, body)
+            self.core.replace_namespaced_secret(m.SECRET_NAME, ns, body, field_validation=STRICT)
         except ApiException as exc:
             if not _missing(exc):
                 revoke_keys({key.lookup})
                 raise
-            self.core.create_namespaced_secret(ns, body)
+            self.core.create_namespaced_secret(ns, body, field_validation=STRICT)
         log.info("kubernetes actuator: minted a new agent key for %s", ns)
         return key.lookup
 
@@ -254,10 +256,12 @@ class KubernetesActuator(Actuator):
         except ApiException as exc:
             if not _missing(exc):
                 raise
-            self.net.create_namespaced_network_policy(ns, body)
+            self.net.create_namespaced_network_policy(ns, body, field_validation=STRICT)
             return
         if self.api_client.sanitize_for_serialization(existing.spec) != body["spec"]:
-            self.net.replace_namespaced_network_policy(m.AGENT_NAME, ns, body)
+            self.net.replace_namespaced_network_policy(
+                m.AGENT_NAME, ns, body, field_validation=STRICT
+            )
 
 
 def secret_token(secret_body: dict) -> str:

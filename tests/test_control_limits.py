@@ -1,0 +1,158 @@
+"""Limits and desired_count: the rules, the audit trail, and that concurrent changes lose nothing."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection
+
+from fleet.control import limits
+from fleet.models import ChangeReason, FleetChange, Tenant
+
+
+def changes(tenant, field="desired_count"):
+    return list(
+        FleetChange.objects.filter(tenant=tenant, field=field)
+        .order_by("id")
+        .values_list("old_value", "new_value", "reason", "actor")
+    )
+
+
+def test_it_provisions_up_to_the_default_limit_then_refuses(tenant):
+    assert limits.effective_limit(tenant) == 4  # CLOACINA_DEFAULT_MAX_AGENTS default
+    for expected in (1, 2, 3, 4):
+        assert limits.provision(tenant, "alice") == expected
+    with pytest.raises(limits.FleetLimitError) as err:
+        limits.provision(tenant, "alice")
+    assert err.value.status == 409
+    assert "effective limit (4)" in err.value.message
+    tenant.refresh_from_db()
+    assert tenant.desired_count == 4
+    assert changes(tenant) == [(n, n + 1, ChangeReason.MANUAL, "alice") for n in range(4)]
+
+
+def test_it_deprovisions_to_zero_then_refuses(tenant):
+    limits.provision(tenant, "a")
+    assert limits.deprovision(tenant, "b") == 0
+    with pytest.raises(limits.FleetLimitError) as err:
+        limits.deprovision(tenant, "b")
+    assert err.value.status == 409
+    assert "already 0" in err.value.message
+    assert changes(tenant)[-1] == (1, 0, ChangeReason.MANUAL, "b")
+
+
+def test_it_refuses_a_disabled_tenant(tenant):
+    Tenant.objects.filter(pk=tenant.pk).update(is_active=False)
+    with pytest.raises(limits.FleetLimitError) as err:
+        limits.provision(tenant, "a")
+    assert err.value.status == 409 and "disabled" in err.value.message
+
+
+def test_an_override_replaces_the_default_limit(tenant):
+    limits.set_fleet_overrides(tenant, "root", max_agents_override=6)
+    assert limits.effective_limit(tenant) == 6
+    for _ in range(6):
+        limits.provision(tenant, "a")
+    with pytest.raises(limits.FleetLimitError):
+        limits.provision(tenant, "a")
+    assert changes(tenant, "max_agents_override") == [(None, 6, ChangeReason.ADMIN, "root")]
+
+
+def test_lowering_the_limit_below_desired_count_clamps_it(tenant):
+    for _ in range(4):
+        limits.provision(tenant, "a")
+    updated = limits.set_fleet_overrides(tenant, "root", max_agents_override=2)
+    assert updated.desired_count == 2
+    tenant.refresh_from_db()
+    assert (tenant.desired_count, tenant.max_agents_override) == (2, 2)
+    assert changes(tenant)[-1] == (4, 2, ChangeReason.CLAMP, "root")
+    assert changes(tenant, "max_agents_override") == [(None, 2, ChangeReason.ADMIN, "root")]
+
+
+def test_clearing_the_override_returns_to_the_default(tenant):
+    limits.set_fleet_overrides(tenant, "root", max_agents_override=1)
+    limits.set_fleet_overrides(tenant, "root", max_agents_override=None)
+    tenant.refresh_from_db()
+    assert tenant.max_agents_override is None
+    assert limits.effective_limit(tenant) == 4
+
+
+def test_an_admin_desired_count_above_the_limit_changes_nothing(tenant):
+    with pytest.raises(limits.FleetLimitError) as err:
+        limits.set_fleet_overrides(tenant, "root", max_agents_override=3, desired_count=5)
+    assert err.value.status == 422 and "exceeds the effective limit (3)" in err.value.message
+    tenant.refresh_from_db()
+    assert (tenant.max_agents_override, tenant.desired_count) == (None, 0)
+    assert not FleetChange.objects.filter(tenant=tenant).exists()
+
+
+def test_an_admin_sets_both_in_one_change(tenant):
+    limits.set_fleet_overrides(tenant, "root", max_agents_override=8, desired_count=7)
+    tenant.refresh_from_db()
+    assert (tenant.max_agents_override, tenant.desired_count) == (8, 7)
+    assert changes(tenant) == [(0, 7, ChangeReason.ADMIN, "root")]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "3", True])
+def test_it_rejects_malformed_numbers(tenant, bad):
+    with pytest.raises(limits.FleetLimitError) as err:
+        limits.set_fleet_overrides(tenant, "root", max_agents_override=bad)
+    assert err.value.status == 422
+
+
+def test_the_snapshot_counts_agents_backlog_and_outbox(tenant, other_tenant):
+    from agents.models import Agent
+
+    Agent.objects.create(
+        tenant=tenant, name="a1", target_triple="t", max_concurrency=4, in_flight=3
+    )
+    Agent.objects.create(
+        tenant=tenant, name="a2", target_triple="t", max_concurrency=4, in_flight=1
+    )
+    Agent.objects.create(tenant=tenant, name="a3", target_triple="t", state="draining", in_flight=1)
+    Agent.objects.create(tenant=tenant, name="a4", target_triple="t", state="dead")
+    Agent.objects.create(tenant=other_tenant, name="x", target_triple="t", max_concurrency=9)
+    snap = limits.fleet_snapshot(tenant)
+    assert snap["utilization"] == pytest.approx(0.5)
+    assert (snap["agents_live"], snap["agents_draining"], snap["agents_total"]) == (2, 1, 3)
+    assert (snap["in_flight"], snap["capacity"], snap["backlog"], snap["outbox_open"]) == (
+        4,
+        8,
+        0,
+        0,
+    )
+    assert snap["effective_limit"] == 4 and snap["overridden"] is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_provision_calls_never_lose_an_update():
+    tenant = Tenant.objects.create(name="race", max_agents_override=40)
+    barrier = threading.Barrier(10)
+    results: list[int | str] = []
+    lock = threading.Lock()
+
+    def worker(n: int) -> None:
+        barrier.wait()
+        try:
+            for _ in range(6):  # 60 attempts against a limit of 40
+                try:
+                    value: int | str = limits.provision(tenant, f"thread-{n}")
+                except limits.FleetLimitError as exc:
+                    value = f"{exc.status}"
+                with lock:
+                    results.append(value)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    tenant.refresh_from_db()
+    granted = sorted(r for r in results if isinstance(r, int))
+    assert granted == list(range(1, 41))  # every value handed out exactly once
+    assert results.count("409") == 20
+    assert tenant.desired_count == 40
+    assert FleetChange.objects.filter(tenant=tenant, reason=ChangeReason.MANUAL).count() == 40
