@@ -1,0 +1,299 @@
+"""The delivery WebSocket through the real ASGI application (routing + auth + consumer)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import pytest
+from channels.testing import WebsocketCommunicator
+
+from agents.models import Agent
+from cloacina_site.asgi import application
+from fleet.delivery import local_sockets
+from fleet.delivery.placement import place_task
+from fleet.delivery.relay import Relay
+from fleet.models import ApiKey, DeliveryOutbox, TaskExecution
+from tests.fleet_support import (  # noqa: F401
+    _close_delivery_pool,
+    make_agent,
+    ready_root,
+    two_task_package,
+)
+from tests.own_loop import run_async
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _forget_sockets():
+    local_sockets.clear()
+    yield
+    local_sockets.clear()
+
+
+def socket(agent_id, key: str | None) -> WebsocketCommunicator:
+    headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
+    return WebsocketCommunicator(application, f"/ws/agents/{agent_id}/", headers=headers)
+
+
+async def close_code(comm: WebsocketCommunicator, timeout: float = 3.0) -> int:
+    """Skip any frames until the server closes; return the close code."""
+    while True:
+        message = await comm.receive_output(timeout)
+        if message["type"] == "websocket.close":
+            return message.get("code")
+
+
+async def opened(comm: WebsocketCommunicator, hello: list | None = None) -> None:
+    connected, _ = await comm.connect()
+    assert connected
+    await comm.send_json_to({"type": "hello", "holding": hello or []})
+
+
+async def until(predicate, timeout: float = 3.0) -> None:
+    from asgiref.sync import sync_to_async
+
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await sync_to_async(predicate)():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+def test_bad_missing_and_revoked_keys_are_closed_4401(tenant):
+    agent = make_agent(tenant, connected=False)
+    revoked, token = ApiKey.mint("agent", tenant=tenant)
+    revoked.revoke()
+
+    async def scenario():
+        codes = []
+        for key in ("clk_abc_def", None, token):
+            comm = socket(agent.id, key)
+            await comm.connect()
+            codes.append(await close_code(comm))
+            await comm.disconnect()
+        return codes
+
+    assert run_async(scenario()) == [4401, 4401, 4401]
+    agent.refresh_from_db()
+    assert (agent.connected_to, agent.connection_generation) == ("", 0)
+
+
+def test_a_non_agent_key_is_closed_4403(tenant, read_key):
+    agent = make_agent(tenant, connected=False)
+
+    async def scenario():
+        comm = socket(agent.id, read_key)
+        await comm.connect()
+        code = await close_code(comm)
+        await comm.disconnect()
+        return code
+
+    assert run_async(scenario()) == 4403
+
+
+def test_another_tenants_or_a_dead_agent_is_closed_4404(tenant, other_tenant, agent_key):
+    foreign = make_agent(other_tenant, connected=False)
+    dead = make_agent(tenant, state="dead", connected=False)
+
+    async def scenario():
+        codes = []
+        for agent_id in (foreign.id, dead.id, uuid.uuid4(), "not-a-uuid"):
+            comm = socket(agent_id, agent_key)
+            await comm.connect()
+            codes.append(await close_code(comm))
+            await comm.disconnect()
+        return codes
+
+    assert run_async(scenario()) == [4404, 4404, 4404, 4404]
+    foreign.refresh_from_db()
+    assert foreign.connected_to == "" and foreign.connection_generation == 0
+
+
+def test_a_connection_owns_the_agent_and_beats_and_confirms_over_the_socket(tenant, agent_key):
+    two_task_package(tenant)
+    agent = make_agent(tenant, connected=False)
+    make_agent(tenant, "helper")  # takes the packet below while `agent` is not connected
+    _, task = ready_root(tenant)
+    place_task(task.pk, "s")
+    row = DeliveryOutbox.objects.get(task=task)
+    DeliveryOutbox.objects.filter(pk=row.pk).update(agent=agent, state="delivered")
+    Agent.objects.filter(pk=agent.pk).update(last_heartbeat="2001-01-01T00:00:00Z")
+
+    async def scenario():
+        comm = socket(agent.id, agent_key)
+        await opened(comm, hello=[[str(task.pk), row.assignment]])
+        await until(lambda: local_sockets.get(agent.id) is not None)
+        await comm.send_json_to({"type": "heartbeat", "in_flight": 1, "metrics": {"load": 0.5}})
+        await comm.send_json_to({"type": "received", "outbox_id": row.id})
+        await until(lambda: Agent.objects.get(pk=agent.pk).metrics == {"load": 0.5})
+        await comm.disconnect()
+
+    run_async(scenario())
+    agent.refresh_from_db()
+    assert agent.connection_generation == 1 and agent.last_heartbeat.year > 2001
+    assert agent.connected_to == ""  # the disconnect released it
+    row.refresh_from_db()
+    assert row.state == "delivered" and row.received_at is not None
+    assert local_sockets.get(agent.id) is None
+
+
+@pytest.mark.parametrize(
+    ("frame", "why"),
+    [
+        ("not json", "text"),
+        ("[1, 2]", "array"),
+        ('{"type": "gossip"}', "unknown type"),
+        ('{"type": "received", "outbox_id": "seven"}', "bad field"),
+        ('{"type": "hello", "holding": [["x", 1]]}', "bad holding"),
+        ('{"type": "heartbeat", "x": NaN}', "NaN"),
+    ],
+)
+def test_a_malformed_frame_is_closed_4400(tenant, agent_key, frame, why):
+    agent = make_agent(tenant, connected=False)
+
+    async def scenario():
+        comm = socket(agent.id, agent_key)
+        await comm.connect()
+        await comm.send_to(text_data=frame)
+        code = await close_code(comm)
+        await comm.disconnect()
+        return code
+
+    assert run_async(scenario()) == 4400, why
+
+
+def test_an_oversized_frame_is_closed_4413(tenant, agent_key):
+    agent = make_agent(tenant, connected=False)
+
+    async def scenario():
+        comm = socket(agent.id, agent_key)
+        await comm.connect()
+        big = json.dumps({"type": "heartbeat", "metrics": {"pad": "x" * (1024 * 1024)}})
+        await comm.send_to(text_data=big)
+        code = await close_code(comm)
+        await comm.disconnect()
+        return code
+
+    assert run_async(scenario()) == 4413
+
+
+def test_a_flood_of_frames_is_closed_4429(tenant, agent_key):
+    agent = make_agent(tenant, connected=False)
+
+    async def scenario():
+        comm = socket(agent.id, agent_key)
+        await opened(comm)
+        for _ in range(3000):
+            await comm.send_json_to({"type": "received", "outbox_id": 1})
+        code = await close_code(comm, timeout=10)
+        await comm.disconnect()
+        return code
+
+    assert run_async(scenario()) == 4429
+
+    # …and the server keeps serving: the agent can connect again.
+    async def again():
+        comm = socket(agent.id, agent_key)
+        await opened(comm)
+        await until(lambda: local_sockets.get(agent.id) is not None)
+        await comm.disconnect()
+
+    run_async(again())
+
+
+def test_the_relay_pushes_pending_work_to_the_socket(tenant, agent_key):
+    two_task_package(tenant)
+    agent = make_agent(tenant, connected=False)
+    _, task = ready_root(tenant, {"n": 1})
+    Agent.objects.filter(pk=agent.pk).update(connected_to=local_sockets.server_id())
+    place_task(task.pk, "s")
+    row = DeliveryOutbox.objects.get(task=task)
+
+    async def scenario():
+        relay = Relay(poll_s=0.05)
+        relay.start()
+        try:
+            comm = socket(agent.id, agent_key)
+            await opened(comm)
+            frame = await comm.receive_json_from(timeout=5)
+            await comm.send_json_to({"type": "received", "outbox_id": frame["packet"]["outbox_id"]})
+            await until(lambda: DeliveryOutbox.objects.get(pk=row.pk).received_at is not None)
+            await comm.disconnect()
+            return frame
+        finally:
+            await relay.stop()
+
+    frame = run_async(scenario())
+    assert frame["type"] == "work"
+    assert frame["packet"] == {**row.payload, "outbox_id": row.id}
+    row.refresh_from_db()
+    assert (row.state, row.attempts) == ("delivered", 1)
+    task.refresh_from_db()
+    assert task.result_deadline is not None  # the result-wait clock started at delivery
+
+
+def test_a_newer_connection_supersedes_the_older_one(tenant, agent_key):
+    agent = make_agent(tenant, connected=False)
+
+    async def scenario():
+        first = socket(agent.id, agent_key)
+        await opened(first)
+        await until(lambda: local_sockets.get(agent.id) is not None)
+        old_channel = local_sockets.get(agent.id).channel_name
+        second = socket(agent.id, agent_key)
+        await opened(second)
+        code = await close_code(first)
+        await until(lambda: local_sockets.get(agent.id).channel_name != old_channel)
+        await first.disconnect()  # the stale socket's disconnect must not release the agent
+        connected_to = await _connected_to(agent.id)
+        await second.disconnect()
+        return code, connected_to
+
+    code, connected_to = run_async(scenario())
+    assert code == 4408
+    assert connected_to == local_sockets.server_id()
+    agent.refresh_from_db()
+    assert (agent.connection_generation, agent.connected_to) == (2, "")
+
+
+async def _connected_to(agent_id):
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(lambda: Agent.objects.get(pk=agent_id).connected_to)()
+
+
+def test_the_relay_closes_the_socket_of_a_dead_agent_4404(tenant, agent_key):
+    agent = make_agent(tenant, connected=False)
+
+    async def scenario():
+        relay = Relay(poll_s=0.05)
+        comm = socket(agent.id, agent_key)
+        await opened(comm)
+        await until(lambda: local_sockets.get(agent.id) is not None)
+        await until(lambda: Agent.objects.filter(pk=agent.pk).update(state="dead") == 1)
+        await relay.reconcile()
+        code = await close_code(comm)
+        await comm.disconnect()
+        await relay.stop()
+        return code
+
+    assert run_async(scenario()) == 4404
+
+
+def test_a_dead_agents_heartbeat_over_the_socket_closes_it_4404(tenant, agent_key):
+    agent = make_agent(tenant, connected=False)
+
+    async def scenario():
+        comm = socket(agent.id, agent_key)
+        await opened(comm)
+        await until(lambda: local_sockets.get(agent.id) is not None)
+        await until(lambda: Agent.objects.filter(pk=agent.pk).update(state="dead") == 1)
+        await comm.send_json_to({"type": "heartbeat", "in_flight": 0})
+        code = await close_code(comm)
+        await comm.disconnect()
+        return code
+
+    assert run_async(scenario()) == 4404
+    assert TaskExecution.objects.count() == 0
