@@ -221,3 +221,11 @@ def test_the_cache_is_usable_from_a_db_less_process(tmp_path):
         [sys.executable, "-c", "import json; " + code], cwd=REPO, capture_output=True, text=True
     )
     assert json.loads(out.stdout) is False
+
+
+def test_a_fetch_that_returns_something_else_than_bytes_is_refused(tmp_path):
+    cache = PackageCache(tmp_path, max_bytes=10**6)
+    digest, _ = archive("a")
+    with pytest.raises(PackageCacheError, match="gave NoneType, not bytes"):
+        cache.get(digest, lambda: None)
+    assert leftovers(tmp_path) == []

@@ -186,6 +186,10 @@ class PackageCache:
         return True
 
     def _fill(self, digest: str, path: Path, data: bytes) -> None:
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise PackageCacheError(
+                f"fetching package {digest} gave {type(data).__name__}, not bytes"
+            )
         actual = hashlib.sha256(data).hexdigest()
         if actual != digest:
             raise DigestMismatch(

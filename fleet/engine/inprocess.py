@@ -14,6 +14,7 @@ import asyncio
 import logging
 import threading
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -36,6 +37,11 @@ log = logging.getLogger(__name__)
 
 EXECUTOR_KEY = "default"
 DEFAULT_CACHE_BYTES = 2 * 1024**3
+# Runs claimed and prepared ahead of a free child, per worker: preparing the next run
+# (claim, context, package) overlaps the current one, so a child never waits on the database.
+CLAIM_AHEAD_PER_WORKER = 1
+# Executions remembered for their package digest (it never changes for an execution).
+DIGEST_MEMO_SIZE = 10_000
 # On stop, in-flight runs get this long to finish before their children are killed.
 DRAIN_TIMEOUT_S = 30.0
 # Recording an outcome survives a short database outage (the handler is idempotent).
@@ -88,6 +94,8 @@ class InProcessExecutor(TaskExecutor):
         self.runner = TaskRunner(workers)
         self.cache = PackageCache(Path(cache_root), cache_bytes)
         self.drain_timeout_s = drain_timeout_s
+        self.max_held = workers * (1 + CLAIM_AHEAD_PER_WORKER)
+        self._digests: OrderedDict[uuid.UUID, str] = OrderedDict()
         self._db: DbThreadPool | None = None
         self._holding = 0  # runs between claim and the child's answer: what uses a slot
         self._in_flight = 0  # runs anywhere in execute(), outcome recording included
@@ -101,9 +109,9 @@ class InProcessExecutor(TaskExecutor):
 
     async def start(self) -> None:
         await asyncio.to_thread(self.runner.start)
-        # One database thread per slot, plus one so recording an outcome never waits
-        # behind the claims of the next runs.
-        self._db = DbThreadPool(self.workers + 1, "inprocess-db")
+        # Enough database threads for every run held (running or claimed ahead) to be
+        # preparing or recording at once: the database, not a thread, is the wait.
+        self._db = DbThreadPool(self.max_held, "inprocess-db")
         self._stopping = False
 
     async def stop(self) -> None:
@@ -124,7 +132,7 @@ class InProcessExecutor(TaskExecutor):
     # -- TaskExecutor --------------------------------------------------------------
 
     def has_capacity(self) -> bool:
-        return not self._stopping and self._db is not None and self._holding < self.workers
+        return not self._stopping and self._db is not None and self._holding < self.max_held
 
     def metrics(self) -> ExecutorMetrics:
         done = self._executed
@@ -192,11 +200,7 @@ class InProcessExecutor(TaskExecutor):
             return None
         digest = ""
         try:
-            digest = (
-                WorkflowExecution.objects.filter(pk=claim.workflow_execution_id)
-                .values_list("package__digest", flat=True)
-                .get()
-            )
+            digest = self._digest_of(claim.workflow_execution_id)
             context_json = encode_context(build_task_context(claim.task_execution_id))
             self.cache.pin(digest)
             try:
@@ -218,6 +222,20 @@ class InProcessExecutor(TaskExecutor):
                 error_type=type(exc).__name__,
                 error_message=f"could not prepare the task: {exc}",
             )
+
+    def _digest_of(self, workflow_execution_id: uuid.UUID) -> str:
+        digest = self._digests.get(workflow_execution_id)
+        if digest is None:
+            digest = (
+                WorkflowExecution.objects.filter(pk=workflow_execution_id)
+                .values_list("package__digest", flat=True)
+                .get()
+            )
+            with self._lock:
+                self._digests[workflow_execution_id] = digest
+                while len(self._digests) > DIGEST_MEMO_SIZE:
+                    self._digests.popitem(last=False)
+        return digest
 
     async def _run(self, prepared: _Prepared) -> RunOutcome | None:
         if prepared.error_type:
