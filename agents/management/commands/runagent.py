@@ -1,0 +1,138 @@
+"""``manage.py runagent``: the DB-less execution agent (docs/agent.md).
+
+manage.py sets CLOACINA_DB_LESS=1 for this command, so settings carry a
+database entry that points nowhere; :func:`install_db_guard` makes sure nothing
+even tries it.  The API key may come from CLOACINA_AGENT_API_KEY instead of the
+command line, so an actuator need not expose it in the process list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from agents.runtime.agent_config import (
+    DEFAULT_CACHE_MAX_MB,
+    DEFAULT_MAX_CONCURRENCY,
+    ENV_API_KEY,
+    ENV_SERVER_URL,
+    ENV_WIRE_FORMAT,
+    AgentConfig,
+    default_cache_dir,
+    default_name,
+    split_list,
+)
+from agents.runtime.client import normalise_server_url
+from agents.runtime.frames import WIRE_FORMATS
+from agents.runtime.triples import TripleError, host_triple, parse_triple
+
+DB_LESS_MESSAGE = "the agent is DB-less: it must never open a database connection"
+LOG_FORMAT = "%(asctime)s %(levelname)s agent: %(message)s"
+
+
+def install_db_guard() -> None:
+    """Make every attempt to connect to a database raise, whatever the settings say."""
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError(DB_LESS_MESSAGE)
+
+    BaseDatabaseWrapper.connect = refuse
+    BaseDatabaseWrapper.ensure_connection = refuse
+
+
+def _configure_logging() -> None:
+    # Concise lines on stderr; the libraries' request-by-request chatter stays out.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(os.environ.get("CLOACINA_LOG_LEVEL", "INFO"))
+    for noisy in ("httpx", "httpcore", "websockets", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class Command(BaseCommand):
+    help = "Run a DB-less execution agent: register, heartbeat, take work until SIGTERM, drain."
+    requires_system_checks: list = []  # the checks would import nothing useful and may touch the DB
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--server", help=f"server URL (or ${ENV_SERVER_URL})")
+        parser.add_argument("--api-key", help=f"agent API key (or ${ENV_API_KEY})")
+        parser.add_argument(
+            "--max-concurrency", type=int, default=DEFAULT_MAX_CONCURRENCY, help="task slots"
+        )
+        parser.add_argument("--target-triple", help="default: this host's triple")
+        parser.add_argument("--name", help="default: <hostname>-<pid>")
+        parser.add_argument("--tags", default="", help="comma-separated")
+        parser.add_argument("--capabilities", default="", help="comma-separated")
+        parser.add_argument(
+            "--cache-dir", help="unpacked packages (default $CLOACINA_HOME/agent-cache)"
+        )
+        parser.add_argument("--cache-max-mb", type=int, default=DEFAULT_CACHE_MAX_MB)
+
+    def handle(self, *args, **options) -> None:
+        install_db_guard()
+        _configure_logging()
+        config = self._config(options)
+        from agents.runtime.agent import Agent  # after the guard: nothing may sneak a connection
+
+        code = asyncio.run(_run(Agent(config)))
+        if code:
+            sys.exit(code)
+
+    def _config(self, options: dict) -> AgentConfig:
+        server = options["server"] or os.environ.get(ENV_SERVER_URL, "")
+        api_key = options["api_key"] or os.environ.get(ENV_API_KEY, "")
+        if not server:
+            raise CommandError(f"--server (or {ENV_SERVER_URL}) is required", returncode=2)
+        if not api_key:
+            raise CommandError(f"--api-key (or {ENV_API_KEY}) is required", returncode=2)
+        try:
+            server = normalise_server_url(server)
+        except ValueError as exc:
+            raise CommandError(str(exc), returncode=2) from None
+        triple = options["target_triple"] or host_triple()
+        try:
+            parse_triple(triple)
+        except TripleError as exc:
+            raise CommandError(f"--target-triple: {exc}", returncode=2) from None
+        if options["max_concurrency"] < 1:
+            raise CommandError("--max-concurrency must be at least 1", returncode=2)
+        if options["cache_max_mb"] < 1:
+            raise CommandError("--cache-max-mb must be at least 1", returncode=2)
+        wire_format = os.environ.get(ENV_WIRE_FORMAT) or "json"
+        if wire_format not in WIRE_FORMATS:
+            raise CommandError(
+                f"{ENV_WIRE_FORMAT} must be one of {', '.join(WIRE_FORMATS)}, got {wire_format!r}",
+                returncode=2,
+            )
+        name = (options["name"] or default_name()).strip()
+        if not name:
+            raise CommandError("--name must not be empty", returncode=2)
+        cache_dir = options["cache_dir"]
+        return AgentConfig(
+            server_url=server,
+            api_key=api_key,
+            name=name,
+            target_triple=triple,
+            cache_dir=Path(cache_dir) if cache_dir else default_cache_dir(),
+            cache_max_bytes=options["cache_max_mb"] * 1024 * 1024,
+            max_concurrency=options["max_concurrency"],
+            tags=split_list(options["tags"]),
+            capabilities=split_list(options["capabilities"]),
+            wire_format=wire_format,
+        )
+
+
+async def _run(agent) -> int:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, agent.on_signal, sig.name)
+    return await agent.run()

@@ -1,0 +1,484 @@
+"""The DB-less execution agent behind ``manage.py runagent`` (docs/agent.md).
+
+One asyncio loop runs three things: the connection loop (register over REST,
+hold the delivery WebSocket, reconnect with backoff, re-register when the server
+forgot us), the heartbeat loop, and one coroutine per work packet (triple check →
+artifact from the cache → the task in a child process → outcome posted until the
+server has it).  A drain (SIGTERM/SIGINT or a ``drain`` frame) refuses new packets,
+waits for everything in hand to be reported, deregisters and exits 0.
+
+Imports no Django model and opens no database connection (tests prove it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections import OrderedDict
+from typing import Any
+
+from websockets.exceptions import ConnectionClosed
+
+from agents.runtime import frames, host_metrics
+from agents.runtime.agent_config import AGENT_VERSION, PROTOCOL_VERSION, AgentConfig
+from agents.runtime.archive import ArchiveError
+from agents.runtime.backoff import Backoff, wait_event
+from agents.runtime.client import (
+    AgentClient,
+    AuthRejected,
+    ProtocolMismatch,
+    Registration,
+    RequestRejected,
+    ServerUnavailable,
+    UnknownAgent,
+    websocket_url,
+)
+from agents.runtime.connection import Action, Session, run_session
+from agents.runtime.heartbeat import BeatBody, BeatTarget, HeartbeatLoop
+from agents.runtime.outcome_reporter import OutcomeReporter
+from agents.runtime.package_cache import PackageCache, PackageCacheError
+from agents.runtime.task_runner import TaskRunner
+from agents.runtime.work import (
+    HeldTask,
+    PacketError,
+    TaskKey,
+    WorkPacket,
+    parse_packet,
+    refusal,
+    refusal_for_ids,
+    result_body,
+    run_result,
+    triple_mismatch,
+)
+
+log = logging.getLogger("cloacina.agent")
+
+EXIT_OK = 0
+EXIT_FORCED = 1  # a second signal during a drain: in-flight work was abandoned
+EXIT_CONFIG = 2  # the server refused our registration as malformed or incompatible
+EXIT_AUTH = 3  # the API key is bad, revoked or not an agent key
+
+# Keys of outcomes already reported, so a late re-push of one is ignored, not re-run.
+RECENT_KEYS_MAX = 10_000
+# How long a fetch keeps retrying a server that does not answer before refusing the task.
+FETCH_RETRY_WINDOW_S = 60.0
+DEREGISTER_ATTEMPTS = 5
+# A session that stayed open this long was healthy: the next reconnect starts from scratch.
+STABLE_SESSION_S = 10.0
+UNREGISTERED_BEAT_S = 1.0
+
+
+class ArtifactUnavailable(Exception):
+    """The task's artifact cannot be had; the agent refuses the task (it never ran)."""
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        runner: TaskRunner | None = None,
+        cache: PackageCache | None = None,
+        client: AgentClient | None = None,
+    ) -> None:
+        self.config = config
+        self.client = client or AgentClient(config.server_url, config.api_key)
+        self.cache = cache or PackageCache(config.cache_dir, config.cache_max_bytes)
+        self.runner = runner or TaskRunner(config.max_concurrency)
+        self.registration: Registration | None = None
+        self.session: Session | None = None
+        self.held: dict[TaskKey, HeldTask] = {}
+        self.recent: OrderedDict[TaskKey, None] = OrderedDict()
+        self.draining = False
+        self.exit_code: int | None = None
+        self.exit_message = ""
+        self.registrations = 0  # how many times this process registered (re-registration counts)
+        self._stopping = False
+        self._stop = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._wake_connection = asyncio.Event()
+        self._slots = asyncio.Semaphore(config.max_concurrency)
+        self._work: set[asyncio.Task] = set()
+        self._drain_task: asyncio.Task | None = None
+        self.reporter = OutcomeReporter(self.client, self._settled, self._auth_rejected)
+        self.heartbeat = HeartbeatLoop(
+            self.client,
+            self._beat_target,
+            self._beat_body,
+            self._forget_registration,
+            lambda: self.request_drain("the server asked this agent to drain"),
+            self._auth_rejected,
+        )
+
+    # -- lifecycle ----------------------------------------------------------
+
+    async def run(self) -> int:
+        """Run until drained (0) or stopped by a fatal condition; returns the exit code."""
+        host_metrics.sample()  # primes cpu_percent, whose first reading is meaningless
+        await asyncio.to_thread(self.runner.start)
+        loops = [
+            asyncio.create_task(self._connection_loop(), name="connection"),
+            asyncio.create_task(self.heartbeat.run(), name="heartbeat"),
+        ]
+        try:
+            await self._stop.wait()
+        finally:
+            self._stopping = True
+            if self.session is not None:
+                await self.session.close("agent stopping")
+            for task in [*loops, *self._work]:
+                task.cancel()
+            await asyncio.gather(*loops, *self._work, return_exceptions=True)
+            await self.reporter.cancel_all()
+            await asyncio.to_thread(self.runner.close)
+            await self.client.close()
+        if self.exit_code == EXIT_OK:
+            log.info("agent %s stopped: %s", self.config.name, self.exit_message)
+        else:
+            log.error("agent %s stopped: %s", self.config.name, self.exit_message)
+        return self.exit_code if self.exit_code is not None else EXIT_FORCED
+
+    def request_drain(self, reason: str) -> None:
+        """Stop taking work, finish and report what is in hand, deregister, exit 0."""
+        if self.draining:
+            return
+        self.draining = True
+        log.info("draining (%s): %d task(s) in hand", reason, len(self.held))
+        self.heartbeat.beat_now()  # tell the server at once that we take no more work
+        self._wake_connection.set()
+        self._drain_task = asyncio.create_task(self._drain(), name="drain")
+
+    def on_signal(self, name: str) -> None:
+        """First SIGTERM/SIGINT drains; a second one stops at once."""
+        if not self.draining:
+            self.request_drain(f"received {name}")
+        else:
+            log.warning("received %s again: stopping without waiting for in-flight work", name)
+            self._finish(
+                EXIT_FORCED, f"stopped by a second {name} with {len(self.held)} task(s) unreported"
+            )
+
+    def _finish(self, code: int, message: str) -> None:
+        if self.exit_code is None:
+            self.exit_code, self.exit_message = code, message
+        self._stop.set()
+
+    def _auth_rejected(self, exc: AuthRejected) -> None:
+        self._finish(EXIT_AUTH, str(exc))
+
+    async def _drain(self) -> None:
+        await self._idle.wait()
+        registration = self.registration
+        if registration is not None:
+            await self._deregister(registration.agent_id)
+        self._finish(EXIT_OK, "drained and deregistered" if registration else "drained")
+
+    async def _deregister(self, agent_id: str) -> None:
+        backoff = Backoff()
+        for _ in range(DEREGISTER_ATTEMPTS):
+            try:
+                await self.client.deregister(agent_id)
+                log.info("deregistered agent %s", agent_id)
+                return
+            except UnknownAgent:
+                return  # already dead to the server: nothing to undo
+            except ServerUnavailable as exc:
+                log.warning("deregistration failed (%s); retrying", exc)
+                await asyncio.sleep(backoff.next_delay())
+            except (AuthRejected, RequestRejected) as exc:
+                log.warning("deregistration refused: %s", exc)
+                return
+        log.warning(
+            "giving up deregistration; the server's liveness sweep will retire agent %s", agent_id
+        )
+
+    # -- registration and the delivery socket -----------------------------------
+
+    def _registration_body(self, wire_format: str) -> dict[str, Any]:
+        c = self.config
+        return {
+            "name": c.name,
+            "target_triple": c.target_triple,
+            "max_concurrency": c.max_concurrency,
+            "version": AGENT_VERSION,
+            "protocol_version": PROTOCOL_VERSION,
+            "wire_format": wire_format,
+            "tags": list(c.tags),
+            "capabilities": list(c.capabilities),
+            "exclusive": False,
+            "metrics": host_metrics.sample(),
+        }
+
+    async def _register(self) -> bool:
+        """Register (retrying while the server is unreachable); False when we should not."""
+        backoff = Backoff()
+        wire_format, other_tried = self.config.wire_format, False
+        while not self._stopping:
+            if self.draining:
+                return False  # a draining agent takes no new identity: it only reports
+            try:
+                registration = await self.client.register(self._registration_body(wire_format))
+            except ServerUnavailable as exc:
+                delay = backoff.next_delay()
+                log.warning("cannot register (%s); retrying in %.1fs", exc, delay)
+                await self._sleep_or_wake(delay)
+                continue
+            except AuthRejected as exc:
+                self._finish(EXIT_AUTH, str(exc))
+                return False
+            except ProtocolMismatch as exc:
+                if not other_tried:  # the server may simply speak the other wire format
+                    other_tried = True
+                    wire_format = "msgpack" if wire_format == "json" else "json"
+                    continue
+                self._finish(EXIT_CONFIG, f"the server refused the registration: {exc}")
+                return False
+            except RequestRejected as exc:
+                self._finish(EXIT_CONFIG, str(exc))
+                return False
+            self.registration = registration
+            self.registrations += 1
+            log.info(
+                "registered as %s (agent id %s, %s, %d slot(s), heartbeat every %gs)",
+                registration.name,
+                registration.agent_id,
+                self.config.target_triple,
+                self.config.max_concurrency,
+                registration.heartbeat_interval_s,
+            )
+            return True
+        return False
+
+    def _forget_registration(self, agent_id: str) -> None:
+        """The server no longer knows ``agent_id``: register afresh (once, however many notice)."""
+        if self.registration is None or self.registration.agent_id != agent_id:
+            return
+        self.registration = None
+        if self.session is not None:
+            asyncio.create_task(self.session.close("re-registering"))
+        self._wake_connection.set()
+
+    async def _sleep_or_wake(self, delay: float) -> None:
+        await wait_event(self._wake_connection, delay)
+        self._wake_connection.clear()
+
+    async def _connection_loop(self) -> None:
+        backoff = Backoff()
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            if self.registration is None and not await self._register():
+                return
+            registration = self.registration
+            url = websocket_url(self.client.server_url, registration.ws_path)
+            started = loop.time()
+            end = await run_session(
+                url,
+                self.config.api_key,
+                registration.wire_format,
+                self._on_open,
+                lambda frame, agent_id=registration.agent_id: self._on_frame(frame, agent_id),
+                self._on_session_closed,
+            )
+            if self._stopping:
+                return
+            if end.opened and loop.time() - started >= STABLE_SESSION_S:
+                backoff.reset()
+            if end.action is Action.CLOSED_BY_US:
+                continue  # closed to re-register: straight back round the loop
+            if end.action is Action.AUTH_FAILED:
+                self._finish(EXIT_AUTH, f"the server refused the agent's key: {end.detail}")
+                return
+            if end.action is Action.REREGISTER:
+                log.warning("%s: the server no longer knows this agent", end.detail)
+                self._forget_registration(registration.agent_id)
+                continue
+            if end.action is Action.DIAGNOSE and await self._diagnose(registration.agent_id):
+                continue
+            delay = backoff.next_delay()
+            log.warning("delivery socket: %s; reconnecting in %.1fs", end.detail, delay)
+            await self._sleep_or_wake(delay)
+
+    async def _diagnose(self, agent_id: str) -> bool:
+        """A refused handshake does not say why; a REST heartbeat does. True: act now."""
+        try:
+            await self.client.heartbeat(agent_id, self._beat_body().rest())
+        except UnknownAgent:
+            self._forget_registration(agent_id)
+            return True
+        except AuthRejected as exc:
+            self._finish(EXIT_AUTH, str(exc))
+            return True
+        except (ServerUnavailable, RequestRejected):
+            pass
+        return False
+
+    async def _on_open(self, session: Session) -> None:
+        self.session = session
+        await session.send(frames.hello(list(self.held)))
+        log.info("delivery socket open (holding %d task(s))", len(self.held))
+
+    def _on_session_closed(self) -> None:
+        self.session = None
+
+    async def _send(self, frame: dict[str, Any]) -> None:
+        session = self.session
+        if session is None:
+            return
+        try:
+            await session.send(frame)
+        except (ConnectionClosed, OSError):
+            pass  # the hello of the next session tells the server what we hold
+
+    async def _on_frame(self, frame: dict[str, Any], agent_id: str) -> None:
+        kind = frame["type"]
+        if kind == "work":
+            await self._on_work(frame.get("packet"), agent_id)
+        elif kind == "drain":
+            self.request_drain("the server sent a drain frame")
+        else:
+            log.debug("ignoring a %r frame", kind)
+
+    # -- heartbeats -------------------------------------------------------------
+
+    def _beat_target(self) -> BeatTarget:
+        registration = self.registration
+        if registration is None:
+            return BeatTarget(None, None, UNREGISTERED_BEAT_S)
+        return BeatTarget(registration.agent_id, self.session, registration.heartbeat_interval_s)
+
+    def _beat_body(self) -> BeatBody:
+        return BeatBody(
+            in_flight=len(self.held),
+            running=[teid for teid, _assignment in self.held],
+            metrics=host_metrics.sample(),
+            draining=self.draining,
+        )
+
+    # -- work ---------------------------------------------------------------------
+
+    async def _on_work(self, raw: object, via_agent_id: str) -> None:
+        try:
+            packet = parse_packet(raw)
+        except PacketError as exc:
+            log.error("%s", exc)
+            if exc.ids is not None and (exc.ids[1], exc.ids[2]) not in self.held:
+                held = self._hold((exc.ids[1], exc.ids[2]), via_agent_id, f"task {exc.ids[1]}")
+                await self._send(frames.received(exc.ids[0]))
+                self._report(held, refusal_for_ids(exc.ids, str(exc)))
+            return
+        existing = self.held.get(packet.key)
+        if existing is not None:
+            # A re-push (e.g. after a reconnect) is not run twice; but it says through
+            # which agent id the server now expects the outcome.
+            existing.agent_id = via_agent_id
+            await self._send(frames.received(packet.outbox_id))
+            log.info("ignoring a repeated push of %s (already in hand)", packet.describe())
+            return
+        if packet.key in self.recent:
+            log.info("ignoring a repeated push of %s (already reported)", packet.describe())
+            return
+        held = self._hold(packet.key, via_agent_id, packet.describe())
+        await self._send(frames.received(packet.outbox_id))
+        if self.draining:
+            self._report(held, refusal(packet, "agent draining"))
+            return
+        mismatch = triple_mismatch(packet, self.config.target_triple)
+        if mismatch is not None:
+            log.warning("refusing %s: %s", packet.describe(), mismatch)
+            self._report(held, refusal(packet, mismatch))
+            return
+        log.info(
+            "received %s (attempt %d, timeout %gs)",
+            packet.describe(),
+            packet.attempt,
+            packet.timeout_s,
+        )
+        task = asyncio.create_task(
+            self._execute(packet, held), name=f"task-{packet.task_execution_id}"
+        )
+        self._work.add(task)
+        task.add_done_callback(self._work.discard)
+
+    def _hold(self, key: TaskKey, agent_id: str, label: str) -> HeldTask:
+        held = HeldTask(key, agent_id, label)
+        self.held[key] = held
+        self._idle.clear()
+        return held
+
+    def _report(self, held: HeldTask, body: dict[str, Any]) -> None:
+        held.result = body
+        self.reporter.submit(held)
+
+    def _settled(self, held: HeldTask) -> None:
+        self.held.pop(held.key, None)
+        self.recent[held.key] = None
+        while len(self.recent) > RECENT_KEYS_MAX:
+            self.recent.popitem(last=False)
+        if not self.held:
+            self._idle.set()
+
+    async def _execute(self, packet: WorkPacket, held: HeldTask) -> None:
+        async with self._slots:
+            digest = packet.artifact_digest
+            self.cache.pin(digest)  # not evicted from under a running task
+            try:
+                try:
+                    package_dir = await self.cache.aget(
+                        digest, functools.partial(self._fetch_artifact, digest)
+                    )
+                except (ArtifactUnavailable, PackageCacheError, ArchiveError) as exc:
+                    log.warning("refusing %s: %s", packet.describe(), exc)
+                    self._report(held, refusal(packet, str(exc)))
+                    return
+                run = await self.runner.run(
+                    package_dir, packet.function, packet.context_json, packet.timeout_s
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the runner itself broke: still tell the server
+                log.exception("could not run %s", packet.describe())
+                self._report(
+                    held,
+                    result_body(
+                        packet,
+                        "failure",
+                        error_type="AgentError",
+                        error_message=f"{type(exc).__name__}: {exc}",
+                    ),
+                )
+                return
+            finally:
+                self.cache.unpin(digest)
+        log.info(
+            "%s finished: %s in %.3fs%s",
+            packet.describe(),
+            run.status,
+            run.duration_s,
+            f" ({run.error_type}: {run.error_message})" if run.status != "success" else "",
+        )
+        self._report(held, run_result(packet, run))
+
+    async def _fetch_artifact(self, digest: str) -> bytes:
+        """The artifact's bytes, retrying an unreachable server for a while."""
+        backoff = Backoff()
+        deadline = asyncio.get_running_loop().time() + FETCH_RETRY_WINDOW_S
+        while True:
+            try:
+                data = await self.client.fetch_artifact(digest)
+                log.info("fetched artifact %s (%d bytes)", digest[:12], len(data))
+                return data
+            except RequestRejected as exc:
+                raise ArtifactUnavailable(
+                    f"artifact {digest} is not available from the server: {exc}"
+                ) from None
+            except AuthRejected as exc:
+                raise ArtifactUnavailable(
+                    f"artifact {digest} could not be fetched: {exc}"
+                ) from None
+            except ServerUnavailable as exc:
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise ArtifactUnavailable(
+                        f"artifact {digest} could not be fetched within {FETCH_RETRY_WINDOW_S:g}s: {exc}"
+                    ) from None
+                await asyncio.sleep(backoff.next_delay())

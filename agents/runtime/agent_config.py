@@ -1,0 +1,48 @@
+"""The agent's settings, resolved by ``runagent`` (flag > environment > default)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_MAX_CONCURRENCY = 1
+DEFAULT_CACHE_MAX_MB = 2048
+AGENT_VERSION = "cloacina-agent/1.0"
+PROTOCOL_VERSION = 1
+
+ENV_SERVER_URL = "CLOACINA_SERVER_URL"
+ENV_API_KEY = "CLOACINA_AGENT_API_KEY"
+ENV_WIRE_FORMAT = "CLOACINA_WIRE_FORMAT"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    server_url: str
+    api_key: str = field(repr=False)  # never in a repr, so never in a log line
+    name: str
+    target_triple: str
+    cache_dir: Path
+    cache_max_bytes: int
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    tags: tuple[str, ...] = ()
+    capabilities: tuple[str, ...] = ()
+    wire_format: str = "json"
+
+
+def default_name() -> str:
+    """``<hostname>-<pid>``: unique per process on a host, readable in the console."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def default_cache_dir() -> Path:
+    home = os.environ.get("CLOACINA_HOME") or "~/.cloacina"
+    return Path(home).expanduser() / "agent-cache"
+
+
+def split_list(raw: str | None) -> tuple[str, ...]:
+    """``"a, b,,c"`` → ``("a", "b", "c")``."""
+    if not raw:
+        return ()
+    return tuple(item.strip() for item in raw.split(",") if item.strip())

@@ -1,0 +1,58 @@
+"""Exponential backoff with full jitter, and the ±10 % jitter of the heartbeat interval.
+
+Every agent of a fleet loses the server at the same moment when it restarts; jitter
+spreads their reconnects (and their beats) so they do not arrive as one thundering herd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+RECONNECT_BASE_S = 0.2
+RECONNECT_CAP_S = 10.0
+HEARTBEAT_JITTER = 0.10  # ±10 % of the advertised interval
+
+
+class Backoff:
+    """``next_delay()`` grows base × 2^n up to ``cap_s``; each delay is drawn in [½d, d]."""
+
+    def __init__(
+        self,
+        base_s: float = RECONNECT_BASE_S,
+        cap_s: float = RECONNECT_CAP_S,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.base_s = base_s
+        self.cap_s = cap_s
+        self.failures = 0
+        self._rng = rng or random.Random()
+
+    def next_delay(self) -> float:
+        ceiling = min(self.cap_s, self.base_s * (2**self.failures))
+        self.failures = min(self.failures + 1, 30)  # 2**30 × base is past any cap
+        # Half fixed, half random: never zero (no hot loop), still decorrelated.
+        return ceiling / 2 + self._rng.uniform(0, ceiling / 2)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+def jittered(interval_s: float, rng: random.Random | None = None) -> float:
+    """``interval_s`` moved by up to ±10 %."""
+    r = rng or random
+    return interval_s * (1 + r.uniform(-HEARTBEAT_JITTER, HEARTBEAT_JITTER))
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait until ``event`` is set (True) or ``timeout_s`` passes (False).
+
+    Not ``asyncio.wait_for``: on Python 3.11 it can swallow a cancellation that
+    arrives as the event fires, leaving a loop that can no longer be stopped.
+    """
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+        return True
+    except TimeoutError:
+        return False

@@ -1,0 +1,182 @@
+"""The agent's REST client (httpx): register, heartbeat, results, deregister, artifacts.
+
+Every failure is sorted into what the agent must do about it: retry later
+(:class:`ServerUnavailable`), stop (:class:`AuthRejected`, :class:`ProtocolMismatch`),
+re-register (:class:`UnknownAgent`) or give up on that one request (:class:`RequestRejected`).
+The API key only ever travels in the Authorization header; it is in no message here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+API_PREFIX = "/api/v1"
+CONNECT_TIMEOUT_S = 5.0
+REQUEST_TIMEOUT_S = 30.0
+# Artifacts can be tens of megabytes; allow for a slow link.
+ARTIFACT_TIMEOUT_S = 300.0
+
+
+class ClientError(Exception):
+    """Base of the REST client's errors; ``status`` is the HTTP status (0: no answer)."""
+
+    status: int = 0
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ServerUnavailable(ClientError):
+    """No answer, a timeout or a 5xx: try again later."""
+
+
+class AuthRejected(ClientError):
+    """401/403: the key is bad, revoked or of the wrong role. Retrying cannot help."""
+
+
+class ProtocolMismatch(ClientError):
+    """409 at registration: the server speaks another protocol version or wire format."""
+
+
+class UnknownAgent(ClientError):
+    """404 for our agent id: the server declared us dead (or forgot us)."""
+
+
+class RequestRejected(ClientError):
+    """Any other 4xx: this request is wrong and resending it unchanged will not help."""
+
+
+@dataclass(frozen=True)
+class Registration:
+    agent_id: str
+    name: str
+    heartbeat_interval_s: float
+    liveness_misses: int
+    wire_format: str
+    ws_path: str
+
+
+def normalise_server_url(url: str) -> str:
+    """``http(s)://host[:port][/prefix]`` without a trailing slash; ValueError if unusable."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"server URL must look like http://host:port, got {url!r}")
+    return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+
+
+def websocket_url(server_url: str, ws_path: str) -> str:
+    """The delivery socket's URL: http→ws, https→wss, the server's path prefix kept."""
+    parts = urlsplit(server_url)
+    scheme = "wss" if parts.scheme == "https" else "ws"
+    return urlunsplit((scheme, parts.netloc, parts.path + ws_path, "", ""))
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except (ValueError, json.JSONDecodeError):
+        return response.text[:300] or response.reason_phrase
+    if isinstance(body, dict) and "detail" in body:
+        detail = body["detail"]
+        return detail if isinstance(detail, str) else json.dumps(detail)[:300]
+    return str(body)[:300]
+
+
+class AgentClient:
+    """Async REST calls of one agent process, authenticated with its API key."""
+
+    def __init__(
+        self, server_url: str, api_key: str, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        self.server_url = normalise_server_url(server_url)
+        self._http = httpx.AsyncClient(
+            base_url=self.server_url + API_PREFIX,
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+            transport=transport,
+        )
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:  # connect refused, reset, timeout, …
+            raise ServerUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from None
+        if response.status_code >= 500:
+            raise ServerUnavailable(
+                f"{method} {path}: server error {response.status_code}: {_detail(response)}",
+                response.status_code,
+            )
+        if response.status_code in (401, 403):
+            raise AuthRejected(
+                f"the server rejected the API key ({response.status_code}): {_detail(response)}",
+                response.status_code,
+            )
+        return response
+
+    @staticmethod
+    def _rejected(response: httpx.Response, what: str) -> RequestRejected:
+        return RequestRejected(
+            f"{what} rejected ({response.status_code}): {_detail(response)}", response.status_code
+        )
+
+    async def register(self, body: dict[str, Any]) -> Registration:
+        response = await self._call("POST", "/agents/register", json=body)
+        if response.status_code == 409:
+            raise ProtocolMismatch(_detail(response), 409)
+        if response.status_code not in (200, 201):
+            raise self._rejected(response, "registration")
+        data = response.json()
+        agent_id = str(data["agent_id"])
+        return Registration(
+            agent_id=agent_id,
+            name=data.get("name", body.get("name", "")),
+            heartbeat_interval_s=float(data.get("heartbeat_interval_s", 15.0)),
+            liveness_misses=int(data.get("liveness_misses", 3)),
+            wire_format=data.get("wire_format", body.get("wire_format", "json")),
+            ws_path=data.get("ws_path") or f"/ws/agents/{agent_id}/",
+        )
+
+    async def heartbeat(self, agent_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """200 → ``{state, drain}``; 404 → :class:`UnknownAgent`."""
+        response = await self._call("POST", f"/agents/{agent_id}/heartbeat", json=body)
+        if response.status_code == 404:
+            raise UnknownAgent(_detail(response), 404)
+        if response.status_code != 200:
+            raise self._rejected(response, "heartbeat")
+        return response.json()
+
+    async def post_result(self, agent_id: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """The status and body of the answer for every 2xx/4xx (5xx and no answer raise)."""
+        response = await self._call("POST", f"/agents/{agent_id}/results", json=body)
+        try:
+            data = response.json()
+        except ValueError:
+            data = {"detail": response.text[:300]}
+        return response.status_code, data if isinstance(data, dict) else {"detail": str(data)}
+
+    async def deregister(self, agent_id: str) -> None:
+        response = await self._call("POST", f"/agents/{agent_id}/deregister", json={})
+        if response.status_code == 404:
+            raise UnknownAgent(_detail(response), 404)
+        if response.status_code != 200:
+            raise self._rejected(response, "deregistration")
+
+    async def fetch_artifact(self, digest: str) -> bytes:
+        """The artifact's bytes; 404 → :class:`RequestRejected` with status 404."""
+        response = await self._call(
+            "GET",
+            f"/artifacts/{digest}",
+            timeout=httpx.Timeout(ARTIFACT_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+        )
+        if response.status_code != 200:
+            raise self._rejected(response, f"artifact {digest}")
+        return response.content

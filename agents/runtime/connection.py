@@ -1,0 +1,121 @@
+"""One session on the delivery WebSocket, and what its end means for the agent.
+
+:func:`run_session` connects, hands every decoded frame to a callback and
+returns a :class:`SessionEnd` saying why the session stopped; the agent's
+connection loop decides from ``SessionEnd.action`` whether to reconnect (with
+backoff), re-register first, or stop because the key was refused.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+
+from agents.runtime import frames
+
+log = logging.getLogger(__name__)
+
+OPEN_TIMEOUT_S = 10.0
+# Work packets carry the whole input context; accept more than the 1 MiB the server
+# holds *us* to, so a large context reaches the task instead of killing the socket.
+MAX_INCOMING_FRAME_BYTES = 64 * 1024 * 1024
+
+CLOSE_BAD_KEY = 4401
+CLOSE_KEY_NOT_ALLOWED = 4403
+CLOSE_UNKNOWN_AGENT = 4404
+CLOSE_SUPERSEDED = 4408
+
+
+class Action(enum.Enum):
+    RECONNECT = "reconnect"  # transient: try again after a backoff delay
+    REREGISTER = "reregister"  # the server no longer knows this agent id
+    DIAGNOSE = "diagnose"  # the handshake was refused over HTTP: ask the REST API why
+    AUTH_FAILED = "auth_failed"  # the key is bad or not allowed: stop
+    CLOSED_BY_US = "closed_by_us"
+
+
+@dataclass(frozen=True)
+class SessionEnd:
+    action: Action
+    detail: str
+    opened: bool  # whether the socket was ever open (a handshake failure is not)
+
+
+def action_for_close(code: int | None) -> Action:
+    if code in (CLOSE_BAD_KEY, CLOSE_KEY_NOT_ALLOWED):
+        return Action.AUTH_FAILED
+    if code == CLOSE_UNKNOWN_AGENT:
+        return Action.REREGISTER
+    return Action.RECONNECT
+
+
+class Session:
+    """The open socket of the current session; ``send`` encodes in the agreed wire format."""
+
+    def __init__(self, ws: ClientConnection, wire_format: str) -> None:
+        self.ws = ws
+        self.wire_format = wire_format
+        self.closing_by_us = False
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        await self.ws.send(frames.encode(frame, self.wire_format))
+
+    async def close(self, reason: str = "agent stopping") -> None:
+        self.closing_by_us = True
+        await self.ws.close(1000, reason)
+
+
+async def run_session(
+    url: str,
+    api_key: str,
+    wire_format: str,
+    on_open: Callable[[Session], Awaitable[None]],
+    on_frame: Callable[[dict[str, Any]], Awaitable[None]],
+    on_close: Callable[[], None],
+) -> SessionEnd:
+    """Connect to ``url``, call ``on_open`` (send hello), feed frames until the socket ends."""
+    try:
+        ws = await connect(
+            url,
+            additional_headers={"Authorization": f"Bearer {api_key}"},
+            open_timeout=OPEN_TIMEOUT_S,
+            max_size=MAX_INCOMING_FRAME_BYTES,
+            user_agent_header="cloacina-agent",
+        )
+    except InvalidStatus as exc:
+        status = exc.response.status_code
+        return SessionEnd(Action.DIAGNOSE, f"handshake refused with HTTP {status}", False)
+    except InvalidURI as exc:
+        return SessionEnd(Action.AUTH_FAILED, f"bad WebSocket URL: {exc}", False)
+    except (OSError, TimeoutError, InvalidHandshake, EOFError) as exc:
+        return SessionEnd(Action.RECONNECT, f"cannot connect: {type(exc).__name__}: {exc}", False)
+    session = Session(ws, wire_format)
+    try:
+        await on_open(session)
+        async for message in ws:
+            try:
+                frame = frames.decode(message)
+            except frames.FrameError as exc:
+                log.warning("ignoring a frame from the server: %s", exc)
+                continue
+            await on_frame(frame)
+    except ConnectionClosed:
+        pass  # the close code below says what happened
+    except OSError as exc:
+        return SessionEnd(Action.RECONNECT, f"socket error: {exc}", True)
+    finally:
+        on_close()
+        if ws.state.name != "CLOSED":
+            await ws.close()
+    if session.closing_by_us:
+        return SessionEnd(Action.CLOSED_BY_US, "closed by the agent", True)
+    code, reason = ws.close_code, ws.close_reason or ""
+    return SessionEnd(
+        action_for_close(code), f"closed by the server ({code} {reason})".strip(), True
+    )
