@@ -143,5 +143,6 @@ def make_outbox_row(task, agent, state: str = "pending", age_s: float = 0, assig
         state=state,
         payload={"task": str(task.pk)},
         created_at=created,
+        updated_at=created,
         delivered_at=created if state != "pending" else None,
     )

@@ -112,3 +112,17 @@ def test_the_partial_polls(reader_client, tenant):
     body = reader_client.get("/console/evictions/partials/table/?range=1h").content.decode()
     assert body.lstrip().startswith('<section id="evictions"')
     assert 'hx-trigger="every 2s"' in body and "range=1h" in body
+
+
+def test_moved_work_belongs_to_the_agents_latest_eviction(admin_client, tenant):
+    publish_example(tenant)
+    _, tasks = start(tenant, "etl", {})
+    dead = make_agent(tenant, "dead-1", state="dead")
+    row = make_outbox_row(tasks["extract"], make_agent(tenant, "survivor"))
+    row.former_agents = [str(dead.pk)]
+    row.save()
+    make_eviction(dead, minutes_ago=30, reason="first")
+    make_eviction(dead, minutes_ago=1, reason="latest")
+    body = admin_client.get("/console/evictions/").content.decode()
+    assert body.count("extract</a> → survivor") == 1
+    assert body.index("extract</a> → survivor") < body.index("first")

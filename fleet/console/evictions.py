@@ -53,7 +53,9 @@ def attach_reassigned_tasks(evictions: list[Eviction]) -> None:
     A reclaimed packet remembers the agents it was taken from (``former_agents``),
     so one query finds the moved work of every eviction on the page.
     """
-    by_agent = {str(e.agent_id): e for e in evictions}
+    by_agent: dict[str, Eviction] = {}
+    for e in evictions:  # newest first: an agent's latest eviction is the one that moved its work
+        by_agent.setdefault(str(e.agent_id), e)
     for e in evictions:
         e.moved = []
     if not by_agent:

@@ -19,6 +19,7 @@ from django.utils import timezone
 from cloacina_site.config import get_config
 from fleet.control import limits
 from fleet.models import AutoscaleDecision, DeliveryOutbox, Eviction, OutboxState, Tenant
+from fleet.templatetags.console_format import human_seconds
 
 EVICTION_WINDOW = timedelta(hours=1)
 # A packet pending this many redelivery periods has not moved: delivery is wedged.
@@ -128,14 +129,19 @@ def tenant_rows(tenants: Iterable[Tenant], writable: set[int] | None) -> list[Te
 
 
 def oldest_open_rows(tenant_ids: list[int]) -> dict[int, tuple]:
-    """tenant id → (created_at of the oldest pending row, delivered_at of the oldest delivered one)."""
+    """tenant id → (since when the oldest pending row waits, when the oldest open delivery went out).
+
+    A pending row's wait is measured from ``updated_at``: a packet reclaimed
+    from a dead agent starts waiting again when it is re-addressed, the same
+    clock the depth sampler uses.
+    """
     result: dict[int, tuple] = {}
     for tenant_id, state, pending_since, delivered_since in (
         DeliveryOutbox.objects.filter(
             tenant_id__in=tenant_ids, state__in=[OutboxState.PENDING, OutboxState.DELIVERED]
         )
         .values_list("tenant_id", "state")
-        .annotate(p=Min("created_at"), d=Min("delivered_at"))
+        .annotate(p=Min("updated_at"), d=Min("delivered_at"))
     ):
         pending, delivered = result.get(tenant_id, (None, None))
         if state == OutboxState.PENDING:
@@ -161,7 +167,9 @@ def problems_of(row: TenantRow) -> list[Problem]:
     if row.oldest_pending_age_s is not None and row.oldest_pending_age_s > wedged_after_s():
         found.append(
             Problem(
-                BAD, f"outbox wedged: oldest pending packet {row.oldest_pending_age_s:.0f}s old"
+                BAD,
+                "outbox wedged: oldest pending packet waiting "
+                f"{human_seconds(row.oldest_pending_age_s)}",
             )
         )
     if row.evictions_last_hour:

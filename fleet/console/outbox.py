@@ -53,7 +53,8 @@ def depth_by_tenant(tenants: list[Tenant]) -> list[OutboxDepth]:
     grouped = (
         DeliveryOutbox.objects.filter(tenant_id__in=depths)
         .values_list("tenant_id", "state")
-        .annotate(n=Count("id"), first=Min("created_at"), first_delivered=Min("delivered_at"))
+        # Pending waits from updated_at (a reclaimed packet waits anew), as fleet_rows does.
+        .annotate(n=Count("id"), first=Min("updated_at"), first_delivered=Min("delivered_at"))
     )
     for tenant_id, state, n, first, first_delivered in grouped:
         depth = depths[tenant_id]
@@ -109,7 +110,7 @@ def _context(request: HttpRequest) -> dict:
             tenant__in=shown, state__in=[OutboxState.PENDING, OutboxState.DELIVERED]
         )
         .select_related("tenant", "agent", "task")
-        .order_by("created_at")[:OLDEST_SHOWN]
+        .order_by("updated_at")[:OLDEST_SHOWN]
     )
     return {
         "depths": depths,

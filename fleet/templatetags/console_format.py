@@ -9,8 +9,19 @@ from django.utils import timezone
 
 register = template.Library()
 
+# How often live partials poll.  A module constant so the browser tests can
+# shorten it for their live server (they patch it) without a setting.
+POLL_INTERVAL_S = 2.0
 
-def _human_seconds(seconds: float) -> str:
+
+@register.simple_tag
+def poll_every() -> str:
+    """The htmx polling trigger of live partials: ``every 2s``."""
+    return f"every {POLL_INTERVAL_S:g}s"
+
+
+def human_seconds(seconds: float) -> str:
+    """12.3 → '12s', 200 → '3m', 7200 → '2.0h': short enough for a table cell."""
     seconds = max(0.0, seconds)
     if seconds < 10:
         return f"{seconds:.1f}s"
@@ -28,7 +39,7 @@ def seconds(value: float | int | None) -> str:
     """12.3 → '12s'; None → '—'."""
     if value is None:
         return "—"
-    return _human_seconds(float(value))
+    return human_seconds(float(value))
 
 
 @register.filter
@@ -36,7 +47,15 @@ def age(value: datetime | None) -> str:
     """How long ago ``value`` was: '4.2s', '3m', '1.5h'; None → '—'."""
     if value is None:
         return "—"
-    return _human_seconds((timezone.now() - value).total_seconds())
+    return human_seconds((timezone.now() - value).total_seconds())
+
+
+@register.filter
+def span(start: datetime | None, end: datetime | None) -> str:
+    """The time from ``start`` to ``end`` ('45s', '3m'); '—' if either is missing."""
+    if start is None or end is None:
+        return "—"
+    return human_seconds((end - start).total_seconds())
 
 
 @register.filter

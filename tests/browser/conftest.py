@@ -67,3 +67,11 @@ def login(page, live_server, username: str, password: str) -> None:
     page.fill("input[name=password]", password)
     page.click("button[type=submit]")
     page.wait_for_url(f"{live_server.url}/console/")
+
+
+@pytest.fixture(autouse=True)
+def fast_polling(monkeypatch):
+    """Live partials poll every 0.5 s instead of 2 s, so waiting for an update stays short."""
+    from fleet.templatetags import console_format
+
+    monkeypatch.setattr(console_format, "POLL_INTERVAL_S", 0.5)
