@@ -183,3 +183,23 @@ def test_the_runner_is_not_a_fork_of_the_server(tenant, tmp_path):
     output = tasks_of(execution)["a"].output_context
     assert output["pid"] in pids
     assert output["argv"][0].endswith("agents/runtime/task_child.py")
+
+
+def test_a_run_cut_short_by_stop_is_given_back_without_using_an_attempt(tenant, tmp_path):
+    make_package(tenant, [{"id": "a", "function": "demo.steps:a"}], RUN_COUNTER)
+    execution, _ = start(tenant, "demo", {"counter": str(tmp_path / "c"), "sleep_s": 30})
+    event = initial_events(execution.pk)[0]
+    with running_executor(tmp_path / "cache", workers=1, drain_timeout_s=0.3) as (executor, _):
+
+        async def scenario():
+            run = asyncio.ensure_future(executor.execute(event))
+            await asyncio.sleep(0.3)
+            await executor.stop()
+            return await run
+
+        result = run_async(scenario())
+    assert result.status == ExecutionStatus.REQUEUED
+    task = tasks_of(execution)["a"]
+    assert (task.status, task.attempt, task.assignment) == ("Ready", 0, 1)
+    assert task.wait_reason == "the server stopped before the task finished"
+    assert not TaskOutcome.objects.filter(task=task).exists()

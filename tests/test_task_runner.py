@@ -304,7 +304,7 @@ def test_close_stops_every_child_even_a_busy_one(package):
         return await task
 
     outcome = run_async(scenario())
-    assert outcome.error_type == "WorkerCrashed"
+    assert (outcome.status, outcome.error_type) == ("failure", "TaskRunnerClosed")
     assert not any(pid_alive(pid) for pid in pids)
 
 

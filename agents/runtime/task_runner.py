@@ -169,7 +169,7 @@ class TaskRunner:
         self._started = True
 
     def close(self) -> None:
-        """Stop every child; a task still running is killed (its outcome: WorkerCrashed).
+        """Stop every child; a task still running is killed (its outcome: TaskRunnerClosed).
 
         Idempotent.  Idle children exit on EOF; busy ones are SIGKILLed and the
         thread that owns them reaps them.
@@ -255,7 +255,17 @@ class TaskRunner:
         try:
             raw = slot.conn.recv_bytes()
         except (EOFError, OSError):
+            closing = not self._started  # close() killed it, the task did not crash
             code = self._replace(slot)
+            if closing:
+                return RunOutcome(
+                    "failure",
+                    None,
+                    "TaskRunnerClosed",
+                    "the task runner was closed while the task ran",
+                    "",
+                    time.monotonic() - started,
+                )
             return RunOutcome(
                 "failure",
                 None,

@@ -43,7 +43,8 @@ CLAIM_AHEAD_PER_WORKER = 1
 # Executions remembered for their package digest (it never changes for an execution).
 DIGEST_MEMO_SIZE = 10_000
 # On stop, in-flight runs get this long to finish before their children are killed.
-DRAIN_TIMEOUT_S = 30.0
+# Shorter than serve's own stop timeout, so closing the children and connections still fits.
+DRAIN_TIMEOUT_S = 20.0
 # Recording an outcome survives a short database outage (the handler is idempotent).
 APPLY_ATTEMPTS = 5
 APPLY_RETRY_S = 0.5
@@ -169,12 +170,12 @@ class InProcessExecutor(TaskExecutor):
             with self._lock:
                 self._holding -= 1
             holding = False
-            if outcome is None:  # the runner closed before the task started: not an attempt
+            if outcome is None:  # stopped before or while it ran: given back, not an attempt
                 released = await self._db.call(
                     release_claim,
                     prepared.claim.task_execution_id,
                     prepared.claim.assignment,
-                    "the server stopped before the task ran",
+                    "the server stopped before the task finished",
                 )
                 status = ExecutionStatus.REQUEUED if released else ExecutionStatus.SUPERSEDED
                 return ExecutionResult(event.task_execution_id, status, "runner closed")
