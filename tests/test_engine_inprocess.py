@@ -125,32 +125,24 @@ def a(ctx):
 """
 
 
-def test_capacity_is_a_run_per_worker_plus_one_claimed_ahead(tenant, tmp_path):
+def test_capacity_is_one_run_per_worker(tenant, tmp_path):
     make_package(tenant, [{"id": "a", "function": "demo.steps:a"}], RUN_COUNTER)
-    events = []
-    for _ in range(2):
-        execution, _ = start(tenant, "demo", {"counter": str(tmp_path / "c"), "sleep_s": 0.4})
-        events += initial_events(execution.pk)
+    execution, _ = start(tenant, "demo", {"counter": str(tmp_path / "c"), "sleep_s": 0.5})
+    event = initial_events(execution.pk)[0]
     with running_executor(tmp_path / "cache", workers=1) as (executor, _sink):
 
         async def scenario():
-            runs = [asyncio.ensure_future(executor.execute(events[0]))]
-            await asyncio.sleep(0.15)
-            one_running = executor.has_capacity()  # the next run may be claimed ahead
-            runs.append(asyncio.ensure_future(executor.execute(events[1])))
-            await asyncio.sleep(0.15)
-            full = (executor.has_capacity(), executor.metrics().active_tasks)
-            started = time.monotonic()
-            results = await asyncio.gather(*runs)
-            return one_running, full, results, time.monotonic() - started, executor.has_capacity()
+            idle = executor.has_capacity()
+            run = asyncio.ensure_future(executor.execute(event))
+            await asyncio.sleep(0.25)
+            busy = (executor.has_capacity(), executor.metrics().active_tasks)
+            result = await run
+            return idle, busy, result, executor.has_capacity()
 
-        one_running, full, results, waited, after = run_async(scenario())
-    assert one_running is True
-    assert full == (False, 2)
-    assert [r.status for r in results] == [ExecutionStatus.COMPLETED] * 2
-    # One child: the second run started only when the first ended.
-    assert waited >= 0.5
-    assert all(0.4 <= r.duration_s < 1.0 for r in results)  # its own run, not the wait
+        idle, busy, result, after = run_async(scenario())
+    assert idle is True
+    assert busy == (False, 1)
+    assert result.status == ExecutionStatus.COMPLETED and result.duration_s >= 0.5
     assert after is True
 
 

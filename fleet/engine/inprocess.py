@@ -37,9 +37,11 @@ log = logging.getLogger(__name__)
 
 EXECUTOR_KEY = "default"
 DEFAULT_CACHE_BYTES = 2 * 1024**3
-# Runs claimed and prepared ahead of a free child, per worker: preparing the next run
-# (claim, context, package) overlaps the current one, so a child never waits on the database.
-CLAIM_AHEAD_PER_WORKER = 1
+# Capacity is one run per child, never more: a run claimed ahead would wait for a child
+# while its result deadline (timeout + grace, set at the claim) ran down, and a long wait
+# would get a live run declared lost.  Database threads are twice that, so recording
+# finished runs never delays preparing the next ones.
+DB_THREADS_PER_WORKER = 2
 # Executions remembered for their package digest (it never changes for an execution).
 DIGEST_MEMO_SIZE = 10_000
 # On stop, in-flight runs get this long to finish before their children are killed.
@@ -95,7 +97,6 @@ class InProcessExecutor(TaskExecutor):
         self.runner = TaskRunner(workers)
         self.cache = PackageCache(Path(cache_root), cache_bytes)
         self.drain_timeout_s = drain_timeout_s
-        self.max_held = workers * (1 + CLAIM_AHEAD_PER_WORKER)
         self._digests: OrderedDict[uuid.UUID, str] = OrderedDict()
         self._db: DbThreadPool | None = None
         self._holding = 0  # runs between claim and the child's answer: what uses a slot
@@ -110,9 +111,7 @@ class InProcessExecutor(TaskExecutor):
 
     async def start(self) -> None:
         await asyncio.to_thread(self.runner.start)
-        # Enough database threads for every run held (running or claimed ahead) to be
-        # preparing or recording at once: the database, not a thread, is the wait.
-        self._db = DbThreadPool(self.max_held, "inprocess-db")
+        self._db = DbThreadPool(self.workers * DB_THREADS_PER_WORKER, "inprocess-db")
         self._stopping = False
 
     async def stop(self) -> None:
@@ -133,7 +132,7 @@ class InProcessExecutor(TaskExecutor):
     # -- TaskExecutor --------------------------------------------------------------
 
     def has_capacity(self) -> bool:
-        return not self._stopping and self._db is not None and self._holding < self.max_held
+        return not self._stopping and self._db is not None and self._holding < self.workers
 
     def metrics(self) -> ExecutorMetrics:
         done = self._executed
