@@ -135,3 +135,35 @@ def test_the_overview_query_count_does_not_grow_per_agent(
         make_agent(tenant, f"a{i}")
     with django_assert_max_num_queries(15):
         admin_client.get("/console/partials/overview/")
+
+
+def _config(monkeypatch, **changes):
+    from dataclasses import replace
+
+    from cloacina_site.config import get_config
+    from fleet.console import fleet_rows
+
+    config = replace(get_config(), **changes)
+    monkeypatch.setattr(fleet_rows, "get_config", lambda: config)
+
+
+def test_on_the_fleet_a_backlog_without_live_agents_is_red(tenant, monkeypatch):
+    publish_example(tenant)
+    start(tenant, "etl", {})
+    _config(monkeypatch, default_executor="fleet")
+    [row] = tenant_rows([tenant], None)
+    assert [p.text for p in row.problems] == ["1 task(s) waiting and no live agent"]
+    assert row.severity == BAD
+    # In-process execution needs no agent: the same backlog is no problem there.
+    _config(monkeypatch, default_executor="default")
+    assert tenant_rows([tenant], None)[0].problems == []
+
+
+def test_busy_at_the_limit_asks_for_a_platform_admin(tenant):
+    tenant.max_agents_override = 1
+    tenant.desired_count = 1
+    tenant.save()
+    make_agent(tenant, "a1", in_flight=4, max_concurrency=4)
+    [row] = tenant_rows([tenant], None)
+    assert [p.text for p in row.problems] == ["busy (100%) and at the limit of 1"]
+    assert row.severity == WARN

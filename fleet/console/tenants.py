@@ -125,28 +125,31 @@ def tenant_partial(request: HttpRequest, name: str, part: str) -> HttpResponse:
     return render(request, template, context)
 
 
-def _scale(request: HttpRequest, name: str, change) -> HttpResponse:
+def _scale(request: HttpRequest, name: str, step: int) -> HttpResponse:
+    """desired_count ± 1 through the control plane (one guarded statement + audit row)."""
     tenant = _get_rw_tenant_for_user(request, name)
-    old = tenant.desired_count
+    change = limits.provision if step > 0 else limits.deprovision
     try:
         new = change(tenant, actor_of(request))
     except limits.FleetLimitError as exc:
         raise ConsoleError(f"{tenant.name}: {exc}", exc.status) from None
+    # The step is atomic, so the value before it is exactly new − step (the row
+    # read above may be stale if someone else scaled in between).
     return action_done(
         request,
-        f"{tenant.name}: desired_count {old} → {new}",
+        f"{tenant.name}: desired_count {new - step} → {new}",
         _back(request, tenant),
     )
 
 
 @console_view(methods=["POST"])
 def provision(request: HttpRequest, name: str) -> HttpResponse:
-    return _scale(request, name, limits.provision)
+    return _scale(request, name, +1)
 
 
 @console_view(methods=["POST"])
 def deprovision(request: HttpRequest, name: str) -> HttpResponse:
-    return _scale(request, name, limits.deprovision)
+    return _scale(request, name, -1)
 
 
 @console_view(methods=["POST"])
