@@ -17,7 +17,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
-from agents.runtime import frames
+from agents.runtime import wire
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class Session:
         self.closing_by_us = False
 
     async def send(self, frame: dict[str, Any]) -> None:
-        await self.ws.send(frames.encode(frame, self.wire_format))
+        await self.ws.send(wire.encode(frame, self.wire_format))
 
     async def close(self, reason: str = "agent stopping") -> None:
         self.closing_by_us = True
@@ -100,8 +100,10 @@ async def run_session(
         await on_open(session)
         async for message in ws:
             try:
-                frame = frames.decode(message)
-            except frames.FrameError as exc:
+                frame = wire.decode(message, wire_format)
+                if not isinstance(frame.get("type"), str):
+                    raise wire.WireFormatError("frame has no string 'type'")
+            except wire.WireFormatError as exc:
                 log.warning("ignoring a frame from the server: %s", exc)
                 continue
             await on_frame(frame)

@@ -29,8 +29,8 @@ from agents.runtime.agent_config import (
     split_list,
 )
 from agents.runtime.client import normalise_server_url
-from agents.runtime.frames import WIRE_FORMATS
 from agents.runtime.triples import TripleError, host_triple, parse_triple
+from agents.runtime.wire import SUPPORTED_FORMATS
 
 DB_LESS_MESSAGE = "the agent is DB-less: it must never open a database connection"
 LOG_FORMAT = "%(asctime)s %(levelname)s agent: %(message)s"
@@ -108,9 +108,9 @@ class Command(BaseCommand):
         if options["cache_max_mb"] < 1:
             raise CommandError("--cache-max-mb must be at least 1", returncode=2)
         wire_format = os.environ.get(ENV_WIRE_FORMAT) or "json"
-        if wire_format not in WIRE_FORMATS:
+        if wire_format not in SUPPORTED_FORMATS:
             raise CommandError(
-                f"{ENV_WIRE_FORMAT} must be one of {', '.join(WIRE_FORMATS)}, got {wire_format!r}",
+                f"{ENV_WIRE_FORMAT} must be one of {', '.join(SUPPORTED_FORMATS)}, got {wire_format!r}",
                 returncode=2,
             )
         name = (options["name"] or default_name()).strip()

@@ -1,0 +1,132 @@
+"""Helpers for the agent's end-to-end tests: a fleet `serve`, real `runagent`s, a small package.
+
+Heartbeats are short (0.5 s) so reconnects, evictions and drains happen within
+a second or two.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from artifacts.testing import build_archive, manifest_toml
+from tests.e2e_support import READY_LINE, ManagedProcess, Processes, ServeHandle, wait_for_http
+
+FLEET_ENV = {
+    "CLOACINA_DEFAULT_EXECUTOR": "fleet",
+    "CLOACINA_AGENT_HEARTBEAT_INTERVAL_S": "0.5",
+    "CLOACINA_AGENT_LIVENESS_MISSES": "3",
+    "CLOACINA_OUTBOX_REDELIVER_S": "2",
+}
+SOCKET_OPEN = re.compile(r"delivery socket open")
+
+STEPS_SOURCE = '''
+import os
+import time
+from pathlib import Path
+
+
+def slow(context):
+    """Appends this run's pid to context["runs"], marks context["started"], sleeps."""
+    with open(context["runs"], "a") as fh:
+        fh.write(f"{os.getpid()}\\n")
+    Path(context["started"]).write_text("started")
+    time.sleep(float(context.get("sleep_s", 0)))
+    return {"slept_s": context.get("sleep_s", 0)}
+
+
+def quick(context):
+    return {"n": context.get("n", 0) + 1}
+'''
+
+
+def agent_package(name: str = "agentpkg", workflow: str = "agentwf", task: str = "slow") -> bytes:
+    """A one-task python package (``slow`` or ``quick`` from :data:`STEPS_SOURCE`)."""
+    tasks = [{"id": task, "function": f"agentsteps.steps:{task}", "timeout_s": 60}]
+    return build_archive(
+        {
+            "cloacina.toml": manifest_toml(tasks, name=name, workflow=workflow),
+            "workflow/agentsteps/__init__.py": "",
+            "workflow/agentsteps/steps.py": STEPS_SOURCE,
+        }
+    )
+
+
+def slow_context(tmp_path: Path, sleep_s: float, label: str = "run") -> dict:
+    return {
+        "runs": str(tmp_path / f"{label}-runs.txt"),
+        "started": str(tmp_path / f"{label}-started"),
+        "sleep_s": sleep_s,
+    }
+
+
+def runs_of(context: dict) -> int:
+    """How many times the slow task actually started (one line per run)."""
+    path = Path(context["runs"])
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def fleet_serve(procs: Processes, port: int | None = None, name: str | None = None) -> ServeHandle:
+    env = procs.env(**FLEET_ENV)
+    if port is None:
+        return procs.serve(env=env)
+    process = procs.start(["serve", "--port", str(port)], name=name or f"serve-{port}", env=env)
+    url = process.wait_for_output(READY_LINE, 60).group(1)
+    wait_for_http(f"{url}/healthz", timeout=10.0, process=process)
+    return ServeHandle(process, url)
+
+
+def mint_agent_key(procs: Processes, tenant: str = "acme") -> str:
+    minted = procs.manage("mintkey", "--tenant", tenant, "--role", "agent")
+    assert minted.returncode == 0, minted.stderr
+    return minted.stdout.strip()
+
+
+def start_agent(
+    procs: Processes,
+    url: str,
+    key: str,
+    name: str,
+    *flags: str,
+    env: dict | None = None,
+    wait: bool = True,
+) -> ManagedProcess:
+    """``runagent`` with its own cache dir; waits for its delivery socket unless ``wait=False``."""
+    cache = procs.tmp_path / f"cache-{name}"
+    args = [
+        "runagent",
+        "--server",
+        url,
+        "--api-key",
+        key,
+        "--name",
+        name,
+        "--cache-dir",
+        str(cache),
+    ]
+    process = procs.start([*args, *flags], name=f"agent-{name}", env=env)
+    if wait:
+        process.wait_for_output(SOCKET_OPEN, 60)
+    return process
+
+
+def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not met after {timeout}s")
+
+
+def wait_exit(process: ManagedProcess, timeout: float = 30.0) -> int:
+    """The process's exit code once it has exited on its own (fails with its log otherwise)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code = process.poll()
+        if code is not None:
+            return code
+        time.sleep(0.05)
+    raise AssertionError(f"{process.name} still running after {timeout}s:\n{process.tail()}")
