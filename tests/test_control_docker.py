@@ -81,6 +81,8 @@ def test_it_starts_labelled_containers_each_with_its_own_key(engine, actuator, t
         ]  # fmt: skip
         env = env_of(c)
         assert env["CLOACINA_SERVER_URL"] == SERVER_URL
+        assert env["CLOACINA_HOME"] == "/home/agent/.cloacina"  # writable tmpfs, read-only root
+        assert set(c.config["HostConfig"]["Tmpfs"]) == {"/tmp", "/home/agent"}
         key = ApiKey.verify(env["CLOACINA_AGENT_API_KEY"])
         assert key is not None and key.role == Role.AGENT and key.tenant_id == tenant.pk
         assert key.lookup == c.labels["cloacina.key"]

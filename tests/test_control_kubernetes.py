@@ -114,6 +114,7 @@ def test_the_agent_pod_is_hardened():
     }
     assert {v["mountPath"] for v in c["volumeMounts"]} == {"/home/agent", "/tmp"}
     assert {"name": "HOME", "value": "/home/agent"} in c["env"]
+    assert {"name": "CLOACINA_HOME", "value": "/home/agent/.cloacina"} in c["env"]
     for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
         assert probe not in c
     assert pod["automountServiceAccountToken"] is False

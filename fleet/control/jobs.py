@@ -15,8 +15,6 @@ import socket
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db import close_old_connections
-
 from cloacina_site.config import Config, ConfigError
 from fleet.control import substrate
 from fleet.control.actuators.base import Actuator, ReconcileResult
@@ -161,12 +159,9 @@ def control_tick(
     server = this_server()
     if not was_leader:
         log.info("fleet control: server %s is now the leader (actuator %s)", server, actuator.name)
-    close_old_connections()
-    try:
-        decisions = autoscale_tick(config, now) if config.autoscale else []
-        reconciled = reconcile_all(actuator)
-    finally:
-        close_old_connections()
+    # (serve's job runner closes stale DB connections around every tick)
+    decisions = autoscale_tick(config, now) if config.autoscale else []
+    reconciled = reconcile_all(actuator)
     log.debug("fleet control tick by %s: %d decision(s)", server, len(decisions))
     return TickReport(server, decisions, reconciled)
 

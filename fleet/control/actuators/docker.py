@@ -182,6 +182,7 @@ class DockerActuator(Actuator):
                 "CLOACINA_AGENT_API_KEY": token,
                 "CLOACINA_SERVER_URL": s.server_url,
                 "HOME": "/home/agent",
+                "CLOACINA_HOME": "/home/agent/.cloacina",  # the package cache: on the tmpfs
             },
             labels={
                 MANAGED_LABEL: "true",

@@ -94,6 +94,8 @@ def render_deployment(namespace: str, label: str, replicas: int, s: ControlSetti
             },
             {"name": "CLOACINA_SERVER_URL", "value": s.server_url},
             {"name": "HOME", "value": HOME},
+            # runagent unpacks packages under $CLOACINA_HOME: keep it on the writable volume.
+            {"name": "CLOACINA_HOME", "value": f"{HOME}/.cloacina"},
         ],
         "resources": {
             "requests": {"cpu": s.agent_cpu_request, "memory": s.agent_memory_request},
