@@ -162,9 +162,11 @@ def test_two_claimers_racing_with_claim_ready_tasks_claim_each_task_exactly_once
 def test_two_claimers_racing_with_claim_task_on_the_same_ids_claim_each_exactly_once(tenant):
     ids = many_ready_tasks(tenant, 200)
 
+    order = iter([ids, ids[::-1]])  # opposite directions: they must meet, however fast claims are
+
     def claim_all() -> list[uuid.UUID]:
         name = threading.current_thread().name
-        return [i for i in ids if claim_task(i, name) is not None]
+        return [i for i in next(order) if claim_task(i, name) is not None]
 
     first, second = race(2, claim_all)
     assert sorted(first + second) == sorted(ids)

@@ -43,6 +43,19 @@ class TaskExecutor(abc.ABC):
     async def stop(self) -> None:  # noqa: B027 - optional hook
         """Release resources on shutdown."""
 
+    def add_capacity_listener(self, listener: Callable[[], None]) -> None:
+        """Have ``listener`` called (on the event loop) each time a slot frees up.
+
+        The dispatch loop waits for capacity on this instead of polling, so the
+        next task starts the moment a run ends, not at the next poll.
+        """
+        self.__dict__.setdefault("_capacity_listeners", []).append(listener)
+
+    def capacity_freed(self) -> None:
+        """Executors call this (on the event loop thread) when a run gives back its slot."""
+        for listener in self.__dict__.get("_capacity_listeners", ()):
+            listener()
+
     def periodic_jobs(self) -> list[PeriodicJob]:
         """Background jobs this executor needs (sweepers, relays' safety nets, …)."""
         return []

@@ -169,6 +169,7 @@ class InProcessExecutor(TaskExecutor):
             with self._lock:
                 self._holding -= 1
             holding = False
+            self.capacity_freed()  # the next task may start while this outcome is recorded
             if outcome is None:  # stopped before or while it ran: given back, not an attempt
                 released = await self._db.call(
                     release_claim,
@@ -190,6 +191,8 @@ class InProcessExecutor(TaskExecutor):
                 if holding:
                     self._holding -= 1
                 self._in_flight -= 1
+            if holding:
+                self.capacity_freed()
 
     # -- steps ---------------------------------------------------------------------
 
