@@ -27,6 +27,7 @@ from fleet.engine import ready_queue
 from fleet.engine.claims import due_ready_task_events
 from fleet.engine.dispatcher import Dispatcher
 from fleet.engine.events import ExecutionStatus, NoCapacity, TaskReadyEvent
+from fleet.engine.fair_queue import FairQueue
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class EngineLoop:
         self._concurrency = concurrency or dispatch_concurrency(dispatcher)
         self._tick_limit = tick_limit
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue[TaskReadyEvent] = asyncio.Queue()
+        self._queue = FairQueue()
         # Dedupe by task id: an id is either queued (waiting for a worker) or running
         # (being dispatched).  A new event for a running id is kept in _again and
         # queued when that dispatch ends (a retry with no backoff, a refusal).
@@ -81,6 +82,8 @@ class EngineLoop:
         self._loop = asyncio.get_running_loop()
         self._accepting = True
         ready_queue.register(self.submit_threadsafe)
+        # Woken the moment the executor frees a slot; CAPACITY_POLL_S is only the safety net.
+        self._dispatcher.executor.add_capacity_listener(self._capacity_freed.set)
         self._workers = [
             asyncio.create_task(self._worker(), name=f"dispatch-{i}")
             for i in range(self._concurrency)

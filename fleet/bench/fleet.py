@@ -1,0 +1,230 @@
+"""The fleet benchmark: a real `serve --default-executor fleet` and N real `runagent` processes.
+
+Phases, all measured from the rows the server wrote:
+
+* burst — ``tasks`` no-op tasks submitted at once; throughput is tasks /
+  (last ``finished_at`` − first ``ready_at``); latency is Ready → the agent
+  confirmed it holds the packet (``delivery_outbox.received_at``), i.e. the
+  moment the agent starts the task;
+* idle pickup — one single-task execution at a time on an idle fleet, same latency;
+* failover — a task whose first run hangs: once an agent holds it, that agent
+  is killed (SIGKILL to its process group) and the time to the task finishing
+  on a survivor is measured (heartbeat interval × misses + a sweep + re-run).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from django.db import connection
+
+from artifacts.testing import build_archive, manifest_toml
+from fleet.bench import workload
+from fleet.bench.default import BENCH_TENANT, bench_tenant_key
+from fleet.bench.server import REPO, Api, BenchServer
+from fleet.models import ApiKey, Tenant
+
+AGENT_SLOTS = 8  # task slots per agent (runagent --max-concurrency)
+HEARTBEAT_INTERVAL_S = 0.5
+LIVENESS_MISSES = 3
+AGENTS_READY_TIMEOUT_S = 60.0
+FAILOVER_WORKFLOW = "bench_failover"
+HANG_ONCE_SOURCE = """
+import time
+from pathlib import Path
+
+
+def hang_once(context):
+    marker = Path(context["marker"])
+    if not marker.exists():
+        marker.write_text("first run")
+        time.sleep(600)
+    return None
+"""
+
+
+def _agent_key() -> str:
+    tenant, _ = Tenant.objects.get_or_create(name=BENCH_TENANT)
+    return ApiKey.mint("agent", tenant=tenant, label="fleetbench agents")[1]
+
+
+class Agents:
+    """``count`` runagent subprocesses, each in a session of its own (so one kill takes its children)."""
+
+    def __init__(self, server_url: str, key: str, count: int, slots: int, home: Path) -> None:
+        self.processes: dict[str, subprocess.Popen] = {}
+        env = {
+            **os.environ,
+            "CLOACINA_HOME": str(home),
+            "CLOACINA_LOG_LEVEL": "WARNING",
+            "PYTHONUNBUFFERED": "1",
+        }
+        for i in range(count):
+            name = f"bench-agent-{i + 1}"
+            log = (home / f"{name}.log").open("wb")
+            self.processes[name] = subprocess.Popen(
+                [
+                    sys.executable, str(REPO / "manage.py"), "runagent", "--server", server_url,
+                    "--api-key", key, "--name", name, "--max-concurrency", str(slots),
+                    "--cache-dir", str(home / f"cache-{name}"),
+                ],
+                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    def wait_connected(self) -> None:
+        deadline = time.monotonic() + AGENTS_READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM agents_agent WHERE state = 'live' AND connected_to <> '' "
+                    "AND name = ANY(%s)",
+                    [list(self.processes)],
+                )
+                if cursor.fetchone()[0] == len(self.processes):
+                    return
+            for name, process in self.processes.items():
+                if process.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {process.returncode}")
+            time.sleep(0.1)
+        raise RuntimeError(f"agents not connected after {AGENTS_READY_TIMEOUT_S}s")
+
+    def kill(self, name: str) -> None:
+        try:
+            os.killpg(self.processes[name].pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for name, process in self.processes.items():
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                pass
+            self.kill(name)
+
+
+def measure_fleet(name: str, execution_ids: list[str]) -> workload.PhaseResult:
+    """Throughput as the default bench; latency Ready → the agent holds the packet."""
+    phase = workload.measure(name, execution_ids)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT EXTRACT(EPOCH FROM o.received_at - t.ready_at) * 1000.0
+            FROM fleet_taskexecution t
+            JOIN delivery_outbox o ON o.task_id = t.id AND o.assignment = t.assignment
+            WHERE t.workflow_execution_id = ANY(%s::uuid[]) AND o.received_at IS NOT NULL
+            """,
+            [execution_ids],
+        )
+        phase.latencies_ms = sorted(float(row[0]) for row in cursor.fetchall())
+    return phase
+
+
+def failover(api: Api, agents: Agents, home: Path) -> workload.PhaseResult:
+    """Kill the agent holding a hanging task; time until a survivor finished it."""
+    tasks = [{"id": "hang", "function": "bench.steps:hang_once", "timeout_s": 900}]
+    api.upload(
+        build_archive(
+            {
+                "cloacina.toml": manifest_toml(
+                    tasks, name="bench-failover", workflow=FAILOVER_WORKFLOW
+                ),
+                "workflow/bench/__init__.py": "",
+                "workflow/bench/steps.py": HANG_ONCE_SOURCE,
+            }
+        )
+    )
+    execution_id = api.start(FAILOVER_WORKFLOW, {"marker": str(home / "failover-marker")})
+    holder = None
+    deadline = time.monotonic() + 60
+    while holder is None and time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT a.name FROM delivery_outbox o
+                JOIN fleet_taskexecution t ON t.id = o.task_id
+                JOIN agents_agent a ON a.id = o.agent_id
+                WHERE t.workflow_execution_id = %s AND o.received_at IS NOT NULL
+                """,
+                [execution_id],
+            )
+            row = cursor.fetchone()
+        holder = row[0] if row and (home / "failover-marker").exists() else None
+        time.sleep(0.02)
+    if holder is None:
+        raise RuntimeError("the failover task never reached an agent")
+    killed_at = time.time()
+    agents.kill(holder)
+    workload.wait_finished([execution_id], poll_s=0.01)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXTRACT(EPOCH FROM finished_at), status FROM fleet_taskexecution "
+            "WHERE workflow_execution_id = %s",
+            [execution_id],
+        )
+        finished_at, status = cursor.fetchone()
+    seconds = float(finished_at) - killed_at
+    return workload.PhaseResult(
+        "failover (kill -9)", 1, seconds, [seconds * 1000.0], int(status != "Completed")
+    )
+
+
+def run_fleet_bench(
+    database_url: str,
+    agents: int,
+    tasks: int,
+    width: int = 10,
+    idle_samples: int = 100,
+    poll_s: float = 1.0,
+    slots: int = AGENT_SLOTS,
+) -> workload.BenchResult:
+    """Burst, idle pickup and failover through the fleet (see the module docstring)."""
+    key = bench_tenant_key()
+    akey = _agent_key()
+    env = {
+        "CLOACINA_SCHEDULER_POLL_S": str(poll_s),
+        "CLOACINA_AGENT_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_INTERVAL_S),
+        "CLOACINA_AGENT_LIVENESS_MISSES": str(LIVENESS_MISSES),
+    }
+    home = Path(tempfile.mkdtemp(prefix="cloacina-fleetbench-agents-"))
+    with BenchServer(database_url, "fleet", **env) as server:
+        api = Api(server.url, key)
+        fleet = Agents(server.url, akey, agents, slots, home)
+        try:
+            fleet.wait_connected()
+            api.upload(workload.noop_package(workload.WIDE_WORKFLOW, width))
+            api.upload(workload.noop_package(workload.ONE_WORKFLOW, 1))
+            # Warm-up: every agent fetches and unpacks the packages once before anything is timed.
+            warm = [api.start(workload.WIDE_WORKFLOW) for _ in range(agents * 2)]
+            warm.append(api.start(workload.ONE_WORKFLOW))
+            workload.wait_finished(warm)
+            executions = max(1, tasks // width)
+            burst_ids = workload.burst(lambda: Api(server.url, key), executions)
+            workload.wait_finished(burst_ids)
+            phases = [measure_fleet("burst", burst_ids)]
+            if idle_samples:
+                idle_ids = workload.idle_pickups(api, idle_samples)
+                phases.append(measure_fleet("idle pickup", idle_ids))
+            if agents > 1:
+                phases.append(failover(api, fleet, home))
+        finally:
+            api.close()
+            fleet.stop()
+    settings = {
+        "agents": agents,
+        "slots": slots,
+        "tasks": executions * width,
+        "executions": f"{executions}x{width}",
+        "poll_s": poll_s,
+        "heartbeat": f"{HEARTBEAT_INTERVAL_S:g}sx{LIVENESS_MISSES}",
+    }
+    return workload.BenchResult("fleet", settings, phases)

@@ -1,0 +1,40 @@
+"""`fleetbench` end to end on a tiny workload: its own database, a real server, a table."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet.bench.workload import PhaseResult
+from tests.e2e_support import Processes
+
+
+def test_percentiles_and_throughput():
+    phase = PhaseResult("p", tasks=100, wall_s=0.5, latencies_ms=[float(i) for i in range(1, 101)])
+    assert phase.throughput == 200
+    assert phase.percentile(50) == pytest.approx(50.5)
+    assert phase.percentile(99) == pytest.approx(99.01)
+
+
+@pytest.fixture
+def procs(transactional_db, tmp_path):
+    with Processes(tmp_path) as procs:
+        yield procs
+
+
+@pytest.mark.e2e
+def test_fleetbench_prints_a_table_and_leaves_the_test_database_alone(procs):
+    from fleet.models import Tenant
+
+    Tenant.objects.create(name="untouched")
+    result = procs.manage(
+        "fleetbench", "--tasks", "40", "--width", "4", "--idle-samples", "3", "--poll", "0.2",
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("fleetbench: executor=default") and "tasks=40" in lines[0]
+    rows = {line.split()[0]: line.split() for line in lines if line.startswith(("burst", "idle"))}
+    assert rows["burst"][1:3] == ["40", "0"]  # 40 tasks, none failed
+    assert rows["idle"][2:4] == ["3", "0"]
+    assert "cloacina_bench" in result.stderr
+    assert list(Tenant.objects.values_list("name", flat=True)) == ["untouched"]
