@@ -115,6 +115,11 @@ class Agent:
 
     async def run(self) -> int:
         """Run until drained (0) or stopped by a fatal condition; returns the exit code."""
+        c = self.config
+        log.info(
+            "agent %s starting: server %s, %s, %d slot(s), cache %s",
+            c.name, c.server_url, c.target_triple, c.max_concurrency, c.cache_dir,
+        )  # fmt: skip
         host_metrics.sample()  # primes cpu_percent, whose first reading is meaningless
         await asyncio.to_thread(self.runner.start)
         loops = [
@@ -170,28 +175,31 @@ class Agent:
     async def _drain(self) -> None:
         await self._idle.wait()
         registration = self.registration
-        if registration is not None:
-            await self._deregister(registration.agent_id)
-        self._finish(EXIT_OK, "drained and deregistered" if registration else "drained")
+        if registration is None:
+            self._finish(EXIT_OK, "drained (not registered: nothing to deregister)")
+        elif await self._deregister(registration.agent_id):
+            self._finish(EXIT_OK, "drained and deregistered")
+        else:
+            self._finish(EXIT_OK, "drained; the server's liveness sweep will retire this agent")
 
-    async def _deregister(self, agent_id: str) -> None:
+    async def _deregister(self, agent_id: str) -> bool:
+        """Whether the server now counts the agent as gone (deregistered or already dead)."""
         backoff = Backoff()
         for _ in range(DEREGISTER_ATTEMPTS):
             try:
                 await self.client.deregister(agent_id)
                 log.info("deregistered agent %s", agent_id)
-                return
+                return True
             except UnknownAgent:
-                return  # already dead to the server: nothing to undo
+                return True  # already dead to the server: nothing to undo
             except ServerUnavailable as exc:
                 log.warning("deregistration failed (%s); retrying", exc)
                 await asyncio.sleep(backoff.next_delay())
             except (AuthRejected, RequestRejected) as exc:
                 log.warning("deregistration refused: %s", exc)
-                return
-        log.warning(
-            "giving up deregistration; the server's liveness sweep will retire agent %s", agent_id
-        )
+                return False
+        log.warning("giving up deregistration of agent %s", agent_id)
+        return False
 
     # -- registration and the delivery socket -----------------------------------
 
@@ -315,6 +323,7 @@ class Agent:
 
     async def _on_open(self, session: Session) -> None:
         self.session = session
+        self.reporter.server_is_back()
         await session.send(frames.hello(list(self.held)))
         log.info("delivery socket open (holding %d task(s))", len(self.held))
 

@@ -118,6 +118,5 @@ async def run_session(
     if session.closing_by_us:
         return SessionEnd(Action.CLOSED_BY_US, "closed by the agent", True)
     code, reason = ws.close_code, ws.close_reason or ""
-    return SessionEnd(
-        action_for_close(code), f"closed by the server ({code} {reason})".strip(), True
-    )
+    detail = f"closed by the server ({code}: {reason})" if reason else f"lost ({code})"
+    return SessionEnd(action_for_close(code), detail, True)

@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from agents.runtime.backoff import Backoff
+from agents.runtime.backoff import Backoff, wait_event
 from agents.runtime.client import AgentClient, AuthRejected, ServerUnavailable
 from agents.runtime.work import OUTCOME_FAILURE, HeldTask
 
@@ -37,11 +37,17 @@ class OutcomeReporter:
         self._on_settled = on_settled
         self._on_auth_rejected = on_auth_rejected
         self._tasks: set[asyncio.Task] = set()
+        self._server_back = asyncio.Event()
         self.answered = 0  # result POSTs the server answered (2xx or 4xx)
 
     @property
     def pending(self) -> int:
         return len(self._tasks)
+
+    def server_is_back(self) -> None:
+        """Cut every retry's backoff short: the server answers again (the socket reopened)."""
+        self._server_back.set()
+        self._server_back = asyncio.Event()  # later retries wait for the next comeback
 
     def submit(self, held: HeldTask) -> None:
         task = asyncio.create_task(self._deliver(held), name=f"report-{held.label}")
@@ -67,7 +73,7 @@ class OutcomeReporter:
                         exc,
                         delay,
                     )
-                    await asyncio.sleep(delay)
+                    await wait_event(self._server_back, delay)
                     continue
                 self.answered += 1
                 if 200 <= status < 300:
