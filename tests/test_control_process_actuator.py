@@ -150,7 +150,12 @@ def test_a_crashed_child_is_restarted_under_its_name_with_a_new_key(actuator, te
     pid = record_of(records, before.name)["pid"]
     (records / f"{before.name}.json").unlink()
     os.kill(pid, signal.SIGKILL)
-    settle(actuator, tenant, 1, lambda: actuator.actual(tenant)[0].key_lookup != before.key_lookup)
+    deadline = time.monotonic() + 5
+    while actuator.actual(tenant) and time.monotonic() < deadline:  # until the kill lands
+        time.sleep(0.01)
+    assert actuator.actual(tenant) == []  # seen as gone; reconcile (not actual) restarts it
+    result = actuator.reconcile(tenant, 1)
+    assert (result.restarted, result.started) == (1, 0)
     [after] = actuator.actual(tenant)
     assert after.name == before.name and after.ident != before.ident
     assert ApiKey.objects.get(lookup=before.key_lookup).revoked_at is not None

@@ -111,12 +111,12 @@ class ProcessActuator(Actuator):
 
     # -- queries ---------------------------------------------------------------------
     def actual(self, tenant: Tenant | str) -> list[AgentHandle]:
+        # No reaping here: a crash must be seen by reconcile, which restarts it under its name.
         with self._lock:
-            self._reap(label_of(tenant))
             return [
                 c.handle()
                 for c in self._children.get(label_of(tenant), [])
-                if c.draining_since is None
+                if c.draining_since is None and c.proc.poll() is None
             ]
 
     def draining(self, tenant: Tenant | str) -> list[AgentHandle]:
