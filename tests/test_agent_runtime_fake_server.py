@@ -1,0 +1,248 @@
+"""The agent's protocol edges that the real server never produces on demand, against a tiny
+fake: a real WebSocket server (``websockets.serve``) for delivery and an httpx MockTransport
+for REST.  The agent, its task runner (real child processes) and its package cache are real.
+
+The behaviour the real server does exercise (drain, reconnect, refusal, re-push) is tested
+against it in test_agent_runtime_e2e.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.asyncio.server import ServerConnection, serve
+
+from agents.runtime.agent import EXIT_AUTH, EXIT_OK, Agent
+from agents.runtime.agent_config import AgentConfig
+from agents.runtime.client import AgentClient
+from artifacts.testing import build_archive
+from tests.own_loop import run_async
+
+KEY = "clk_fake00000000_fake-agent-key"
+TRIPLE = "x86_64-unknown-linux-gnu"
+STEPS = """
+import time
+
+
+def nap(context):
+    time.sleep(float(context.get("sleep_s", 0)))
+    return {"napped": context.get("sleep_s", 0)}
+"""
+ARCHIVE = build_archive({"workflow/fakepkg/__init__.py": "", "workflow/fakepkg/steps.py": STEPS})
+DIGEST = hashlib.sha256(ARCHIVE).hexdigest()
+SCENARIO_TIMEOUT_S = 30.0
+
+
+class FakeServer:
+    """Registers agents, records every REST call and frame, pushes frames on demand."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, dict]] = []
+        self.frames: asyncio.Queue[dict] = asyncio.Queue()
+        self.sockets: list[ServerConnection] = []
+        self.results: asyncio.Queue[dict] = asyncio.Queue()
+        self.agent_ids: list[str] = []
+        self.artifact_fetches = 0
+
+    # REST, through httpx.MockTransport
+    def http(self, request: httpx.Request) -> httpx.Response:
+        assert request.headers["Authorization"] == f"Bearer {KEY}"
+        path = request.url.path.removeprefix("/api/v1")
+        body = json.loads(request.content) if request.content else {}
+        self.calls.append((request.method, path, body))
+        if path == "/agents/register":
+            agent_id = str(uuid.uuid4())
+            self.agent_ids.append(agent_id)
+            return httpx.Response(
+                201,
+                json={
+                    "agent_id": agent_id,
+                    "name": body["name"],
+                    "heartbeat_interval_s": 0.2,
+                    "liveness_misses": 3,
+                    "wire_format": "json",
+                    "ws_path": f"/ws/agents/{agent_id}/",
+                    "server_protocol_version": 1,
+                },
+            )
+        if path.endswith("/results"):
+            self.results.put_nowait(body)
+            return httpx.Response(200, json={"applied": True, "reason": ""})
+        if path.startswith("/artifacts/"):
+            self.artifact_fetches += 1
+            if path == f"/artifacts/{DIGEST}":
+                return httpx.Response(200, content=ARCHIVE)
+            return httpx.Response(404, json={"detail": "unknown artifact"})
+        if path.endswith("/heartbeat"):
+            return httpx.Response(200, json={"state": "live", "drain": False})
+        if path.endswith("/deregister"):
+            return httpx.Response(200, json={})
+        return httpx.Response(404, json={"detail": "no such endpoint"})
+
+    # the delivery socket
+    async def ws(self, connection: ServerConnection) -> None:
+        assert connection.request.headers["Authorization"] == f"Bearer {KEY}"
+        self.sockets.append(connection)
+        async for message in connection:
+            frame = json.loads(message)
+            if frame["type"] != "heartbeat":
+                self.frames.put_nowait(frame)
+
+    async def next_frame(self, kind: str) -> dict:
+        while True:
+            frame = await self.frames.get()
+            if frame["type"] == kind:
+                return frame
+
+    async def push(self, packet: dict) -> None:
+        await self.sockets[-1].send(json.dumps({"type": "work", "packet": packet}))
+
+    def paths(self) -> list[str]:
+        return [path for _method, path, _body in self.calls if not path.endswith("/heartbeat")]
+
+
+def packet(outbox_id: int, sleep_s: float = 0.0, **changes) -> dict:
+    body = {
+        "outbox_id": outbox_id,
+        "task_execution_id": str(uuid.UUID(int=outbox_id)),
+        "assignment": 1,
+        "attempt": 1,
+        "workflow_execution_id": str(uuid.uuid4()),
+        "task_name": f"nap-{outbox_id}",
+        "function": "fakepkg.steps:nap",
+        "context_json": json.dumps({"sleep_s": sleep_s}),
+        "artifact_digest": DIGEST,
+        "package_kind": "python",
+        "target_triple": TRIPLE,
+        "timeout_s": 30.0,
+        "tenant": "acme",
+    }
+    body.update(changes)
+    return body
+
+
+def run_scenario(tmp_path: Path, scenario) -> None:
+    """Run ``scenario(fake, agent, agent_task)`` with an agent connected to a fresh fake."""
+
+    async def main() -> None:
+        fake = FakeServer()
+        async with serve(fake.ws, "127.0.0.1", 0) as server:
+            port = server.sockets[0].getsockname()[1]
+            url = f"http://127.0.0.1:{port}"
+            config = AgentConfig(
+                server_url=url,
+                api_key=KEY,
+                name="fake-agent",
+                target_triple=TRIPLE,
+                cache_dir=tmp_path / "cache",
+                cache_max_bytes=100 * 1024 * 1024,
+                max_concurrency=2,
+            )
+            client = AgentClient(url, KEY, transport=httpx.MockTransport(fake.http))
+            agent = Agent(config, client=client)
+            agent_task = asyncio.create_task(agent.run())
+            try:
+                async with asyncio.timeout(SCENARIO_TIMEOUT_S):
+                    await scenario(fake, agent, agent_task)
+            finally:
+                if not agent_task.done():
+                    agent.on_signal("SIGTERM")
+                    agent.on_signal("SIGTERM")  # second signal: stop now
+                    await asyncio.wait({agent_task}, timeout=10)
+
+    run_async(main())
+
+
+def test_hello_reports_the_tasks_in_hand_after_a_reconnect(tmp_path):
+    async def scenario(fake: FakeServer, agent: Agent, agent_task) -> None:
+        assert (await fake.next_frame("hello"))["holding"] == []
+        work = packet(1, sleep_s=1.5)
+        await fake.push(work)
+        assert (await fake.next_frame("received"))["outbox_id"] == 1
+        await fake.sockets[-1].close(1011, "server going away")
+        hello = await fake.next_frame("hello")
+        assert hello["holding"] == [[work["task_execution_id"], 1]]
+        result = await fake.results.get()
+        assert (result["outcome"], result["output"]) == ("success", {"napped": 1.5})
+        assert fake.agent_ids and len(fake.agent_ids) == 1  # a reconnect, not a re-registration
+
+    run_scenario(tmp_path, scenario)
+
+
+def test_a_draining_agent_refuses_new_packets_and_finishes_the_one_in_hand(tmp_path):
+    async def scenario(fake: FakeServer, agent: Agent, agent_task) -> None:
+        await fake.next_frame("hello")
+        await fake.push(packet(1, sleep_s=1.0))
+        await fake.next_frame("received")
+        agent.request_drain("test")
+        await fake.push(packet(2))
+        await fake.next_frame("received")  # even a refused packet is confirmed as received
+        first = await fake.results.get()
+        assert (first["outbox_id"], first["outcome"], first["error_message"]) == (
+            2,
+            "refused",
+            "agent draining",
+        )
+        second = await fake.results.get()
+        assert (second["outbox_id"], second["outcome"]) == (1, "success")
+        assert await agent_task == EXIT_OK
+        assert fake.paths()[-1] == f"/agents/{fake.agent_ids[0]}/deregister"
+
+    run_scenario(tmp_path, scenario)
+
+
+def test_a_missing_artifact_is_a_refusal_not_a_task_failure(tmp_path):
+    async def scenario(fake: FakeServer, agent: Agent, agent_task) -> None:
+        await fake.next_frame("hello")
+        await fake.push(packet(1, artifact_digest="cd" * 32))
+        result = await fake.results.get()
+        assert result["outcome"] == "refused"
+        assert "cd" * 32 in result["error_message"] and "404" in result["error_message"]
+
+    run_scenario(tmp_path, scenario)
+
+
+def test_a_cached_artifact_is_not_fetched_again_and_a_repush_is_ignored(tmp_path):
+    async def scenario(fake: FakeServer, agent: Agent, agent_task) -> None:
+        await fake.next_frame("hello")
+        await fake.push(packet(1, sleep_s=0.5))
+        await fake.push(packet(1, sleep_s=0.5))  # the same (task, assignment) again
+        assert (await fake.results.get())["outbox_id"] == 1
+        await fake.push(packet(2))
+        assert (await fake.results.get())["outbox_id"] == 2
+        await fake.push(packet(1))  # a late re-push of one already reported
+        await fake.push(packet(3))
+        assert (await fake.results.get())["outbox_id"] == 3
+        await asyncio.sleep(0.3)  # room for a wrongful re-run of packet 1 to report
+        assert fake.results.empty()
+        assert fake.artifact_fetches == 1
+
+    run_scenario(tmp_path, scenario)
+
+
+def test_a_malformed_packet_is_refused_naming_the_field(tmp_path):
+    async def scenario(fake: FakeServer, agent: Agent, agent_task) -> None:
+        await fake.next_frame("hello")
+        await fake.push(packet(1, function=None))
+        result = await fake.results.get()
+        assert result["outcome"] == "refused"
+        assert result["error_message"] == "malformed work packet: missing function"
+
+    run_scenario(tmp_path, scenario)
+
+
+@pytest.mark.parametrize("code", [4401, 4403])
+def test_a_socket_closed_for_a_bad_key_stops_the_agent(tmp_path, code):
+    async def scenario(fake: FakeServer, agent: Agent, agent_task) -> None:
+        await fake.next_frame("hello")
+        await fake.sockets[-1].close(code, "invalid or revoked API key")
+        assert await agent_task == EXIT_AUTH
+        assert "revoked" in agent.exit_message
+
+    run_scenario(tmp_path, scenario)
