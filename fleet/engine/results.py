@@ -22,7 +22,14 @@ from fleet.engine import scheduler
 from fleet.engine.context import ContextError, validate_context
 from fleet.engine.events import ExecutionStatus, TaskReadyEvent
 from fleet.engine.outbox_ack import ack_and_release
-from fleet.models import Outcome, TaskExecution, TaskOutcome, TaskStatus, WorkflowExecution
+from fleet.models import (
+    TASK_TERMINAL,
+    Outcome,
+    TaskExecution,
+    TaskOutcome,
+    TaskStatus,
+    WorkflowExecution,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +61,21 @@ class Applied:
 
 class TaskResultHandler:
     def apply(self, report: TaskReport) -> Applied:
-        """Record ``report``; apply it if it belongs to the current assignment."""
-        workflow_id = (
-            TaskExecution.objects.filter(pk=report.task_execution_id)
-            .values_list("workflow_execution_id", flat=True)
-            .first()
-        )
-        if workflow_id is None:
-            return Applied(False, ExecutionStatus.SUPERSEDED, "unknown task execution")
+        """Record ``report``; apply it if it belongs to the current assignment.
+
+        Locks, in order: the task row, its undecided dependents, and (briefly, at
+        the end) the workflow row's open-task counter.  Every writer takes them in
+        that order, so concurrent outcomes never deadlock.
+        """
         try:
             with transaction.atomic():
-                # Lock order workflow → task everywhere, so concurrent outcomes never deadlock.
-                execution = WorkflowExecution.objects.select_for_update().get(pk=workflow_id)
-                task = TaskExecution.objects.select_for_update().get(pk=report.task_execution_id)
+                task = (
+                    TaskExecution.objects.select_for_update()
+                    .filter(pk=report.task_execution_id)
+                    .first()
+                )
+                if task is None:
+                    return Applied(False, ExecutionStatus.SUPERSEDED, "unknown task execution")
                 stale = self._stale_reason(task, report)
                 if stale:
                     self._record(task, report, applied=False, reason=stale)
@@ -75,7 +84,10 @@ class TaskResultHandler:
                 self._record(task, report, applied=True)
                 ack_and_release(task.pk, task.assignment)
                 result = self._apply(task, report)
-                result.ready = scheduler.advance(execution) + result.ready
+                if task.status in TASK_TERMINAL:
+                    ready, skipped = scheduler.settle(task)
+                    result.ready = ready + result.ready
+                    scheduler.close_tasks(task.workflow_execution_id, 1 + skipped)
                 return result
         except IntegrityError:
             # A concurrent duplicate of the same outcome won the unique (task, assignment, applied) race.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 
-from django.db import transaction
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from fleet.engine.events import TaskReadyEvent
@@ -53,6 +53,7 @@ def start_execution(
             workflow_name=workflow_name,
             input_context=context,
             priority=priority,
+            open_tasks=len(tasks),
         )
         TaskExecution.objects.bulk_create(
             [_task_row(execution, spec, position, now) for position, spec in enumerate(tasks)]
@@ -102,82 +103,149 @@ def rule_outcome(rule: str, dependency_states: list[str]) -> str | None:
     )
 
 
-def advance(execution: WorkflowExecution) -> list[TaskReadyEvent]:
-    """Promote NotStarted tasks whose trigger rule is now decided; finish the workflow when all are terminal.
+def settle(task: TaskExecution) -> tuple[list[TaskReadyEvent], int]:
+    """Decide the dependents of ``task``, which just reached a terminal state.
 
-    Must run inside a transaction holding the workflow row lock.  Returns events
-    for the tasks that became Ready, to be dispatched after commit.
+    Runs inside the outcome's transaction, after the task's own row was
+    updated.  Each dependent row is locked before its dependencies' states are
+    read, so of two dependencies finishing at once the later transaction sees
+    the earlier one committed and promotes the join exactly once.  Skips
+    cascade.  Returns the events of tasks that became Ready and how many tasks
+    were Skipped (they count as settled too).
     """
-    tasks = {t.task_id: t for t in TaskExecution.objects.filter(workflow_execution=execution)}
+    cancelled = (
+        WorkflowExecution.objects.filter(pk=task.workflow_execution_id)
+        .values_list("status", flat=True)
+        .first()
+        == WorkflowStatus.CANCELLED
+    )
     now = timezone.now()
     events: list[TaskReadyEvent] = []
-    cancelled = execution.status == WorkflowStatus.CANCELLED
-    changed = True
-    while changed:  # a Skipped task can decide its own dependents in the same pass
-        changed = False
-        for task in tasks.values():
-            if task.status != TaskStatus.NOT_STARTED:
-                continue
+    skipped = 0
+    frontier = [task.task_id]
+    while frontier:
+        dependents = list(
+            TaskExecution.objects.select_for_update()
+            .filter(workflow_execution_id=task.workflow_execution_id, status=TaskStatus.NOT_STARTED)
+            .filter(_depends_on_any(frontier))
+            .order_by("id")
+        )
+        frontier = []
+        states = _dependency_states(task.workflow_execution_id, dependents)
+        for dependent in dependents:
+            rule = dependent.trigger_rule
             decided = (
                 TaskStatus.SKIPPED
                 if cancelled
-                else rule_outcome(task.trigger_rule, [tasks[d].status for d in task.dependencies])
+                else rule_outcome(rule, [states[d] for d in dependent.dependencies])
             )
-            if decided is None:
-                continue
-            task.status = decided
-            fields = {"status": decided}
             if decided == TaskStatus.READY:
-                task.ready_at = fields["ready_at"] = now
-                events.append(TaskReadyEvent(task.id, execution.id, task.task_id, task.attempt + 1))
-            else:
-                task.finished_at = fields["finished_at"] = now
-            TaskExecution.objects.filter(pk=task.pk, status=TaskStatus.NOT_STARTED).update(**fields)
-            changed = True
-    if all(t.status in TASK_TERMINAL for t in tasks.values()):
-        _finish(execution, tasks, now)
-    return events
+                TaskExecution.objects.filter(pk=dependent.pk).update(status=decided, ready_at=now)
+                events.append(
+                    TaskReadyEvent(
+                        dependent.id,
+                        dependent.workflow_execution_id,
+                        dependent.task_id,
+                        dependent.attempt + 1,
+                    )
+                )
+            elif decided == TaskStatus.SKIPPED:
+                TaskExecution.objects.filter(pk=dependent.pk).update(
+                    status=decided, finished_at=now
+                )
+                skipped += 1
+                frontier.append(dependent.task_id)
+    return events, skipped
 
 
-def _finish(execution: WorkflowExecution, tasks: dict, now) -> None:
-    if execution.status in WORKFLOW_TERMINAL:
+def _depends_on_any(task_ids: list[str]) -> models.Q:
+    query = models.Q()
+    for task_id in task_ids:
+        query |= models.Q(dependencies__contains=[task_id])
+    return query
+
+
+def _dependency_states(workflow_execution_id, dependents: list[TaskExecution]) -> dict[str, str]:
+    needed = {d for dependent in dependents for d in dependent.dependencies}
+    if not needed:
+        return {}
+    return dict(
+        TaskExecution.objects.filter(
+            workflow_execution_id=workflow_execution_id, task_id__in=needed
+        ).values_list("task_id", "status")
+    )
+
+
+def close_tasks(workflow_execution_id: uuid.UUID, count: int) -> None:
+    """Count ``count`` more tasks as settled; the transaction that reaches zero finishes the workflow.
+
+    The row lock this takes is held only from here to commit, at the very end of
+    the outcome's transaction.
+    """
+    if count <= 0:
         return
-    failed = sorted(t.task_id for t in tasks.values() if t.status == TaskStatus.FAILED)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE fleet_workflowexecution SET open_tasks = GREATEST(open_tasks - %s, 0) "
+            "WHERE id = %s RETURNING open_tasks, status",
+            [count, workflow_execution_id],
+        )
+        row = cursor.fetchone()
+    if row and row[0] == 0 and row[1] not in WORKFLOW_TERMINAL:
+        _finish(workflow_execution_id)
+
+
+def _finish(workflow_execution_id: uuid.UUID) -> None:
+    execution = WorkflowExecution.objects.get(pk=workflow_execution_id)
+    tasks = list(
+        TaskExecution.objects.filter(workflow_execution_id=workflow_execution_id)
+        .order_by("position")
+        .values_list("task_id", "status", "output_context")
+    )
+    failed = sorted(task_id for task_id, status, _ in tasks if status == TaskStatus.FAILED)
     final = dict(execution.input_context or {})
-    for task in sorted(tasks.values(), key=lambda t: t.position):
-        if task.status == TaskStatus.COMPLETED:
-            final.update(task.output_context or {})
+    for _task_id, status, output in tasks:
+        if status == TaskStatus.COMPLETED:
+            final.update(output or {})
     status = WorkflowStatus.FAILED if failed else WorkflowStatus.COMPLETED
     error = f"task(s) failed: {', '.join(failed)}" if failed else ""
-    WorkflowExecution.objects.filter(pk=execution.pk).update(
-        status=status, final_context=final, finished_at=now, error=error
-    )
-    execution.status = status
+    WorkflowExecution.objects.filter(pk=workflow_execution_id).exclude(
+        status__in=WORKFLOW_TERMINAL
+    ).update(status=status, final_context=final, finished_at=timezone.now(), error=error)
 
 
 def cancel_execution(tenant: Tenant, execution_id: uuid.UUID) -> WorkflowExecution:
     """Cancel: nothing new starts; tasks not yet running are Skipped; running ones finish on their own."""
     from fleet.engine.outbox_ack import withdraw_undelivered
 
+    # No workflow row lock up front: outcome transactions lock task rows first and
+    # the workflow row last (close_tasks), so taking it first here could deadlock.
     with transaction.atomic():
-        execution = (
-            WorkflowExecution.objects.select_for_update()
-            .filter(tenant=tenant, pk=execution_id)
-            .first()
-        )
+        execution = WorkflowExecution.objects.filter(tenant=tenant, pk=execution_id).first()
         if execution is None:
             raise SchedulingError("execution not found", 404)
         if execution.status in WORKFLOW_TERMINAL:
             raise SchedulingError(f"execution is already {execution.status}", 409)
         now = timezone.now()
-        TaskExecution.objects.filter(
+        skipped = TaskExecution.objects.filter(
             workflow_execution=execution, status__in=[TaskStatus.NOT_STARTED, TaskStatus.READY]
         ).update(
             status=TaskStatus.SKIPPED, finished_at=now, wait_reason="", error_message="cancelled"
         )
-        withdraw_undelivered(execution.pk)
-        execution.status = WorkflowStatus.CANCELLED
-        execution.finished_at = now
-        execution.error = "cancelled by request"
-        execution.save(update_fields=["status", "finished_at", "error"])
+        skipped += withdraw_undelivered(execution.pk)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE fleet_workflowexecution SET status = %s, finished_at = now(), error = %s, "
+                "open_tasks = GREATEST(open_tasks - %s, 0) WHERE id = %s AND status <> ALL(%s)",
+                [
+                    WorkflowStatus.CANCELLED,
+                    "cancelled by request",
+                    skipped,
+                    execution.pk,
+                    list(WORKFLOW_TERMINAL),
+                ],
+            )
+            if cursor.rowcount != 1:
+                raise SchedulingError("execution finished before it could be cancelled", 409)
+    execution.refresh_from_db()
     return execution

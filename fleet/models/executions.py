@@ -51,6 +51,10 @@ class WorkflowExecution(models.Model):
     final_context = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     priority = models.IntegerField(default=0)
+    # Tasks not yet in a terminal state.  Decremented atomically as tasks settle,
+    # so the transaction that takes it to zero finishes the workflow without
+    # every outcome having to lock the workflow row for its whole transaction.
+    open_tasks = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
