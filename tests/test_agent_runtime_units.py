@@ -109,21 +109,24 @@ def test_a_valid_packet_parses():
     assert (packet.outbox_id, packet.attempt, packet.timeout_s) == (17, 2, 30.0)
 
 
+IDS = (17, PACKET["task_execution_id"], 3)
+
+
 @pytest.mark.parametrize(
-    "change, message",
+    "change, message, ids",
     [
-        ({"function": None}, "missing function"),
-        ({"timeout_s": "30"}, "timeout_s has the wrong type"),
-        ({"assignment": True}, "assignment has the wrong type"),
-        ({"artifact_digest": "../../etc/passwd"}, "not a sha256 hex digest"),
-        ({"timeout_s": 0}, "timeout_s must be positive"),
+        ({"function": None}, "missing function", IDS),
+        ({"timeout_s": "30"}, "timeout_s has the wrong type", IDS),
+        ({"artifact_digest": "../../etc/passwd"}, "not a sha256 hex digest", IDS),
+        ({"timeout_s": 0}, "timeout_s must be positive", IDS),
+        ({"assignment": True}, "assignment has the wrong type", None),
+        ({"task_execution_id": "not-a-uuid"}, "bad outbox_id, task_execution_id", None),
     ],
 )
-def test_a_bad_packet_is_refused_naming_the_field_and_keeping_its_ids(change, message):
+def test_a_bad_packet_is_refused_naming_the_field_and_keeping_its_ids(change, message, ids):
     with pytest.raises(work.PacketError, match=message) as info:
         work.parse_packet({**PACKET, **change})
-    expected_ids = (17, PACKET["task_execution_id"], 3)
-    assert info.value.ids == (None if change.get("assignment") is True else expected_ids)
+    assert info.value.ids == ids
 
 
 def test_a_packet_without_ids_cannot_even_be_refused():

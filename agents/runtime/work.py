@@ -7,6 +7,7 @@ agent refuses one, how a run becomes an outcome) is tested on its own.
 from __future__ import annotations
 
 import re
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,14 +66,23 @@ class WorkPacket:
         )
 
 
+def _is_uuid(value: object) -> bool:
+    try:
+        uuid.UUID(str(value))
+    except ValueError:
+        return False
+    return isinstance(value, str)
+
+
 def _ids(raw: dict[str, Any]) -> tuple[int, str, int] | None:
+    """The ids a refusal must name, if the packet carries them well-formed (else None)."""
     outbox_id, teid, assignment = (
         raw.get(k) for k in ("outbox_id", "task_execution_id", "assignment")
     )
     ok = (
         isinstance(outbox_id, int)
         and not isinstance(outbox_id, bool)
-        and isinstance(teid, str)
+        and _is_uuid(teid)
         and isinstance(assignment, int)
         and not isinstance(assignment, bool)
     )
@@ -90,6 +100,10 @@ def parse_packet(raw: object) -> WorkPacket:
             raise PacketError(f"malformed work packet: missing {name}", ids)
         if isinstance(value, bool) or not isinstance(value, kinds):
             raise PacketError(f"malformed work packet: {name} has the wrong type", ids)
+    if ids is None:
+        # Without well-formed ids there is no task to refuse, and a bogus id in our
+        # heartbeats would get the socket closed as malformed: drop it (logged).
+        raise PacketError("malformed work packet: bad outbox_id, task_execution_id or assignment")
     if not _DIGEST.match(raw["artifact_digest"]):
         raise PacketError("malformed work packet: artifact_digest is not a sha256 hex digest", ids)
     if raw["timeout_s"] <= 0:
