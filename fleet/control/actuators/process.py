@@ -202,7 +202,11 @@ class ProcessActuator(Actuator):
                     preexec_fn=_die_with_parent,
                 )
 
-        proc = self._spawner.submit(start).result()
+        try:
+            proc = self._spawner.submit(start).result()
+        except Exception:
+            revoke_keys({key.lookup})  # never leave a valid key behind for a child that never ran
+            raise
         log.info(
             "process actuator: started agent %s (pid %d) for tenant %s; log %s",
             name,
