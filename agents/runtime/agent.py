@@ -397,7 +397,7 @@ class Agent:
             log.warning("refusing %s: %s", packet.describe(), mismatch)
             self._report(held, refusal(packet, mismatch))
             return
-        log.info(
+        log.debug(
             "received %s (attempt %d, timeout %gs)",
             packet.describe(),
             packet.attempt,

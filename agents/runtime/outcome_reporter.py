@@ -77,7 +77,10 @@ class OutcomeReporter:
                     continue
                 self.answered += 1
                 if 200 <= status < 300:
-                    log.info(
+                    # One line per task is enough at INFO ("finished"); say more when
+                    # the server did not apply it.
+                    log.log(
+                        logging.DEBUG if answer.get("applied") else logging.INFO,
                         "posted %s outcome of %s (applied=%s%s)",
                         held.result["outcome"],
                         held.label,
