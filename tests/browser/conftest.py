@@ -25,24 +25,32 @@ CHROMIUM_ARGS = [
 # CLOACINA_SCREENSHOT_DIR=docs/screenshots (see docs/console.md).
 SCREENSHOT_DIR_ENV = "CLOACINA_SCREENSHOT_DIR"
 
-# Playwright's sync API keeps an asyncio loop running in the test thread, which
-# trips Django's async-safety guard on every ORM call the test itself makes.
-# The test thread really is synchronous, so the guard is switched off here only.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
-
-@pytest.fixture(scope="session")
+# Package scope, not session: the sync Playwright loop must be gone before the
+# rest of the suite's asyncio tests run in this thread.
+@pytest.fixture(scope="package")
 def chromium():
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-        )
-        yield browser
-        browser.close()
+    # Playwright's sync API keeps an asyncio loop running in the test thread, which
+    # trips Django's async-safety guard on every ORM call the test itself makes.  The
+    # test thread really is synchronous, so the guard is off while the browser lives.
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+            )
+            yield browser
+            browser.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
 @pytest.fixture
