@@ -64,3 +64,19 @@ def test_serve_refuses_bad_configuration(procs, flags, env, message):
         assert "fleet" not in result.stderr  # not opted in: the key does not exist
     assert result.stdout == ""  # never got as far as the ready line
     assert not ServerInstance.objects.exists()
+
+
+@pytest.mark.e2e
+def test_serve_exits_non_zero_when_its_port_is_taken(procs):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = procs.manage("serve", "--port", str(port), timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert f"could not listen on 127.0.0.1:{port}" in result.stderr
+    assert result.stdout == ""
+    instance = ServerInstance.objects.get()  # registered, then marked stopped: no live row left
+    assert instance.stopped_at is not None

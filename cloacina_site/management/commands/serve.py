@@ -124,6 +124,8 @@ class ServeProcess:
         self.jobs = None
         self._executor_started = False
         self._stopping = False
+        self._ready = False
+        self._stopped = False
 
     def run(self) -> int:
         # daphne.server installs the asyncio Twisted reactor on import; it must come first.
@@ -140,6 +142,14 @@ class ServeProcess:
         reactor.callWhenRunning(self._start)
         reactor.addSystemEventTrigger("before", "shutdown", self._shutdown)
         self.server.run()
+        if not self._ready:
+            # Never got to serve (e.g. the port is taken: daphne aborts before the reactor
+            # runs, so no shutdown trigger fired).  Say so, and leave no live instance row.
+            if not self.server.listening_addresses:
+                sys.stderr.write(f"serve: could not listen on {self.host}:{self.port}\n")
+            self.exit_code = self.exit_code or 1
+            if not self._stopped:
+                _db_call(recovery.shutdown_cleanup, self.instance_id)
         return self.exit_code
 
     # -- start -------------------------------------------------------------------------
@@ -186,6 +196,7 @@ class ServeProcess:
             f"(executor: {executor.key})"
         )
         self.stdout.flush()
+        self._ready = True
 
     def _periodic_jobs(self, executor_jobs: list[PeriodicJob]) -> list[PeriodicJob]:
         instance_id = self.instance_id
@@ -244,6 +255,7 @@ class ServeProcess:
         except Exception:
             log.exception("could not mark server %s stopped", self.instance_id)
         leader.close_all()
+        self._stopped = True
         log.info("server %s stopped", self.instance_id)
 
 
