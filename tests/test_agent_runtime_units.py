@@ -25,6 +25,7 @@ from agents.runtime.client import (
     normalise_server_url,
     websocket_url,
 )
+from agents.runtime.heartbeat import BeatBody, BeatTarget, HeartbeatLoop
 from agents.runtime.outcome_reporter import OutcomeReporter
 from tests.own_loop import run_async
 
@@ -333,3 +334,56 @@ def test_a_revoked_key_while_reporting_stops_the_agent(monkeypatch):
     monkeypatch.setattr(backoff.Backoff, "next_delay", lambda self: 0.01)
     got = _report(ScriptedServer((401, {"detail": "invalid or revoked API key"})))
     assert len(got["auth"]) == 1 and "revoked" in str(got["auth"][0])
+
+
+def _beat(server: ScriptedServer) -> dict:
+    """One REST heartbeat (no socket) through a HeartbeatLoop; which callbacks fired."""
+    fired: dict = {"unknown": [], "drain": 0, "auth": []}
+
+    async def scenario() -> None:
+        client = _client(server)
+        loop = HeartbeatLoop(
+            client,
+            lambda: BeatTarget("agent-1", None, 15.0),
+            lambda: BeatBody(1, ["t-1"], {"free_cpu_pct": 50.0}, False),
+            fired["unknown"].append,
+            lambda: fired.__setitem__("drain", fired["drain"] + 1),
+            fired["auth"].append,
+        )
+        try:
+            await loop.beat_once()
+        finally:
+            await client.close()
+
+    run_async(scenario())
+    return fired
+
+
+def test_a_rest_heartbeat_sends_what_the_agent_holds():
+    server = ScriptedServer((200, {"state": "live", "drain": False}))
+    assert _beat(server) == {"unknown": [], "drain": 0, "auth": []}
+    method, path, body = server.requests[0]
+    assert (method, path) == ("POST", "/api/v1/agents/agent-1/heartbeat")
+    assert body == {
+        "in_flight": 1,
+        "running": ["t-1"],
+        "metrics": {"free_cpu_pct": 50.0},
+        "draining": False,
+    }
+
+
+def test_a_rest_heartbeat_for_an_unknown_agent_asks_for_a_new_registration():
+    fired = _beat(ScriptedServer((404, {"detail": "unknown agent"})))
+    assert fired["unknown"] == ["agent-1"] and fired["drain"] == 0
+
+
+def test_a_rest_heartbeat_answered_with_drain_starts_the_drain():
+    assert _beat(ScriptedServer((200, {"state": "draining", "drain": True})))["drain"] == 1
+
+
+def test_a_rest_heartbeat_with_a_revoked_key_stops_the_agent():
+    assert len(_beat(ScriptedServer((401, {"detail": "invalid or revoked API key"})))["auth"]) == 1
+
+
+def test_a_failed_rest_heartbeat_is_only_skipped():
+    assert _beat(ScriptedServer((0, {}))) == {"unknown": [], "drain": 0, "auth": []}
