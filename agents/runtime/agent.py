@@ -13,16 +13,13 @@ Imports no Django model and opens no database connection (tests prove it).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-from collections import OrderedDict
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed
 
 from agents.runtime import frames, host_metrics
 from agents.runtime.agent_config import AGENT_VERSION, PROTOCOL_VERSION, AgentConfig
-from agents.runtime.archive import ArchiveError
 from agents.runtime.backoff import Backoff, wait_event
 from agents.runtime.client import (
     AgentClient,
@@ -36,21 +33,9 @@ from agents.runtime.client import (
 )
 from agents.runtime.connection import Action, Session, run_session
 from agents.runtime.heartbeat import BeatBody, BeatTarget, HeartbeatLoop
-from agents.runtime.outcome_reporter import OutcomeReporter
-from agents.runtime.package_cache import PackageCache, PackageCacheError
+from agents.runtime.package_cache import PackageCache
 from agents.runtime.task_runner import TaskRunner
-from agents.runtime.work import (
-    HeldTask,
-    PacketError,
-    TaskKey,
-    WorkPacket,
-    parse_packet,
-    refusal,
-    refusal_for_ids,
-    result_body,
-    run_result,
-    triple_mismatch,
-)
+from agents.runtime.work_intake import WorkIntake
 
 log = logging.getLogger("cloacina.agent")
 
@@ -59,18 +44,10 @@ EXIT_FORCED = 1  # a second signal during a drain: in-flight work was abandoned
 EXIT_CONFIG = 2  # the server refused our registration as malformed or incompatible
 EXIT_AUTH = 3  # the API key is bad, revoked or not an agent key
 
-# Keys of outcomes already reported, so a late re-push of one is ignored, not re-run.
-RECENT_KEYS_MAX = 10_000
-# How long a fetch keeps retrying a server that does not answer before refusing the task.
-FETCH_RETRY_WINDOW_S = 60.0
 DEREGISTER_ATTEMPTS = 5
 # A session that stayed open this long was healthy: the next reconnect starts from scratch.
 STABLE_SESSION_S = 10.0
 UNREGISTERED_BEAT_S = 1.0
-
-
-class ArtifactUnavailable(Exception):
-    """The task's artifact cannot be had; the agent refuses the task (it never ran)."""
 
 
 class Agent:
@@ -87,21 +64,22 @@ class Agent:
         self.runner = runner or TaskRunner(config.max_concurrency)
         self.registration: Registration | None = None
         self.session: Session | None = None
-        self.held: dict[TaskKey, HeldTask] = {}
-        self.recent: OrderedDict[TaskKey, None] = OrderedDict()
         self.draining = False
         self.exit_code: int | None = None
         self.exit_message = ""
-        self.registrations = 0  # how many times this process registered (re-registration counts)
         self._stopping = False
         self._stop = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
         self._wake_connection = asyncio.Event()
-        self._slots = asyncio.Semaphore(config.max_concurrency)
-        self._work: set[asyncio.Task] = set()
         self._drain_task: asyncio.Task | None = None
-        self.reporter = OutcomeReporter(self.client, self._settled, self._auth_rejected)
+        self.intake = WorkIntake(
+            self.client,
+            self.cache,
+            self.runner,
+            config.target_triple,
+            config.max_concurrency,
+            self._send,
+            self._auth_rejected,
+        )
         self.heartbeat = HeartbeatLoop(
             self.client,
             self._beat_target,
@@ -132,10 +110,10 @@ class Agent:
             self._stopping = True
             if self.session is not None:
                 await self.session.close("agent stopping")
-            for task in [*loops, *self._work]:
+            for task in loops:
                 task.cancel()
-            await asyncio.gather(*loops, *self._work, return_exceptions=True)
-            await self.reporter.cancel_all()
+            await asyncio.gather(*loops, return_exceptions=True)
+            await self.intake.cancel_all()
             await asyncio.to_thread(self.runner.close)
             await self.client.close()
         if self.exit_code == EXIT_OK:
@@ -148,8 +126,8 @@ class Agent:
         """Stop taking work, finish and report what is in hand, deregister, exit 0."""
         if self.draining:
             return
-        self.draining = True
-        log.info("draining (%s): %d task(s) in hand", reason, len(self.held))
+        self.draining = self.intake.draining = True
+        log.info("draining (%s): %d task(s) in hand", reason, len(self.intake.held))
         self.heartbeat.beat_now()  # tell the server at once that we take no more work
         self._wake_connection.set()
         self._drain_task = asyncio.create_task(self._drain(), name="drain")
@@ -161,7 +139,8 @@ class Agent:
         else:
             log.warning("received %s again: stopping without waiting for in-flight work", name)
             self._finish(
-                EXIT_FORCED, f"stopped by a second {name} with {len(self.held)} task(s) unreported"
+                EXIT_FORCED,
+                f"stopped by a second {name} with {len(self.intake.held)} task(s) unreported",
             )
 
     def _finish(self, code: int, message: str) -> None:
@@ -173,7 +152,7 @@ class Agent:
         self._finish(EXIT_AUTH, str(exc))
 
     async def _drain(self) -> None:
-        await self._idle.wait()
+        await self.intake.idle.wait()
         registration = self.registration
         if registration is None:
             self._finish(EXIT_OK, "drained (not registered: nothing to deregister)")
@@ -246,7 +225,6 @@ class Agent:
                 self._finish(EXIT_CONFIG, str(exc))
                 return False
             self.registration = registration
-            self.registrations += 1
             log.info(
                 "registered as %s (agent id %s, %s, %d slot(s), heartbeat every %gs)",
                 registration.name,
@@ -323,9 +301,10 @@ class Agent:
 
     async def _on_open(self, session: Session) -> None:
         self.session = session
-        self.reporter.server_is_back()
-        await session.send(frames.hello(list(self.held)))
-        log.info("delivery socket open (holding %d task(s))", len(self.held))
+        self.intake.reporter.server_is_back()
+        holding = self.intake.holding()
+        await session.send(frames.hello(holding))
+        log.info("delivery socket open (holding %d task(s))", len(holding))
 
     def _on_session_closed(self) -> None:
         self.session = None
@@ -342,7 +321,7 @@ class Agent:
     async def _on_frame(self, frame: dict[str, Any], agent_id: str) -> None:
         kind = frame["type"]
         if kind == "work":
-            await self._on_work(frame.get("packet"), agent_id)
+            await self.intake.on_work(frame.get("packet"), agent_id)
         elif kind == "drain":
             self.request_drain("the server sent a drain frame")
         else:
@@ -357,137 +336,10 @@ class Agent:
         return BeatTarget(registration.agent_id, self.session, registration.heartbeat_interval_s)
 
     def _beat_body(self) -> BeatBody:
+        holding = self.intake.holding()
         return BeatBody(
-            in_flight=len(self.held),
-            running=[teid for teid, _assignment in self.held],
+            in_flight=len(holding),
+            running=[teid for teid, _assignment in holding],
             metrics=host_metrics.sample(),
             draining=self.draining,
         )
-
-    # -- work ---------------------------------------------------------------------
-
-    async def _on_work(self, raw: object, via_agent_id: str) -> None:
-        try:
-            packet = parse_packet(raw)
-        except PacketError as exc:
-            log.error("%s", exc)
-            if exc.ids is not None and (exc.ids[1], exc.ids[2]) not in self.held:
-                held = self._hold((exc.ids[1], exc.ids[2]), via_agent_id, f"task {exc.ids[1]}")
-                await self._send(frames.received(exc.ids[0]))
-                self._report(held, refusal_for_ids(exc.ids, str(exc)))
-            return
-        existing = self.held.get(packet.key)
-        if existing is not None:
-            # A re-push (e.g. after a reconnect) is not run twice; but it says through
-            # which agent id the server now expects the outcome.
-            existing.agent_id = via_agent_id
-            await self._send(frames.received(packet.outbox_id))
-            log.info("ignoring a repeated push of %s (already in hand)", packet.describe())
-            return
-        if packet.key in self.recent:
-            log.info("ignoring a repeated push of %s (already reported)", packet.describe())
-            return
-        held = self._hold(packet.key, via_agent_id, packet.describe())
-        await self._send(frames.received(packet.outbox_id))
-        if self.draining:
-            self._report(held, refusal(packet, "agent draining"))
-            return
-        mismatch = triple_mismatch(packet, self.config.target_triple)
-        if mismatch is not None:
-            log.warning("refusing %s: %s", packet.describe(), mismatch)
-            self._report(held, refusal(packet, mismatch))
-            return
-        log.debug(
-            "received %s (attempt %d, timeout %gs)",
-            packet.describe(),
-            packet.attempt,
-            packet.timeout_s,
-        )
-        task = asyncio.create_task(
-            self._execute(packet, held), name=f"task-{packet.task_execution_id}"
-        )
-        self._work.add(task)
-        task.add_done_callback(self._work.discard)
-
-    def _hold(self, key: TaskKey, agent_id: str, label: str) -> HeldTask:
-        held = HeldTask(key, agent_id, label)
-        self.held[key] = held
-        self._idle.clear()
-        return held
-
-    def _report(self, held: HeldTask, body: dict[str, Any]) -> None:
-        held.result = body
-        self.reporter.submit(held)
-
-    def _settled(self, held: HeldTask) -> None:
-        self.held.pop(held.key, None)
-        self.recent[held.key] = None
-        while len(self.recent) > RECENT_KEYS_MAX:
-            self.recent.popitem(last=False)
-        if not self.held:
-            self._idle.set()
-
-    async def _execute(self, packet: WorkPacket, held: HeldTask) -> None:
-        async with self._slots:
-            digest = packet.artifact_digest
-            self.cache.pin(digest)  # not evicted from under a running task
-            try:
-                try:
-                    package_dir = await self.cache.aget(
-                        digest, functools.partial(self._fetch_artifact, digest)
-                    )
-                except (ArtifactUnavailable, PackageCacheError, ArchiveError) as exc:
-                    log.warning("refusing %s: %s", packet.describe(), exc)
-                    self._report(held, refusal(packet, str(exc)))
-                    return
-                run = await self.runner.run(
-                    package_dir, packet.function, packet.context_json, packet.timeout_s
-                )
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the runner itself broke: still tell the server
-                log.exception("could not run %s", packet.describe())
-                self._report(
-                    held,
-                    result_body(
-                        packet,
-                        "failure",
-                        error_type="AgentError",
-                        error_message=f"{type(exc).__name__}: {exc}",
-                    ),
-                )
-                return
-            finally:
-                self.cache.unpin(digest)
-        log.info(
-            "%s finished: %s in %.3fs%s",
-            packet.describe(),
-            run.status,
-            run.duration_s,
-            f" ({run.error_type}: {run.error_message})" if run.status != "success" else "",
-        )
-        self._report(held, run_result(packet, run))
-
-    async def _fetch_artifact(self, digest: str) -> bytes:
-        """The artifact's bytes, retrying an unreachable server for a while."""
-        backoff = Backoff()
-        deadline = asyncio.get_running_loop().time() + FETCH_RETRY_WINDOW_S
-        while True:
-            try:
-                data = await self.client.fetch_artifact(digest)
-                log.info("fetched artifact %s (%d bytes)", digest[:12], len(data))
-                return data
-            except RequestRejected as exc:
-                raise ArtifactUnavailable(
-                    f"artifact {digest} is not available from the server: {exc}"
-                ) from None
-            except AuthRejected as exc:
-                raise ArtifactUnavailable(
-                    f"artifact {digest} could not be fetched: {exc}"
-                ) from None
-            except ServerUnavailable as exc:
-                if asyncio.get_running_loop().time() >= deadline:
-                    raise ArtifactUnavailable(
-                        f"artifact {digest} could not be fetched within {FETCH_RETRY_WINDOW_S:g}s: {exc}"
-                    ) from None
-                await asyncio.sleep(backoff.next_delay())

@@ -1,0 +1,217 @@
+"""Every work packet from its push until the server has its outcome.
+
+:class:`WorkIntake` decides what to do with a packet (ignore a repeat, refuse it,
+run it), runs it — artifact from the package cache, function in a task-runner
+child under the packet's timeout — and hands the outcome to the
+:class:`~agents.runtime.outcome_reporter.OutcomeReporter`.  A packet is *held*
+from receipt until its outcome is settled; ``held`` is what the agent's hello
+and heartbeats report, and ``idle`` is what a drain waits for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from agents.runtime import frames
+from agents.runtime.archive import ArchiveError
+from agents.runtime.backoff import Backoff
+from agents.runtime.client import (
+    AgentClient,
+    AuthRejected,
+    RequestRejected,
+    ServerUnavailable,
+)
+from agents.runtime.outcome_reporter import OutcomeReporter
+from agents.runtime.package_cache import PackageCache, PackageCacheError
+from agents.runtime.task_runner import TaskRunner
+from agents.runtime.work import (
+    HeldTask,
+    PacketError,
+    TaskKey,
+    WorkPacket,
+    parse_packet,
+    refusal,
+    refusal_for_ids,
+    result_body,
+    run_result,
+    triple_mismatch,
+)
+
+log = logging.getLogger("cloacina.agent")
+
+# Keys of outcomes already reported, so a late re-push of one is ignored, not re-run.
+RECENT_KEYS_MAX = 10_000
+# How long a fetch keeps retrying a server that does not answer before refusing the task.
+FETCH_RETRY_WINDOW_S = 60.0
+
+
+class ArtifactUnavailable(Exception):
+    """The task's artifact cannot be had; the agent refuses the task (it never ran)."""
+
+
+class WorkIntake:
+    def __init__(
+        self,
+        client: AgentClient,
+        cache: PackageCache,
+        runner: TaskRunner,
+        target_triple: str,
+        max_concurrency: int,
+        send: Callable[[dict[str, Any]], Awaitable[None]],
+        on_auth_rejected: Callable[[AuthRejected], None],
+    ) -> None:
+        self.client = client
+        self.cache = cache
+        self.runner = runner
+        self.target_triple = target_triple
+        self.held: dict[TaskKey, HeldTask] = {}
+        self.recent: OrderedDict[TaskKey, None] = OrderedDict()
+        self.draining = False  # set by the agent: refuse every new packet
+        self.idle = asyncio.Event()  # nothing held
+        self.idle.set()
+        self.reporter = OutcomeReporter(client, self._settled, on_auth_rejected)
+        self._send = send
+        self._slots = asyncio.Semaphore(max_concurrency)
+        self._tasks: set[asyncio.Task] = set()
+
+    def holding(self) -> list[TaskKey]:
+        return list(self.held)
+
+    async def cancel_all(self) -> None:
+        """A forced stop: abandon runs and pending reports."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.reporter.cancel_all()
+
+    async def on_work(self, raw: object, via_agent_id: str) -> None:
+        """A ``work`` frame's packet, pushed through the socket of agent id ``via_agent_id``."""
+        try:
+            packet = parse_packet(raw)
+        except PacketError as exc:
+            log.error("%s", exc)
+            if exc.ids is not None and (exc.ids[1], exc.ids[2]) not in self.held:
+                held = self._hold((exc.ids[1], exc.ids[2]), via_agent_id, f"task {exc.ids[1]}")
+                await self._send(frames.received(exc.ids[0]))
+                self._report(held, refusal_for_ids(exc.ids, str(exc)))
+            return
+        existing = self.held.get(packet.key)
+        if existing is not None:
+            # A re-push (e.g. after a reconnect) is not run twice; but it says through
+            # which agent id the server now expects the outcome.
+            existing.agent_id = via_agent_id
+            await self._send(frames.received(packet.outbox_id))
+            log.info("ignoring a repeated push of %s (already in hand)", packet.describe())
+            return
+        if packet.key in self.recent:
+            log.info("ignoring a repeated push of %s (already reported)", packet.describe())
+            return
+        held = self._hold(packet.key, via_agent_id, packet.describe())
+        await self._send(frames.received(packet.outbox_id))
+        if self.draining:
+            self._report(held, refusal(packet, "agent draining"))
+            return
+        mismatch = triple_mismatch(packet, self.target_triple)
+        if mismatch is not None:
+            log.warning("refusing %s: %s", packet.describe(), mismatch)
+            self._report(held, refusal(packet, mismatch))
+            return
+        log.debug(
+            "received %s (attempt %d, timeout %gs)",
+            packet.describe(),
+            packet.attempt,
+            packet.timeout_s,
+        )
+        task = asyncio.create_task(
+            self._execute(packet, held), name=f"task-{packet.task_execution_id}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _hold(self, key: TaskKey, agent_id: str, label: str) -> HeldTask:
+        held = HeldTask(key, agent_id, label)
+        self.held[key] = held
+        self.idle.clear()
+        return held
+
+    def _report(self, held: HeldTask, body: dict[str, Any]) -> None:
+        held.result = body
+        self.reporter.submit(held)
+
+    def _settled(self, held: HeldTask) -> None:
+        self.held.pop(held.key, None)
+        self.recent[held.key] = None
+        while len(self.recent) > RECENT_KEYS_MAX:
+            self.recent.popitem(last=False)
+        if not self.held:
+            self.idle.set()
+
+    async def _execute(self, packet: WorkPacket, held: HeldTask) -> None:
+        async with self._slots:
+            digest = packet.artifact_digest
+            self.cache.pin(digest)  # not evicted from under a running task
+            try:
+                try:
+                    package_dir = await self.cache.aget(
+                        digest, functools.partial(self._fetch_artifact, digest)
+                    )
+                except (ArtifactUnavailable, PackageCacheError, ArchiveError) as exc:
+                    log.warning("refusing %s: %s", packet.describe(), exc)
+                    self._report(held, refusal(packet, str(exc)))
+                    return
+                run = await self.runner.run(
+                    package_dir, packet.function, packet.context_json, packet.timeout_s
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the runner itself broke: still tell the server
+                log.exception("could not run %s", packet.describe())
+                self._report(
+                    held,
+                    result_body(
+                        packet,
+                        "failure",
+                        error_type="AgentError",
+                        error_message=f"{type(exc).__name__}: {exc}",
+                    ),
+                )
+                return
+            finally:
+                self.cache.unpin(digest)
+        log.info(
+            "%s finished: %s in %.3fs%s",
+            packet.describe(),
+            run.status,
+            run.duration_s,
+            f" ({run.error_type}: {run.error_message})" if run.status != "success" else "",
+        )
+        self._report(held, run_result(packet, run))
+
+    async def _fetch_artifact(self, digest: str) -> bytes:
+        """The artifact's bytes, retrying an unreachable server for a while."""
+        backoff = Backoff()
+        deadline = asyncio.get_running_loop().time() + FETCH_RETRY_WINDOW_S
+        while True:
+            try:
+                data = await self.client.fetch_artifact(digest)
+                log.info("fetched artifact %s (%d bytes)", digest[:12], len(data))
+                return data
+            except RequestRejected as exc:
+                raise ArtifactUnavailable(
+                    f"artifact {digest} is not available from the server: {exc}"
+                ) from None
+            except AuthRejected as exc:
+                raise ArtifactUnavailable(
+                    f"artifact {digest} could not be fetched: {exc}"
+                ) from None
+            except ServerUnavailable as exc:
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise ArtifactUnavailable(
+                        f"artifact {digest} could not be fetched within {FETCH_RETRY_WINDOW_S:g}s: {exc}"
+                    ) from None
+                await asyncio.sleep(backoff.next_delay())
