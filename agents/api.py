@@ -14,14 +14,18 @@ from typing import Any, Literal
 from django.db.models import Q
 from django.http import HttpRequest
 from ninja import Field, Router, Schema, Status
+from ninja.errors import HttpError
+from ninja.security import HttpBearer
 
 from agents import roster
 from cloacina_site.auth import agent_auth
 from cloacina_site.config import get_config
+from fleet.delivery import db as delivery_db
 from fleet.delivery.rendezvous import Outcome as Wake
 from fleet.delivery.rendezvous import announce
 from fleet.engine import ready_queue
 from fleet.engine.results import TaskReport, result_handler
+from fleet.metrics import RESULTS
 from fleet.models import DeliveryOutbox
 
 router = Router()
@@ -145,16 +149,47 @@ def agent_heartbeat(request: HttpRequest, agent_id: uuid.UUID, body: HeartbeatIn
     return Status(200, {"state": beat.state, "drain": beat.drain})
 
 
+class PooledAgentAuth(HttpBearer):
+    """``agent_auth`` for the hottest endpoint, checked on the delivery DB pool.
+
+    A sync auth callback runs in a new thread per request with a new database
+    connection; every agent reports every result, so this one reuses the pool's
+    connections instead.  The checks themselves are ``agent_auth``'s.
+    """
+
+    async def __call__(self, request: HttpRequest):
+        header = request.headers.get("Authorization", "")
+        if not header:
+            raise HttpError(401, "missing Authorization: Bearer <key> header")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer":
+            return None
+        return await delivery_db.call(agent_auth.authenticate, request, token.strip())
+
+    def authenticate(self, request: HttpRequest, token: str):  # pragma: no cover - see __call__
+        return agent_auth.authenticate(request, token)
+
+
+pooled_agent_auth = PooledAgentAuth()
+
+
 @router.post(
     "/agents/{agent_id}/results",
-    auth=agent_auth,
+    auth=pooled_agent_auth,
     response={200: ResultOut, 404: Error},
     summary="Report a task outcome (idempotent: a duplicate or late one is recorded, not applied)",
 )
-def agent_result(request: HttpRequest, agent_id: uuid.UUID, body: ResultIn):
-    agent = roster.agent_of_tenant(request.tenant, agent_id)
+async def agent_result(request: HttpRequest, agent_id: uuid.UUID, body: ResultIn):
+    status, answer = await delivery_db.call(apply_result, request.tenant.pk, agent_id, body)
+    return Status(status, answer)
+
+
+def apply_result(tenant_id: int, agent_id: uuid.UUID, body: ResultIn) -> tuple[int, dict]:
+    """Check the packet was addressed to this agent of this tenant, then hand the outcome
+    to the one result handler; wake the dispatcher waiting for it."""
+    agent = roster.agent_of_tenant(tenant_id, agent_id)
     if agent is None:
-        return Status(404, {"detail": UNKNOWN_AGENT})
+        return 404, {"detail": UNKNOWN_AGENT}
     addressed = (
         DeliveryOutbox.objects.filter(
             pk=body.outbox_id,
@@ -166,13 +201,10 @@ def agent_result(request: HttpRequest, agent_id: uuid.UUID, body: ResultIn):
         .exists()
     )
     if not addressed:
-        return Status(
-            404,
-            {
-                "detail": f"work packet {body.outbox_id} (task {body.task_execution_id}, assignment "
-                f"{body.assignment}) was never addressed to this agent"
-            },
-        )
+        return 404, {
+            "detail": f"work packet {body.outbox_id} (task {body.task_execution_id}, assignment "
+            f"{body.assignment}) was never addressed to this agent"
+        }
     applied = result_handler.apply(
         TaskReport(
             task_execution_id=body.task_execution_id,
@@ -189,10 +221,8 @@ def agent_result(request: HttpRequest, agent_id: uuid.UUID, body: ResultIn):
     ready_queue.submit(applied.ready)
     if applied.applied:
         announce(body.task_execution_id, Wake(body.assignment, applied.status, applied.reason))
-    from fleet.metrics import RESULTS
-
     RESULTS.labels(outcome=body.outcome, applied=str(applied.applied).lower()).inc()
-    return Status(200, {"applied": applied.applied, "reason": applied.reason})
+    return 200, {"applied": applied.applied, "reason": applied.reason}
 
 
 @router.post(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import uuid
@@ -30,7 +31,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from agents import roster
 from agents.runtime import wire
 from fleet.delivery import db as delivery_db
-from fleet.delivery import local_sockets, redelivery
+from fleet.delivery import local_sockets, redelivery, socket_writes
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,8 @@ def _check_frame(frame: dict[str, Any]) -> dict[str, Any]:
         metrics = frame.get("metrics")
         if metrics is not None and not isinstance(metrics, dict):
             raise FrameRejected("heartbeat: metrics must be an object")
+        if metrics and len(json.dumps(metrics)) > roster.MAX_METRICS_BYTES:
+            raise FrameRejected(f"heartbeat: metrics over {roster.MAX_METRICS_BYTES} bytes")
         running = frame.get("running") or []
         try:
             running = [uuid.UUID(str(t)) for t in running][:4096]
@@ -221,14 +224,15 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
                 log.warning("agent %s sent %s before hello", grant.agent_id, batch[0]["type"])
             await delivery_db.call(redelivery.apply_hello, grant.agent_id, holding)
             self._register()
+        writes = socket_writes.writer()
         received = [f["outbox_id"] for f in batch if f["type"] == "received"]
         if received:
-            await delivery_db.call(redelivery.mark_received, grant.agent_id, received)
+            writes.received(grant.agent_id, received)
         beats = [f for f in batch if f["type"] == "heartbeat"]
         if beats:
             beat = beats[-1]
-            result = await delivery_db.call(
-                roster.socket_heartbeat, grant, beat["running"], beat.get("metrics"),
+            result = await writes.heartbeat(
+                grant.agent_id, grant.tenant_id, beat["running"], beat.get("metrics"),
                 beat["draining"],
             )  # fmt: skip
             if result is None:

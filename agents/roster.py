@@ -251,9 +251,3 @@ def close_socket(agent_id: uuid.UUID, server: str, generation: int) -> bool:
         ).update(connected_to="")
         == 1
     )
-
-
-def socket_heartbeat(
-    grant: SocketGrant, running: list[uuid.UUID], metrics: dict | None, draining: bool
-) -> Beat | None:
-    return heartbeat(grant.tenant_id, grant.agent_id, running, metrics, draining)

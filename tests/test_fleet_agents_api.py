@@ -181,7 +181,7 @@ def result_body(task, row, **extra) -> dict:
     }
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # the result endpoint works on its own DB threads
 def test_a_result_applies_once_and_a_retried_post_is_recorded_not_applied(
     client, agent_key, tenant
 ):
@@ -209,7 +209,7 @@ def test_a_result_applies_once_and_a_retried_post_is_recorded_not_applied(
     ) == [True, False]
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # the result endpoint works on its own DB threads
 def test_a_result_for_a_packet_of_another_agent_or_tenant_is_404(
     client, agent_key, tenant, other_tenant
 ):
@@ -239,7 +239,7 @@ def test_a_result_for_a_packet_of_another_agent_or_tenant_is_404(
     assert task.status == "Running" and not TaskOutcome.objects.exists()
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # the result endpoint works on its own DB threads
 def test_a_refusal_requeues_without_using_an_attempt(client, agent_key, tenant):
     two_task_package(tenant)
     agent = make_agent(tenant)
@@ -251,7 +251,7 @@ def test_a_refusal_requeues_without_using_an_attempt(client, agent_key, tenant):
     assert "wrong triple" in task.wait_reason
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # the result endpoint works on its own DB threads
 def test_a_malformed_result_is_422_and_changes_nothing(client, agent_key, tenant):
     two_task_package(tenant)
     agent = make_agent(tenant)

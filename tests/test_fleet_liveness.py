@@ -125,7 +125,7 @@ def test_reclaim_only_moves_work_to_agents_with_room(tenant):
     assert owners == sorted([str(survivor.id)] * 2 + [str(doomed.id)])
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # the result endpoint works on its own DB threads
 def test_a_late_result_from_an_evicted_agent_is_recorded_not_applied(tenant, agent_key):
     two_task_package(tenant)
     doomed = make_agent(tenant, "doomed", max_concurrency=1)

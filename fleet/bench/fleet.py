@@ -2,10 +2,13 @@
 
 Phases, all measured from the rows the server wrote:
 
-* burst — ``tasks`` no-op tasks submitted at once; throughput is tasks /
-  (last ``finished_at`` − first ``ready_at``); latency is Ready → the agent
-  confirmed it holds the packet (``delivery_outbox.received_at``), i.e. the
-  moment the agent starts the task;
+* burst (REST) — ``tasks`` no-op tasks submitted over the API as fast as it takes
+  them (as the default benchmark does); throughput is tasks / (last
+  ``finished_at`` − first ``ready_at``); latency is Ready → the agent confirmed it
+  holds the packet (``delivery_outbox.received_at``), i.e. the moment the agent
+  starts the task;
+* drain (queued) — the same tasks made Ready in one transaction, so the API's
+  pace is out of the picture: throughput from the first claim to the last finish;
 * idle pickup — one single-task execution at a time on an idle fleet, same latency;
 * failover — a task whose first run hangs: once an agent holds it, that agent
   is killed (SIGKILL to its process group) and the time to the task finishing
@@ -30,8 +33,10 @@ from fleet.bench.default import BENCH_TENANT, bench_tenant_key
 from fleet.bench.server import REPO, Api, BenchServer
 from fleet.models import ApiKey, Tenant
 
-AGENT_SLOTS = 8  # task slots per agent (runagent --max-concurrency)
-HEARTBEAT_INTERVAL_S = 0.5
+AGENT_SLOTS = 16  # task slots per agent (runagent --max-concurrency)
+HEARTBEAT_INTERVAL_S = (
+    1.0  # short, for the failover phase; 0.5 s evicts healthy agents on a busy 2-core box
+)
 LIVENESS_MISSES = 3
 AGENTS_READY_TIMEOUT_S = 60.0
 FAILOVER_WORKFLOW = "bench_failover"
@@ -129,6 +134,31 @@ def measure_fleet(name: str, execution_ids: list[str]) -> workload.PhaseResult:
     return phase
 
 
+def queue_executions(workflow: str, executions: int) -> list[str]:
+    """Start ``executions`` executions in ONE transaction (the same scheduler code the API
+    runs), so every task turns Ready at the same instant: the fleet alone sets the pace."""
+    from django.db import transaction
+
+    from fleet.engine.scheduler import start_execution
+
+    tenant = Tenant.objects.get(name=BENCH_TENANT)
+    with transaction.atomic():
+        return [str(start_execution(tenant, workflow, {}).id) for _ in range(executions)]
+
+
+def measure_drain(name: str, execution_ids: list[str]) -> workload.PhaseResult:
+    """Like :func:`measure_fleet`, but the clock starts at the first claim (pre-queued work)."""
+    phase = measure_fleet(name, execution_ids)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXTRACT(EPOCH FROM max(finished_at) - min(started_at)) FROM fleet_taskexecution "
+            "WHERE workflow_execution_id = ANY(%s::uuid[])",
+            [execution_ids],
+        )
+        phase.wall_s = float(cursor.fetchone()[0] or 0.0)
+    return phase
+
+
 def failover(api: Api, agents: Agents, home: Path) -> workload.PhaseResult:
     """Kill the agent holding a hanging task; time until a survivor finished it."""
     tasks = [{"id": "hang", "function": "bench.steps:hang_once", "timeout_s": 900}]
@@ -210,7 +240,10 @@ def run_fleet_bench(
             executions = max(1, tasks // width)
             burst_ids = workload.burst(lambda: Api(server.url, key), executions)
             workload.wait_finished(burst_ids)
-            phases = [measure_fleet("burst", burst_ids)]
+            phases = [measure_fleet("burst (REST)", burst_ids)]
+            drain_ids = queue_executions(workload.WIDE_WORKFLOW, executions)
+            workload.wait_finished(drain_ids)
+            phases.append(measure_drain("drain (queued)", drain_ids))
             if idle_samples:
                 idle_ids = workload.idle_pickups(api, idle_samples)
                 phases.append(measure_fleet("idle pickup", idle_ids))

@@ -16,7 +16,7 @@ from fleet.engine.db_threads import DbThreadPool
 
 T = TypeVar("T")
 
-POOL_THREADS = 6
+POOL_THREADS = 12  # dispatch placements, result applications, socket hellos
 
 _lock = threading.Lock()
 _pool: DbThreadPool | None = None

@@ -9,11 +9,12 @@ added by the relay at push time (the row id does not exist before insert).
 
 from __future__ import annotations
 
-import uuid
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from fleet.delivery.reservation import ReservedAgent, reserve_agent
 from fleet.engine.claims import Claim
-from fleet.models import DeliveryOutbox, TaskExecution
 
 PROTOCOL_VERSION = 1
 
@@ -45,19 +46,51 @@ def work_packet(claim: Claim, context_json: str, package: PackageRef, tenant_nam
     }
 
 
-def enqueue(claim: Claim, agent_id: uuid.UUID, payload: dict) -> DeliveryOutbox:
-    """Insert the packet addressed to ``agent_id`` and record the agent on the task.
+_ENQUEUE_ON_RESERVED = """
+, packet AS (
+    INSERT INTO delivery_outbox (tenant_id, agent_id, task_id, assignment, state, payload,
+                                 attempts, created_at, updated_at, former_agents)
+    SELECT %(o_tenant)s, r.id, %(o_task)s, %(o_assignment)s, 'pending',
+           %(o_payload)s::jsonb || jsonb_build_object(
+               'target_triple', r.target_triple,
+               'artifact_digest', coalesce(%(o_digests)s::jsonb ->> r.target_triple, %(o_digest)s)
+           ),
+           0, now(), now(), '[]'::jsonb
+    FROM reserved r
+    RETURNING agent_id
+), assigned AS (
+    UPDATE fleet_taskexecution t SET agent_id = p.agent_id FROM packet p
+    WHERE t.id = %(o_task)s AND t.assignment = %(o_assignment)s
+)
+SELECT id, name, target_triple FROM reserved
+"""
 
-    Call inside the dispatch transaction, after the slot was reserved.
+
+def enqueue_on_best_agent(
+    claim: Claim,
+    payload: dict,
+    triples: Iterable[str] | None,
+    digest: str,
+    digests_by_triple: dict[str, str] | None = None,
+) -> ReservedAgent | None:
+    """Reserve a slot on the best agent and insert the packet addressed to it, in ONE
+    statement (inside the dispatch transaction); None when no agent has room.
+
+    The packet is stamped with the chosen agent's triple and the digest built for
+    it (``digests_by_triple``; else ``digest``).  One statement matters: the
+    agent's row stays locked from the reservation to the commit, and every other
+    dispatch, result and heartbeat of that agent waits for it.
     """
-    row = DeliveryOutbox.objects.create(
-        tenant_id=claim.tenant_id,
-        agent_id=agent_id,
-        task_id=claim.task_execution_id,
-        assignment=claim.assignment,
-        payload=payload,
+    return reserve_agent(
+        claim.tenant_id,
+        triples,
+        then_sql=_ENQUEUE_ON_RESERVED,
+        then_params={
+            "o_tenant": claim.tenant_id,
+            "o_task": claim.task_execution_id,
+            "o_assignment": claim.assignment,
+            "o_payload": json.dumps(payload),
+            "o_digests": json.dumps(digests_by_triple or {}),
+            "o_digest": digest,
+        },
     )
-    TaskExecution.objects.filter(pk=claim.task_execution_id, assignment=claim.assignment).update(
-        agent_id=agent_id
-    )
-    return row

@@ -19,8 +19,8 @@ from django.utils import timezone
 
 from artifacts.models import WorkflowPackage
 from artifacts.queries import resolve_artifact, runnable_triples
-from fleet.delivery.outbox import PackageRef, enqueue, work_packet
-from fleet.delivery.reservation import no_capacity_reason, reserve_agent
+from fleet.delivery.outbox import PackageRef, enqueue_on_best_agent, work_packet
+from fleet.delivery.reservation import no_capacity_reason
 from fleet.engine import ready_queue
 from fleet.engine.claims import claim_task, release_claim
 from fleet.engine.context import build_task_context, encode_context
@@ -85,22 +85,32 @@ def place_task(task_execution_id: uuid.UUID, claimer: str) -> Placed | NoAgent |
             return NotClaimed()
         package, tenant_name = _executions.get(claim.workflow_execution_id)
         triples = runnable_triples(package)
-        # The context is built before the reservation: the agent row stays locked
-        # (other dispatches skip it) only for the insert and the commit.
+        # Everything is ready before the reservation: the agent's row stays locked
+        # (other dispatches skip it, its results and beats wait) only for one
+        # statement and the commit.
         context_json = encode_context(build_task_context(task_execution_id))
-        agent = reserve_agent(claim.tenant_id, triples)
+        ref = PackageRef(digest=package.digest, kind=package.kind, target_triple="")
+        payload = work_packet(claim, context_json, ref, tenant_name)
+        agent = enqueue_on_best_agent(
+            claim, payload, triples, package.digest, _digests_by_triple(package, triples)
+        )
         if agent is None:
             reason = no_capacity_reason(claim.tenant_id, triples)
             release_claim(task_execution_id, claim.assignment, reason)
             return NoAgent(claim.tenant_id, reason)
-        artifact = resolve_artifact(package, agent.target_triple)
-        ref = PackageRef(
-            digest=artifact.digest if artifact else package.digest,
-            kind=package.kind,
-            target_triple=artifact.target_triple if artifact else agent.target_triple,
-        )
-        enqueue(claim, agent.id, work_packet(claim, context_json, ref, tenant_name))
     return Placed(claim.tenant_id, claim.assignment, agent.id, agent.name)
+
+
+def _digests_by_triple(package: WorkflowPackage, triples) -> dict[str, str] | None:
+    """Native packages: the artifact to ship per agent triple (None: python, one for all)."""
+    if triples is None:
+        return None
+    digests = {}
+    for triple in triples:
+        artifact = resolve_artifact(package, triple)
+        if artifact is not None:
+            digests[triple] = artifact.digest
+    return digests
 
 
 def run_status(task_execution_id: uuid.UUID, assignment: int) -> ExecutionStatus | None:

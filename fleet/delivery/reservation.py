@@ -58,17 +58,28 @@ def _params(tenant_id: int, triples: Iterable[str] | None) -> dict:
     }
 
 
-def reserve_agent(tenant_id: int, triples: Iterable[str] | None = None) -> ReservedAgent | None:
+def reserve_agent(
+    tenant_id: int,
+    triples: Iterable[str] | None = None,
+    then_sql: str = "SELECT id, name, target_triple FROM reserved",
+    then_params: dict | None = None,
+) -> ReservedAgent | None:
     """Take a slot on the best agent for the tenant, or None when no agent has room.
 
     ``triples`` limits the choice to agents of those target triples (None: any).
-    Runs in the caller's transaction; the slot is released by acking the outbox row
+    ``then_sql`` runs in the same statement after the reservation (the CTE
+    ``reserved`` holds the chosen agent), so a caller can insert what the slot is
+    for without holding the agent's row lock any longer than the statement and the
+    commit (:func:`fleet.delivery.outbox.enqueue_on_best_agent`).  Runs in the
+    caller's transaction; the slot is released by acking the outbox row
     (:func:`fleet.engine.outbox_ack.ack_and_release`).
     """
-    params = _params(tenant_id, triples)
+    params = {**_params(tenant_id, triples), **(then_params or {})}
     with connection.cursor() as cursor:
         for _ in range(SKIP_LOCKED_ROUNDS):
-            cursor.execute(_RESERVE.format(skip="SKIP LOCKED"), params)
+            cursor.execute(
+                f"WITH reserved AS ({_RESERVE.format(skip='SKIP LOCKED')}) {then_sql}", params
+            )
             row = cursor.fetchone()
             if row is not None:
                 return ReservedAgent(*row)
@@ -79,7 +90,7 @@ def reserve_agent(tenant_id: int, triples: Iterable[str] | None = None) -> Reser
                 return None  # nothing to wait for: every candidate is full or absent
         # Candidates exist but are locked by concurrent reservations: wait for one; the
         # UPDATE re-checks in_flight < max_concurrency on the committed row.
-        cursor.execute(_RESERVE.format(skip=""), params)
+        cursor.execute(f"WITH reserved AS ({_RESERVE.format(skip='')}) {then_sql}", params)
         row = cursor.fetchone()
         return ReservedAgent(*row) if row is not None else None
 

@@ -27,7 +27,7 @@ import psycopg
 
 from cloacina_site.config import Config
 from fleet.delivery import db as delivery_db
-from fleet.delivery import local_sockets
+from fleet.delivery import local_sockets, socket_writes
 from fleet.delivery.depth import SAMPLE_INTERVAL_S, sample_outbox_depth
 from fleet.delivery.listener import NotificationListener
 from fleet.delivery.liveness import sweep_dead_agents
@@ -116,6 +116,7 @@ class FleetExecutor(TaskExecutor):
         await self.relay.stop()
         if self.listener is not None:
             await self.listener.stop()
+        await socket_writes.close_writer()
         await asyncio.get_running_loop().run_in_executor(None, delivery_db.close)
 
     def _after_listener_reconnect(self) -> None:
@@ -129,10 +130,13 @@ class FleetExecutor(TaskExecutor):
                 if conn is None or conn.closed:
                     conn = await connect_async("cloacina-capacity")
                 before = self.capacity.delta
+                was_available = self.capacity.available()
                 cursor = await conn.execute(_FREE_SLOTS, [self.config.liveness_window_s])
                 (free,) = await cursor.fetchone()
                 self.capacity.probed = int(free)
                 self.capacity.delta -= before
+                if self.capacity.available() > max(was_available, 0):
+                    self.capacity_freed()  # new agents, or slots freed by another process
             except asyncio.CancelledError:
                 if conn is not None:
                     await conn.close()
@@ -199,6 +203,7 @@ class FleetExecutor(TaskExecutor):
         finally:
             self._active -= 1
             self.capacity.delta += 1
+            self.capacity_freed()
         if status == ExecutionStatus.COMPLETED:
             self._stats["completed"] += 1
         elif status == ExecutionStatus.FAILED:

@@ -1,0 +1,203 @@
+"""The delivery sockets' frequent writes — heartbeats and ``received`` confirmations —
+batched onto one async connection per process.
+
+Every agent beats every interval and confirms every packet; as one UPDATE per
+frame on the shared thread pool these queued behind dispatch work, and a
+heartbeat stuck in a queue for a liveness window gets a healthy agent evicted.
+Here they never wait behind anything: frames from all sockets of the process
+are gathered while the previous batch is written and written together, one
+UPDATE per kind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+
+import psycopg
+
+from fleet.delivery.pg import connect_async
+
+log = logging.getLogger(__name__)
+
+RECONNECT_MAX_S = 2.0
+
+_BEAT = """
+UPDATE agents_agent a SET last_heartbeat = now(),
+    metrics = CASE WHEN b.has_metrics THEN b.metrics ELSE a.metrics END,
+    state = CASE WHEN b.draining AND a.state = 'live' THEN 'draining' ELSE a.state END
+FROM unnest(%(ids)s::uuid[], %(tenants)s::bigint[], %(has)s::bool[], %(metrics)s::jsonb[],
+            %(draining)s::bool[]) AS b(id, tenant_id, has_metrics, metrics, draining)
+WHERE a.id = b.id AND a.tenant_id = b.tenant_id AND a.state <> 'dead'
+RETURNING a.id, a.state, a.drain_requested_at IS NOT NULL
+"""
+
+_RECEIVED = """
+UPDATE delivery_outbox o SET received_at = now()
+FROM unnest(%(agents)s::uuid[], %(ids)s::bigint[]) AS r(agent_id, id)
+WHERE o.id = r.id AND o.agent_id = r.agent_id AND o.state = 'delivered' AND o.received_at IS NULL
+"""
+
+_RUNNING = """
+UPDATE delivery_outbox o SET received_at = now()
+FROM unnest(%(agents)s::uuid[], %(tasks)s::uuid[]) AS r(agent_id, task_id)
+WHERE o.agent_id = r.agent_id AND o.task_id = r.task_id
+  AND o.state = 'delivered' AND o.received_at IS NULL
+"""
+
+
+@dataclass(frozen=True)
+class BeatAnswer:
+    state: str
+    drain: bool
+
+
+@dataclass
+class _Beat:
+    tenant_id: int
+    running: list[uuid.UUID]
+    metrics: dict | None
+    draining: bool
+    waiters: list[asyncio.Future]
+
+
+class SocketWrites:
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._beats: dict[uuid.UUID, _Beat] = {}
+        self._received: list[tuple[uuid.UUID, int]] = []
+        self._wake = asyncio.Event()
+        self._conn: psycopg.AsyncConnection | None = None
+        self._task = asyncio.create_task(self._run(), name="socket-writes")
+
+    # -- producers (the consumers) ------------------------------------------------------
+    def received(self, agent_id: uuid.UUID, outbox_ids: list[int]) -> None:
+        """Confirm packets (only rows addressed to ``agent_id`` are touched)."""
+        self._received.extend((agent_id, i) for i in outbox_ids)
+        self._wake.set()
+
+    async def heartbeat(
+        self,
+        agent_id: uuid.UUID,
+        tenant_id: int,
+        running: list[uuid.UUID],
+        metrics: dict | None,
+        draining: bool,
+    ) -> BeatAnswer | None:
+        """Record a beat; None when the agent is dead or unknown (its socket must close)."""
+        future = self._loop.create_future()
+        beat = self._beats.get(agent_id)
+        if beat is None:
+            self._beats[agent_id] = _Beat(tenant_id, running, metrics, draining, [future])
+        else:  # coalesce with a beat not yet written
+            beat.running, beat.draining = running, draining or beat.draining
+            beat.metrics = metrics if metrics is not None else beat.metrics
+            beat.waiters.append(future)
+        self._wake.set()
+        return await future
+
+    # -- the writer -------------------------------------------------------------------
+    async def _run(self) -> None:
+        try:
+            await self._loop_forever()
+        finally:  # cancelled with its event loop: do not leave the connection open
+            await self._drop()
+
+    async def _loop_forever(self) -> None:
+        delay = 0.1
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            beats, self._beats = self._beats, {}
+            received, self._received = self._received, []
+            try:
+                await self._write(beats, received)
+                delay = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("socket writes failed (%s); retrying in %.1fs", exc, delay)
+                await self._drop()
+                # Keep the beats for the next try (a beat late is better than lost);
+                # confirmations are safety-netted by redelivery + the agent's dedupe.
+                for agent_id, beat in beats.items():
+                    self._beats.setdefault(agent_id, beat)
+                self._wake.set()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
+
+    async def _connection(self) -> psycopg.AsyncConnection:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            await self._drop()
+            self._conn = await connect_async("cloacina-sockets")
+        return self._conn
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def _write(self, beats: dict[uuid.UUID, _Beat], received: list) -> None:
+        conn = await self._connection()
+        if received:
+            await conn.execute(
+                _RECEIVED, {"agents": [r[0] for r in received], "ids": [r[1] for r in received]}
+            )
+        if not beats:
+            return
+        ids = list(beats)
+        cursor = await conn.execute(
+            _BEAT,
+            {
+                "ids": ids,
+                "tenants": [beats[i].tenant_id for i in ids],
+                "has": [beats[i].metrics is not None for i in ids],
+                "metrics": [json.dumps(beats[i].metrics or {}) for i in ids],
+                "draining": [beats[i].draining for i in ids],
+            },
+        )
+        answers = {row[0]: BeatAnswer(row[1], row[2]) for row in await cursor.fetchall()}
+        running = [(i, t) for i in ids if i in answers for t in beats[i].running]
+        if running:
+            await conn.execute(
+                _RUNNING, {"agents": [r[0] for r in running], "tasks": [r[1] for r in running]}
+            )
+        for agent_id, beat in beats.items():
+            for waiter in beat.waiters:
+                if not waiter.done():
+                    waiter.set_result(answers.get(agent_id))
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+        await self._drop()
+        for beat in self._beats.values():
+            for waiter in beat.waiters:
+                if not waiter.done():
+                    waiter.cancel()
+
+
+_writers: dict[asyncio.AbstractEventLoop, SocketWrites] = {}
+
+
+def writer() -> SocketWrites:
+    """This event loop's writer (created on first use)."""
+    loop = asyncio.get_running_loop()
+    current = _writers.get(loop)
+    if current is None:
+        for old in [lp for lp in _writers if lp.is_closed()]:
+            del _writers[old]
+        current = _writers[loop] = SocketWrites()
+    return current
+
+
+async def close_writer() -> None:
+    current = _writers.pop(asyncio.get_running_loop(), None)
+    if current is not None:
+        await current.close()
