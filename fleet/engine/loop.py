@@ -69,6 +69,7 @@ class EngineLoop:
         self._running: set[uuid.UUID] = set()
         self._again: dict[uuid.UUID, TaskReadyEvent] = {}
         self._capacity_freed = asyncio.Event()
+        self._capacity_gate = asyncio.Lock()
         self._workers: list[asyncio.Task] = []
         self._ticker: asyncio.Task | None = None
         self._accepting = False
@@ -150,10 +151,16 @@ class EngineLoop:
 
     # -- dispatch ------------------------------------------------------------------
     async def _wait_for_capacity(self) -> None:
-        while not self._dispatcher.has_capacity():
-            self._capacity_freed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._capacity_freed.wait(), CAPACITY_POLL_S)
+        if self._dispatcher.has_capacity():
+            return
+        # One worker at a time waits for a slot; the others queue on the lock (FIFO).
+        # Without it every idle worker (the fleet has ~1000) wakes on every freed slot
+        # and every poll, and the wake-ups alone saturate the event loop.
+        async with self._capacity_gate:
+            while not self._dispatcher.has_capacity():
+                self._capacity_freed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._capacity_freed.wait(), CAPACITY_POLL_S)
 
     async def _worker(self) -> None:
         while True:
