@@ -82,12 +82,15 @@ class TaskResultHandler:
                     return Applied(False, ExecutionStatus.SUPERSEDED, stale)
                 report = self._checked_output(report)
                 self._record(task, report, applied=True)
-                ack_and_release(task.pk, task.assignment)
                 result = self._apply(task, report)
                 if task.status in TASK_TERMINAL:
                     ready, skipped = scheduler.settle(task)
                     result.ready = ready + result.ready
                     scheduler.close_tasks(task.workflow_execution_id, 1 + skipped)
+                # Last before the commit: the agent's row (its slot counter) stays locked
+                # only for the commit, not the whole outcome; every dispatch, result and
+                # heartbeat of that agent waits on that lock.
+                ack_and_release(task.pk, task.assignment)
                 return result
         except IntegrityError:
             # A concurrent duplicate of the same outcome won the unique (task, assignment, applied) race.
