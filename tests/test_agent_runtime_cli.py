@@ -12,7 +12,9 @@ import sys
 import time
 
 import pytest
+from django.core.management import CommandError, call_command
 
+from agents.management.commands import runagent
 from tests.e2e_support import MANAGE, REPO, free_port
 
 SECRET = "clk_0123456789ab_this-is-the-secret-part-of-the-key"
@@ -39,33 +41,41 @@ def _runagent(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (
-            ["--target-triple", "x86_64-linux"],
-            "--target-triple: malformed target triple 'x86_64-linux'",
-        ),
+        (["--target-triple", "x86_64-linux"], "--target-triple: malformed target triple"),
+        (["--target-triple", "sparc-unknown-linux-gnu"], "unknown architecture 'sparc'"),
         (["--max-concurrency", "0"], "--max-concurrency must be at least 1"),
+        (["--cache-max-mb", "0"], "--cache-max-mb must be at least 1"),
         (["--server", "localhost:8000"], "server URL must look like http://host:port"),
+        (["--server", ""], "--server (or CLOACINA_SERVER_URL) is required"),
+        (["--api-key", ""], "--api-key (or CLOACINA_AGENT_API_KEY) is required"),
+        (["--name", "  "], "--name must not be empty"),
     ],
 )
-def test_bad_flags_exit_2_with_one_line_naming_the_problem(tmp_path, args, message):
-    base = {"--server": "http://127.0.0.1:9", "--api-key": SECRET}
-    for i in range(0, len(args), 2):
-        base[args[i]] = args[i + 1]
-    flat = [part for item in base.items() for part in item]
-    done = _runagent(tmp_path, *flat)
+def test_bad_flags_are_refused_with_exit_code_2(monkeypatch, args, message):
+    # In this process: the command must refuse before it guards the database or runs.
+    def unreachable(*_args, **_kwargs):
+        raise AssertionError("the command got past its flag checks")
+
+    monkeypatch.setattr(runagent, "install_db_guard", lambda: None)
+    monkeypatch.setattr(runagent, "_configure_logging", lambda: None)
+    monkeypatch.setattr(runagent, "_run", unreachable)
+    monkeypatch.delenv("CLOACINA_SERVER_URL", raising=False)
+    monkeypatch.delenv("CLOACINA_AGENT_API_KEY", raising=False)
+    flags = {"--server": "http://127.0.0.1:9", "--api-key": SECRET}
+    flags.update(zip(args[::2], args[1::2], strict=True))
+    with pytest.raises(CommandError) as info:
+        call_command("runagent", *[part for item in flags.items() for part in item])
+    assert info.value.returncode == 2
+    assert message in str(info.value) and SECRET not in str(info.value)
+
+
+def test_a_bad_flag_exits_2_with_one_line_on_stderr(tmp_path):
+    done = _runagent(
+        tmp_path, "--server", "http://127.0.0.1:9", "--api-key", SECRET, "--target-triple", "x86"
+    )
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], done.stderr
-    assert SECRET not in done.stderr
-
-
-def test_server_and_key_are_required(tmp_path):
-    no_server = _runagent(tmp_path, "--api-key", SECRET)
-    assert no_server.returncode == 2
-    assert "--server (or CLOACINA_SERVER_URL) is required" in no_server.stderr
-    no_key = _runagent(tmp_path, "--server", "http://127.0.0.1:9")
-    assert no_key.returncode == 2
-    assert "--api-key (or CLOACINA_AGENT_API_KEY) is required" in no_key.stderr
+    assert len(lines) == 1 and "--target-triple: malformed target triple 'x86'" in lines[0]
 
 
 def test_env_fallbacks_keep_the_key_off_the_command_line_and_out_of_the_log(tmp_path):
