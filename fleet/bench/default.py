@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fleet.bench import workload
+from fleet.bench.cpu import CpuMeter
 from fleet.bench.server import Api, BenchServer
 from fleet.models import ApiKey, Tenant
 
@@ -28,9 +29,13 @@ def run_default_bench(
             warm = [api.start(workload.WIDE_WORKFLOW), api.start(workload.ONE_WORKFLOW)]
             workload.wait_finished(warm)
             executions = max(1, tasks // width)
+            meter = CpuMeter(server.process.pid)
+            before = meter.sample()
             burst_ids = workload.burst(lambda: Api(server.url, key), executions)
             workload.wait_finished(burst_ids)
-            phases = [workload.measure("burst", burst_ids)]
+            burst = workload.measure("burst", burst_ids)
+            burst.cpu = meter.used(before, meter.sample())
+            phases = [burst]
             if idle_samples:
                 idle_ids = workload.idle_pickups(api, idle_samples)
                 phases.append(workload.measure("idle pickup", idle_ids))

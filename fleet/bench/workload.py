@@ -46,6 +46,7 @@ class PhaseResult:
     wall_s: float
     latencies_ms: list[float] = field(default_factory=list)
     failed: int = 0
+    cpu: dict[str, float] = field(default_factory=dict)  # process group -> CPU seconds used
 
     @property
     def throughput(self) -> float:
@@ -69,9 +70,10 @@ class BenchResult:
         head = f"fleetbench: executor={self.executor} " + " ".join(
             f"{k}={v}" for k, v in self.settings.items()
         )
-        rows = [
-            ("phase", "tasks", "failed", "wall_s", "tasks/s", "p50_ms", "p95_ms", "p99_ms"),
-            *(
+        header = ("phase", "tasks", "failed", "wall_s", "tasks/s", "p50_ms", "p95_ms", "p99_ms")
+        rows = [header + ("server_cpu_ms/task", "db_cpu_ms/task")]
+        for p in self.phases:
+            rows.append(
                 (
                     p.name,
                     str(p.tasks),
@@ -81,14 +83,20 @@ class BenchResult:
                     f"{p.percentile(50):.1f}",
                     f"{p.percentile(95):.1f}",
                     f"{p.percentile(99):.1f}",
-                )  # fmt: skip
-                for p in self.phases
-            ),
-        ]
+                    _per_task(p, "server"),
+                    _per_task(p, "database"),
+                )
+            )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = [_row(r, widths) for r in rows]
         rule = "-" * len(lines[0])
         return "\n".join([head, rule, lines[0], rule, *lines[1:], rule])
+
+
+def _per_task(phase: PhaseResult, group: str) -> str:
+    if group not in phase.cpu or not phase.tasks:
+        return "-"
+    return f"{phase.cpu[group] * 1000.0 / phase.tasks:.2f}"
 
 
 def _row(cells: tuple[str, ...], widths: list[int]) -> str:
