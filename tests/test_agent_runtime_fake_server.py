@@ -246,3 +246,16 @@ def test_a_socket_closed_for_a_bad_key_stops_the_agent(tmp_path, code):
         assert "revoked" in agent.exit_message
 
     run_scenario(tmp_path, scenario)
+
+
+def test_a_task_past_its_timeout_is_killed_and_reported_as_a_failure(tmp_path):
+    async def scenario(fake: FakeServer, agent: Agent, agent_task) -> None:
+        await fake.next_frame("hello")
+        await fake.push(packet(1, sleep_s=30, timeout_s=0.5))
+        result = await fake.results.get()
+        assert (result["outcome"], result["error_type"]) == ("failure", "TaskTimeout")
+        assert "0.5s timeout" in result["error_message"]
+        await fake.push(packet(2))  # the slot is usable again (a fresh child)
+        assert (await fake.results.get())["outcome"] == "success"
+
+    run_scenario(tmp_path, scenario)
