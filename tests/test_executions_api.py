@@ -190,7 +190,7 @@ def test_unknown_and_malformed_ids(client, read_key):
     assert get(client, read_key, f"/executions/{uuid.uuid4()}").status_code == 404
     response = get(client, read_key, "/executions/not-a-uuid")
     assert response.status_code == 422
-    assert "not-a-uuid" in response.json()["detail"]
+    assert "UUID" in response.json()["detail"]  # says what an id must look like
 
 
 def test_it_lists_newest_first_with_a_status_filter_and_pages(client, write_key, read_key, demo):
@@ -203,7 +203,7 @@ def test_it_lists_newest_first_with_a_status_filter_and_pages(client, write_key,
     cancelled = get(client, read_key, "/executions?status=Cancelled").json()
     assert [i["id"] for i in cancelled["items"]] == [ids[0]]
     bad = get(client, read_key, "/executions?status=Done")
-    assert bad.status_code == 422 and "Done" in bad.json()["detail"]
+    assert bad.status_code == 422 and "Cancelled" in bad.json()["detail"]  # lists the valid ones
 
 
 # --- cancel -----------------------------------------------------------------------------
