@@ -29,6 +29,7 @@ from channels.layers import get_channel_layer
 
 from fleet.delivery import local_sockets
 from fleet.delivery.pg import connect_async
+from fleet.delivery.waiting import wait_event
 from fleet.engine.claims import RESULT_GRACE_S
 
 log = logging.getLogger(__name__)
@@ -155,8 +156,7 @@ class Relay:
                 continue
             except Exception:
                 log.exception("outbox relay round failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), self.poll_s)
+            await wait_event(self.wake, self.poll_s)
 
     # -- one round ------------------------------------------------------------------
     async def run_once(self) -> int:

@@ -39,6 +39,7 @@ from fleet.delivery.relay import Relay
 from fleet.delivery.rendezvous import CHANNEL as OUTCOME_CHANNEL
 from fleet.delivery.rendezvous import rendezvous
 from fleet.delivery.wait_reasons import WAIT_REASON_INTERVAL_S, explain_waiting_tasks
+from fleet.delivery.waiting import wait_event, wait_or_none
 from fleet.engine.events import ExecutionResult, ExecutionStatus, ExecutorMetrics, TaskReadyEvent
 from fleet.engine.executor import PeriodicJob, TaskExecutor
 
@@ -103,8 +104,7 @@ class FleetExecutor(TaskExecutor):
         self.listener.start()
         self.relay.start()
         self._probe_task = asyncio.create_task(self._probe_capacity(), name="fleet-capacity")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.listener.listening.wait(), 5.0)
+        await wait_event(self.listener.listening, 5.0)
         log.info("fleet executor started (server %s)", self.claimer)
 
     async def stop(self) -> None:
@@ -125,32 +125,35 @@ class FleetExecutor(TaskExecutor):
 
     async def _probe_capacity(self) -> None:
         conn: psycopg.AsyncConnection | None = None
-        while True:
-            try:
-                if conn is None or conn.closed:
-                    conn = await connect_async("cloacina-capacity")
-                before = self.capacity.delta
-                was_available = self.capacity.available()
-                cursor = await conn.execute(_FREE_SLOTS, [self.config.liveness_window_s])
-                (free,) = await cursor.fetchone()
-                self.capacity.probed = int(free)
-                self.capacity.delta -= before
-                if self.capacity.available() > max(was_available, 0):
-                    self.capacity_freed()  # new agents, or slots freed by another process
-            except asyncio.CancelledError:
-                if conn is not None:
+        try:
+            while True:
+                try:
+                    if conn is None or conn.closed:
+                        conn = await connect_async("cloacina-capacity")
+                    await self._probe_once(conn)
+                except (psycopg.Error, OSError) as exc:
+                    log.debug("capacity probe failed: %s", exc)
+                    self.capacity.probed = None
+                    if conn is not None:
+                        with contextlib.suppress(Exception):
+                            await conn.close()
+                    conn = None
+                self._probe_wake.clear()
+                await wait_event(self._probe_wake, CAPACITY_PROBE_S)
+        finally:
+            if conn is not None:
+                with contextlib.suppress(Exception):
                     await conn.close()
-                raise
-            except (psycopg.Error, OSError) as exc:
-                log.debug("capacity probe failed: %s", exc)
-                self.capacity.probed = None
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await conn.close()
-                conn = None
-            self._probe_wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._probe_wake.wait(), CAPACITY_PROBE_S)
+
+    async def _probe_once(self, conn: psycopg.AsyncConnection) -> None:
+        before = self.capacity.delta
+        was_available = self.capacity.available()
+        cursor = await conn.execute(_FREE_SLOTS, [self.config.liveness_window_s])
+        (free,) = await cursor.fetchone()
+        self.capacity.probed = int(free)
+        self.capacity.delta -= before
+        if self.capacity.available() > max(was_available, 0):
+            self.capacity_freed()  # new agents, or slots freed by another process
 
     # -- the TaskExecutor interface -------------------------------------------------
     def has_capacity(self) -> bool:
@@ -217,10 +220,9 @@ class FleetExecutor(TaskExecutor):
             while True:
                 # Jitter spreads the re-checks of many long-running waiters.
                 timeout = OUTCOME_RECHECK_S * random.uniform(0.8, 1.2)
-                with contextlib.suppress(TimeoutError):
-                    outcome = await asyncio.wait_for(asyncio.shield(future), timeout)
-                    if outcome is not None and outcome.assignment == assignment:
-                        return outcome.status
+                outcome = await wait_or_none(future, timeout)
+                if outcome is not None and outcome.assignment == assignment:
+                    return outcome.status
                 status = await delivery_db.call(run_status, task_id, assignment)
                 if status is not None:
                     return status
