@@ -8,10 +8,11 @@ a refusal) without using up an attempt.
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 
-from django.db import connection, transaction
+from django.db import connection
 
 # "Due" compares ready_at (written from the server's clock) with statement_timestamp(), not
 # now(): now() is frozen at the start of the enclosing transaction, so a claim made
@@ -43,30 +44,60 @@ class Claim:
 
 
 def _claims(rows) -> list[Claim]:
-    return [Claim(*row) for row in rows]
+    # Raw cursors hand jsonb back as text (Django decodes JSONField itself).
+    return [
+        Claim(*row[:8], json.loads(row[8]) if isinstance(row[8], str) else row[8], row[9])
+        for row in rows
+    ]
 
 
-def _mark_workflows_running(workflow_ids: set) -> None:
-    if workflow_ids:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "UPDATE fleet_workflowexecution SET status = 'Running', started_at = now() "
-                "WHERE id = ANY(%s) AND status = 'Pending'",
-                [list(workflow_ids)],
-            )
+# One statement, one round trip: claim, move the workflow Pending → Running, and
+# (when the claim is its own transaction) let its commit skip the WAL flush.  A
+# claim need not survive a database crash on its own: a lost claim leaves the
+# task Ready, so it simply runs again (at-least-once), and the outcome's commit
+# is synchronous, which flushes the WAL, claim included, before it.
+_CLAIM_SQL = """
+WITH relax AS (
+    SELECT set_config('synchronous_commit',
+                      CASE WHEN %(relax)s THEN 'off' ELSE current_setting('synchronous_commit') END,
+                      true) AS v
+), claimed AS (
+    UPDATE fleet_taskexecution AS t SET
+        status = 'Running', assignment = t.assignment + 1, attempt = t.attempt + 1,
+        claimed_by = %(claimer)s, claimed_at = now(), started_at = now(), wait_reason = '',
+        result_deadline = CASE WHEN %(deadline)s
+                               THEN now() + make_interval(secs => t.timeout_s + %(grace)s) END
+    FROM relax
+    WHERE t.id IN ({due})
+    RETURNING {columns}
+), running AS (
+    UPDATE fleet_workflowexecution SET status = 'Running', started_at = now()
+    WHERE id IN (SELECT workflow_execution_id FROM claimed) AND status = 'Pending'
+)
+SELECT * FROM claimed
+"""
+_ONE_DUE = """
+    SELECT id FROM fleet_taskexecution
+    WHERE id = %(task_id)s AND status = 'Ready'
+      AND (ready_at IS NULL OR ready_at <= statement_timestamp())
+    FOR UPDATE SKIP LOCKED
+"""
+_MANY_DUE = """
+    SELECT id FROM fleet_taskexecution
+    WHERE status = 'Ready' AND (ready_at IS NULL OR ready_at <= statement_timestamp())
+    ORDER BY priority DESC, ready_at NULLS FIRST
+    LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+"""
+_CLAIM_ONE = _CLAIM_SQL.format(due=_ONE_DUE, columns=_CLAIM_COLUMNS)
+_CLAIM_MANY = _CLAIM_SQL.format(due=_MANY_DUE, columns=_CLAIM_COLUMNS)
 
 
-def _relax_commit(outermost: bool) -> None:
-    """Let this claim's commit skip the WAL flush (only when the claim is its own transaction).
-
-    A claim need not survive a database crash on its own: a lost claim leaves
-    the task Ready, so it simply runs again (at-least-once), and an outcome's
-    commit is synchronous, which flushes the WAL, claim included, before it.
-    This halves the fsyncs on the hot path.
-    """
-    if outermost:
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL synchronous_commit = off")
+def _run_claim(sql: str, params: dict) -> list[Claim]:
+    params["relax"] = not connection.in_atomic_block
+    params["grace"] = RESULT_GRACE_S
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return _claims(cursor.fetchall())
 
 
 def claim_task(task_execution_id: uuid.UUID, claimer: str, deadline: bool = True) -> Claim | None:
@@ -75,50 +106,15 @@ def claim_task(task_execution_id: uuid.UUID, claimer: str, deadline: bool = True
     ``deadline=False`` leaves ``result_deadline`` unset: the fleet starts the
     result-wait clock only once a packet is actually delivered to an agent.
     """
-    outermost = not connection.in_atomic_block
-    with transaction.atomic(), connection.cursor() as cursor:
-        _relax_commit(outermost)
-        cursor.execute(
-            f"""
-            UPDATE fleet_taskexecution AS t SET
-                status = 'Running', assignment = t.assignment + 1, attempt = t.attempt + 1,
-                claimed_by = %s, claimed_at = now(), started_at = now(), wait_reason = '',
-                result_deadline = CASE WHEN %s THEN now() + make_interval(secs => t.timeout_s + %s) END
-            WHERE t.id = %s AND t.status = 'Ready' AND (t.ready_at IS NULL OR t.ready_at <= statement_timestamp())
-            RETURNING {_CLAIM_COLUMNS}
-            """,
-            [claimer, deadline, RESULT_GRACE_S, task_execution_id],
-        )
-        claims = _claims(cursor.fetchall())
-        _mark_workflows_running({c.workflow_execution_id for c in claims})
+    claims = _run_claim(
+        _CLAIM_ONE, {"task_id": task_execution_id, "claimer": claimer, "deadline": deadline}
+    )
     return claims[0] if claims else None
 
 
 def claim_ready_tasks(claimer: str, limit: int, deadline: bool = True) -> list[Claim]:
     """Claim up to ``limit`` due Ready tasks, highest priority then oldest first (SKIP LOCKED)."""
-    outermost = not connection.in_atomic_block
-    with transaction.atomic(), connection.cursor() as cursor:
-        _relax_commit(outermost)
-        cursor.execute(
-            f"""
-            UPDATE fleet_taskexecution AS t SET
-                status = 'Running', assignment = t.assignment + 1, attempt = t.attempt + 1,
-                claimed_by = %s, claimed_at = now(), started_at = now(), wait_reason = '',
-                result_deadline = CASE WHEN %s THEN now() + make_interval(secs => t.timeout_s + %s) END
-            FROM (
-                SELECT id FROM fleet_taskexecution
-                WHERE status = 'Ready' AND (ready_at IS NULL OR ready_at <= statement_timestamp())
-                ORDER BY priority DESC, ready_at NULLS FIRST
-                LIMIT %s FOR UPDATE SKIP LOCKED
-            ) AS due
-            WHERE t.id = due.id
-            RETURNING {_CLAIM_COLUMNS}
-            """,
-            [claimer, deadline, RESULT_GRACE_S, limit],
-        )
-        claims = _claims(cursor.fetchall())
-        _mark_workflows_running({c.workflow_execution_id for c in claims})
-    return claims
+    return _run_claim(_CLAIM_MANY, {"limit": limit, "claimer": claimer, "deadline": deadline})
 
 
 def due_ready_task_events(limit: int) -> list[tuple]:

@@ -14,6 +14,8 @@ import math
 import uuid
 from typing import Any
 
+from django.db import connection
+
 from fleet.models import TaskExecution
 
 
@@ -21,15 +23,35 @@ class ContextError(ValueError):
     """A context is not a JSON object, holds NaN/Infinity, or is too large."""
 
 
+# One round trip: the execution's input, the task's dependencies and, only when it
+# has any, (task_id, dependencies, output) of every task of the execution.
+_CONTEXT_SQL = """
+SELECT e.input_context, t.dependencies,
+       CASE WHEN jsonb_array_length(t.dependencies) > 0 THEN (
+           SELECT jsonb_agg(jsonb_build_array(o.task_id, o.dependencies, o.output_context))
+           FROM fleet_taskexecution o WHERE o.workflow_execution_id = t.workflow_execution_id
+       ) END
+FROM fleet_taskexecution t JOIN fleet_workflowexecution e ON e.id = t.workflow_execution_id
+WHERE t.id = %s
+"""
+
+
+def _json(value: Any) -> Any:
+    # Raw cursors hand jsonb back as text (Django decodes JSONField itself).
+    return json.loads(value) if isinstance(value, str) else value
+
+
 def build_task_context(task_execution_id: uuid.UUID) -> dict:
-    task = TaskExecution.objects.select_related("workflow_execution").get(pk=task_execution_id)
-    context = dict(task.workflow_execution.input_context or {})
-    if task.dependencies:
-        rows = TaskExecution.objects.filter(
-            workflow_execution_id=task.workflow_execution_id
-        ).values_list("task_id", "dependencies", "output_context")
-        graph = {name: (deps or [], output) for name, deps, output in rows}
-        for ancestor in upstream_order(task.dependencies, graph):
+    with connection.cursor() as cursor:
+        cursor.execute(_CONTEXT_SQL, [task_execution_id])
+        row = cursor.fetchone()
+    if row is None:
+        raise TaskExecution.DoesNotExist(f"task execution {task_execution_id} does not exist")
+    context = dict(_json(row[0]) or {})
+    dependencies = _json(row[1]) or []
+    if dependencies:
+        graph = {name: (deps or [], output) for name, deps, output in _json(row[2]) or []}
+        for ancestor in upstream_order(dependencies, graph):
             context.update(graph[ancestor][1] or {})
     return context
 

@@ -7,9 +7,10 @@ with several server processes applying results concurrently.
 
 from __future__ import annotations
 
+import json
 import uuid
 
-from django.db import connection, models, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from fleet.engine.events import TaskReadyEvent
@@ -103,77 +104,83 @@ def rule_outcome(rule: str, dependency_states: list[str]) -> str | None:
     )
 
 
-def settle(task: TaskExecution) -> tuple[list[TaskReadyEvent], int]:
-    """Decide the dependents of ``task``, which just reached a terminal state.
+_LOCK_DEPENDENTS = """
+SELECT id, task_id, trigger_rule, attempt, dependencies FROM fleet_taskexecution
+WHERE workflow_execution_id = %s AND status = 'NotStarted' AND dependencies ?| %s::text[]
+ORDER BY id FOR UPDATE
+"""
+_DEPENDENCY_STATES = """
+SELECT task_id, status FROM fleet_taskexecution
+WHERE workflow_execution_id = %s AND task_id = ANY(%s::text[])
+"""
+
+
+def settle(task) -> tuple[list[TaskReadyEvent], int]:
+    """Decide the dependents of ``task`` (a row with task_id and workflow_execution_id),
+    which just reached a terminal state.
 
     Runs inside the outcome's transaction, after the task's own row was
     updated.  Each dependent row is locked before its dependencies' states are
-    read, so of two dependencies finishing at once the later transaction sees
-    the earlier one committed and promotes the join exactly once.  Skips
-    cascade.  Returns the events of tasks that became Ready and how many tasks
-    were Skipped (they count as settled too).
+    read (a later statement, so a fresh snapshot), so of two dependencies
+    finishing at once the later transaction sees the earlier one committed and
+    promotes the join exactly once.  Skips cascade.  Returns the events of tasks
+    that became Ready and how many tasks were Skipped (they count as settled too).
     """
-    cancelled = (
-        WorkflowExecution.objects.filter(pk=task.workflow_execution_id)
-        .values_list("status", flat=True)
-        .first()
-        == WorkflowStatus.CANCELLED
-    )
-    now = timezone.now()
+    workflow_id = task.workflow_execution_id
     events: list[TaskReadyEvent] = []
     skipped = 0
     frontier = [task.task_id]
-    while frontier:
-        dependents = list(
-            TaskExecution.objects.select_for_update()
-            .filter(workflow_execution_id=task.workflow_execution_id, status=TaskStatus.NOT_STARTED)
-            .filter(_depends_on_any(frontier))
-            .order_by("id")
-        )
-        frontier = []
-        states = _dependency_states(task.workflow_execution_id, dependents)
-        for dependent in dependents:
-            rule = dependent.trigger_rule
-            decided = (
-                TaskStatus.SKIPPED
-                if cancelled
-                else rule_outcome(rule, [states[d] for d in dependent.dependencies])
-            )
-            if decided == TaskStatus.READY:
-                TaskExecution.objects.filter(pk=dependent.pk).update(status=decided, ready_at=now)
-                events.append(
-                    TaskReadyEvent(
-                        dependent.id,
-                        dependent.workflow_execution_id,
-                        dependent.task_id,
-                        dependent.attempt + 1,
-                    )
+    cancelled: bool | None = None
+    with connection.cursor() as cursor:
+        while frontier:
+            cursor.execute(_LOCK_DEPENDENTS, [workflow_id, frontier])
+            dependents = [
+                (dep_id, name, rule, attempt, _json_list(deps))
+                for dep_id, name, rule, attempt, deps in cursor.fetchall()
+            ]
+            if not dependents:
+                break
+            if cancelled is None:
+                cancelled = _is_cancelled(cursor, workflow_id)
+            needed = sorted({d for *_, deps in dependents for d in deps})
+            cursor.execute(_DEPENDENCY_STATES, [workflow_id, needed])
+            states = dict(cursor.fetchall())
+            ready_ids, skipped_ids, frontier = [], [], []
+            for dependent_id, name, rule, attempt, deps in dependents:
+                decided = (
+                    TaskStatus.SKIPPED
+                    if cancelled
+                    else rule_outcome(rule, [states[d] for d in deps])
                 )
-            elif decided == TaskStatus.SKIPPED:
-                TaskExecution.objects.filter(pk=dependent.pk).update(
-                    status=decided, finished_at=now
-                )
-                skipped += 1
-                frontier.append(dependent.task_id)
+                if decided == TaskStatus.READY:
+                    ready_ids.append(dependent_id)
+                    events.append(TaskReadyEvent(dependent_id, workflow_id, name, attempt + 1))
+                elif decided == TaskStatus.SKIPPED:
+                    skipped_ids.append(dependent_id)
+                    frontier.append(name)
+            _set_status(cursor, ready_ids, "Ready", "ready_at")
+            _set_status(cursor, skipped_ids, "Skipped", "finished_at")
+            skipped += len(skipped_ids)
     return events, skipped
 
 
-def _depends_on_any(task_ids: list[str]) -> models.Q:
-    query = models.Q()
-    for task_id in task_ids:
-        query |= models.Q(dependencies__contains=[task_id])
-    return query
+def _set_status(cursor, task_ids: list, status: str, stamp_column: str) -> None:
+    if task_ids:
+        cursor.execute(
+            f"UPDATE fleet_taskexecution SET status = %s, {stamp_column} = now() WHERE id = ANY(%s)",
+            [status, task_ids],
+        )
 
 
-def _dependency_states(workflow_execution_id, dependents: list[TaskExecution]) -> dict[str, str]:
-    needed = {d for dependent in dependents for d in dependent.dependencies}
-    if not needed:
-        return {}
-    return dict(
-        TaskExecution.objects.filter(
-            workflow_execution_id=workflow_execution_id, task_id__in=needed
-        ).values_list("task_id", "status")
-    )
+def _json_list(value) -> list:
+    # Raw cursors hand jsonb back as text (Django decodes JSONField itself).
+    return json.loads(value) if isinstance(value, str) else list(value or [])
+
+
+def _is_cancelled(cursor, workflow_id) -> bool:
+    cursor.execute("SELECT status FROM fleet_workflowexecution WHERE id = %s", [workflow_id])
+    row = cursor.fetchone()
+    return bool(row) and row[0] == WorkflowStatus.CANCELLED
 
 
 def close_tasks(workflow_execution_id: uuid.UUID, count: int) -> None:
