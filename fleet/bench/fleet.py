@@ -29,6 +29,7 @@ from django.db import connection
 
 from artifacts.testing import build_archive, manifest_toml
 from fleet.bench import workload
+from fleet.bench.cpu import CpuMeter, _tree_cpu
 from fleet.bench.default import BENCH_TENANT, bench_tenant_key
 from fleet.bench.server import REPO, Api, BenchServer
 from fleet.models import ApiKey, Tenant
@@ -115,6 +116,19 @@ class Agents:
             except subprocess.TimeoutExpired:
                 pass
             self.kill(name)
+
+
+class FleetCpuMeter(CpuMeter):
+    """The server's, the database's and the agents' CPU (each agent with its task children)."""
+
+    def __init__(self, server_pid: int, agents: Agents) -> None:
+        super().__init__(server_pid)
+        self.agent_pids = [p.pid for p in agents.processes.values()]
+
+    def sample(self) -> dict[str, float]:
+        sample = super().sample()
+        sample["agents"] = sum(_tree_cpu(pid) for pid in self.agent_pids)
+        return sample
 
 
 def measure_fleet(name: str, execution_ids: list[str]) -> workload.PhaseResult:
@@ -238,12 +252,17 @@ def run_fleet_bench(
             warm.append(api.start(workload.ONE_WORKFLOW))
             workload.wait_finished(warm)
             executions = max(1, tasks // width)
+            meter = FleetCpuMeter(server.process.pid, fleet)
+            before = meter.sample()
             burst_ids = workload.burst(lambda: Api(server.url, key), executions)
             workload.wait_finished(burst_ids)
             phases = [measure_fleet("burst (REST)", burst_ids)]
+            phases[-1].cpu = meter.used(before, before := meter.sample())
             drain_ids = queue_executions(workload.WIDE_WORKFLOW, executions)
             workload.wait_finished(drain_ids)
             phases.append(measure_drain("drain (queued)", drain_ids))
+            phases[-1].cpu = meter.used(before, meter.sample())
+            agent_cpu_ms = phases[-1].cpu["agents"] * 1000.0 / max(phases[-1].tasks, 1)
             if idle_samples:
                 idle_ids = workload.idle_pickups(api, idle_samples)
                 phases.append(measure_fleet("idle pickup", idle_ids))
@@ -259,5 +278,6 @@ def run_fleet_bench(
         "executions": f"{executions}x{width}",
         "poll_s": poll_s,
         "heartbeat": f"{HEARTBEAT_INTERVAL_S:g}sx{LIVENESS_MISSES}",
+        "agents_cpu_ms/task(drain)": f"{agent_cpu_ms:.2f}",
     }
     return workload.BenchResult("fleet", settings, phases)

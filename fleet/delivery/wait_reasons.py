@@ -22,7 +22,7 @@ def explain_waiting_tasks() -> int:
         cursor.execute(
             """
             SELECT DISTINCT t.tenant_id FROM fleet_taskexecution t
-            WHERE t.status = 'Ready' AND (t.ready_at IS NULL OR t.ready_at <= now())
+            WHERE t.status = 'Ready' AND (t.ready_at IS NULL OR t.ready_at <= statement_timestamp())
               AND NOT EXISTS (
                   SELECT 1 FROM agents_agent a
                   WHERE a.tenant_id = t.tenant_id AND a.state = 'live' AND a.connected_to <> ''
@@ -41,7 +41,7 @@ def explain_waiting_tasks() -> int:
                 """
                 UPDATE fleet_taskexecution SET wait_reason = %s
                 WHERE tenant_id = %s AND status = 'Ready'
-                  AND (ready_at IS NULL OR ready_at <= now()) AND wait_reason <> %s
+                  AND (ready_at IS NULL OR ready_at <= statement_timestamp()) AND wait_reason <> %s
                 """,
                 [reason, tenant_id, reason],
             )
