@@ -9,6 +9,9 @@ burst of ``received`` frames costs one UPDATE, and a slow database never
 blocks the socket's reader.  Work packets come from this process's relay
 through the channel layer (``delivery.work``); the relay can also close the
 socket (``delivery.close``) when the agent died or connected elsewhere.
+An agent may report outcomes over the socket too (``result`` frames, answered
+by ``result_ack``): the same checks and handler as ``POST …/results``, without
+an HTTP request per task.
 
 Close codes: 4400 malformed frame, 4401 bad key, 4403 key not allowed,
 4404 unknown/dead agent, 4408 superseded, 4413 frame too large, 4429 flood.
@@ -27,8 +30,10 @@ from typing import Any
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from pydantic import ValidationError
 
 from agents import roster
+from agents.api import ResultIn, apply_result
 from agents.runtime import wire
 from fleet.delivery import db as delivery_db
 from fleet.delivery import local_sockets, redelivery, socket_writes
@@ -37,8 +42,9 @@ log = logging.getLogger(__name__)
 
 MAX_FRAME_BYTES = 1024 * 1024
 INBOUND_QUEUE = 1024  # frames parsed but not yet handled
-FRAME_RATE_PER_S = 1000.0  # sustained frames per second per socket
-FRAME_BURST = 2000  # frames allowed at once above the sustained rate
+FRAME_RATE_PER_S = 4000.0  # sustained frames per second per socket (~2 per task + beats)
+FRAME_BURST = 8000  # frames allowed at once above the sustained rate
+RESULTS_IN_FLIGHT = 16  # results of one socket being applied at once
 MAX_HOLDING = 10_000
 INBOUND_BATCH = 512
 
@@ -109,9 +115,29 @@ def _check_frame(frame: dict[str, Any]) -> dict[str, Any]:
         except (TypeError, ValueError):
             raise FrameRejected("heartbeat: running must be a list of task_execution_ids") from None
         frame = {**frame, "running": running, "draining": frame.get("draining") is True}
+    elif kind == "result":
+        frame = _check_result(frame)
     else:
-        raise FrameRejected(f"unknown frame type {kind!r} (expected hello, received, heartbeat)")
+        raise FrameRejected(
+            f"unknown frame type {kind!r} (expected hello, received, heartbeat, result)"
+        )
     return frame
+
+
+def _check_result(frame: dict[str, Any]) -> dict[str, Any]:
+    """A result frame carries the REST result body; a bad body is answered 422 (not closed)
+    when its ``outbox_id`` lets the agent tell which result was refused."""
+    try:
+        body = ResultIn.model_validate({k: v for k, v in frame.items() if k != "type"})
+    except ValidationError as exc:
+        outbox_id = frame.get("outbox_id")
+        if not isinstance(outbox_id, int) or isinstance(outbox_id, bool):
+            raise FrameRejected("result: outbox_id must be an integer") from None
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        return {"type": "result", "outbox_id": outbox_id, "invalid": problems}
+    return {"type": "result", "outbox_id": body.outbox_id, "body": body}
 
 
 class AgentDeliveryConsumer(AsyncWebsocketConsumer):
@@ -134,6 +160,8 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         self._drain_sent = False
         self._worker: asyncio.Task | None = None
         self._inbound: asyncio.Queue = asyncio.Queue(maxsize=INBOUND_QUEUE)
+        self._results: set[asyncio.Future] = set()
+        self._result_slots = asyncio.Semaphore(RESULTS_IN_FLIGHT)
         self._bucket = TokenBucket(FRAME_RATE_PER_S, FRAME_BURST)
         # Accept first: a close code (and its reason) can only be sent on an open socket.
         await self.accept()
@@ -157,6 +185,8 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code) -> None:
         self._closing = True
+        for task in list(self._results):
+            task.cancel()  # the outcome is applied or not; only its ack is lost (REST re-post)
         if self._worker is not None:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -240,6 +270,27 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             elif result.drain and not self._drain_sent:
                 self._drain_sent = True
                 await self._send_frame({"type": "drain"})
+        for frame in batch:
+            if frame["type"] == "result":
+                # Applied concurrently on the DB pool (bounded per socket); the reader
+                # and the other frames of the batch do not wait for them.
+                task = asyncio.ensure_future(self._apply_result(frame))
+                self._results.add(task)
+                task.add_done_callback(self._results.discard)
+
+    async def _apply_result(self, frame: dict) -> None:
+        if "invalid" in frame:
+            status, answer = 422, {"detail": f"invalid result: {frame['invalid']}"}
+        else:
+            async with self._result_slots:
+                grant = self.grant
+                status, answer = await delivery_db.call(
+                    apply_result, grant.tenant_id, grant.agent_id, frame["body"]
+                )
+        if not self._closing:
+            await self._send_frame(
+                {"type": "result_ack", "outbox_id": frame["outbox_id"], "status": status, **answer}
+            )
 
     def _register(self) -> None:
         grant = self.grant

@@ -185,7 +185,7 @@ def test_a_flood_of_frames_is_closed_4429(tenant, agent_key):
     async def scenario():
         comm = socket(agent.id, agent_key)
         await opened(comm)
-        for _ in range(3000):
+        for _ in range(10_000):  # over the 8,000-frame burst
             await comm.send_json_to({"type": "received", "outbox_id": 1})
         code = await close_code(comm, timeout=10)
         await comm.disconnect()
@@ -297,3 +297,69 @@ def test_a_dead_agents_heartbeat_over_the_socket_closes_it_4404(tenant, agent_ke
 
     assert run_async(scenario()) == 4404
     assert TaskExecution.objects.count() == 0
+
+
+def test_results_over_the_socket_are_applied_and_acknowledged(tenant, agent_key):
+    two_task_package(tenant)
+    agent = make_agent(tenant, connected=False)
+    Agent.objects.filter(pk=agent.pk).update(connected_to=local_sockets.server_id())
+    _, task = ready_root(tenant)
+    place_task(task.pk, "s")
+    row = DeliveryOutbox.objects.get(task=task)
+    DeliveryOutbox.objects.filter(pk=row.pk).update(state="delivered")
+    other = make_agent(tenant, "other")
+    body = {
+        "outbox_id": row.id,
+        "task_execution_id": str(task.pk),
+        "assignment": row.assignment,
+        "outcome": "success",
+        "output": {"a": 1},
+    }
+
+    async def scenario():
+        answers = []
+        comm = socket(agent.id, agent_key)
+        await opened(comm)
+        for frame in (
+            {"type": "result", **body, "outcome": "great"},  # invalid: answered, not closed
+            {"type": "result", **body},
+            {"type": "result", **body},  # a retried report: recorded, not applied
+        ):
+            await comm.send_json_to(frame)
+            answers.append(await comm.receive_json_from(timeout=5))
+        await comm.disconnect()
+        stranger = socket(other.id, agent_key)  # the packet was never addressed to it
+        await opened(stranger)
+        await stranger.send_json_to({"type": "result", **body})
+        answers.append(await stranger.receive_json_from(timeout=5))
+        await stranger.disconnect()
+        return answers
+
+    invalid, first, again, foreign = run_async(scenario())
+    assert (invalid["type"], invalid["outbox_id"], invalid["status"]) == ("result_ack", row.id, 422)
+    assert "outcome" in invalid["detail"]
+    assert first == {
+        "type": "result_ack",
+        "outbox_id": row.id,
+        "status": 200,
+        "applied": True,
+        "reason": "",
+    }
+    assert (again["status"], again["applied"]) == (200, False)
+    assert foreign["status"] == 404 and "never addressed to this agent" in foreign["detail"]
+    task.refresh_from_db()
+    assert (task.status, task.output_context) == ("Completed", {"a": 1})
+
+
+def test_a_result_frame_without_an_outbox_id_is_closed_4400(tenant, agent_key):
+    agent = make_agent(tenant, connected=False)
+
+    async def scenario():
+        comm = socket(agent.id, agent_key)
+        await opened(comm)
+        await comm.send_json_to({"type": "result", "outcome": "success"})
+        code = await close_code(comm)
+        await comm.disconnect()
+        return code
+
+    assert run_async(scenario()) == 4400

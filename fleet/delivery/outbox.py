@@ -62,7 +62,12 @@ _ENQUEUE_ON_RESERVED = """
     UPDATE fleet_taskexecution t SET agent_id = p.agent_id FROM packet p
     WHERE t.id = %(o_task)s AND t.assignment = %(o_assignment)s
 )
-SELECT id, name, target_triple FROM reserved
+, relax AS (
+    -- The dispatch need not survive a database crash on its own (a lost one leaves the
+    -- task Ready: it runs again); the outcome's synchronous commit flushes it anyway.
+    SELECT set_config('synchronous_commit', 'off', true)
+)
+SELECT id, name, target_triple FROM reserved, relax
 """
 
 

@@ -19,8 +19,16 @@ def connection_params(alias: str = "default") -> dict:
     return params
 
 
-async def connect_async(application_name: str) -> psycopg.AsyncConnection:
-    """A new autocommit AsyncConnection, named so it is recognisable in pg_stat_activity."""
+async def connect_async(application_name: str, relaxed: bool = False) -> psycopg.AsyncConnection:
+    """A new autocommit AsyncConnection, named so it is recognisable in pg_stat_activity.
+
+    ``relaxed``: its commits do not wait for the WAL flush.  For bookkeeping whose loss in a
+    database crash only costs a repeat (a packet pushed again, a beat or a receipt redone):
+    the next synchronous commit — every outcome's — flushes it anyway.
+    """
     params = connection_params()
     params.setdefault("application_name", application_name)
-    return await psycopg.AsyncConnection.connect(**params, autocommit=True)
+    conn = await psycopg.AsyncConnection.connect(**params, autocommit=True)
+    if relaxed:
+        await conn.execute("SET synchronous_commit = off")
+    return conn

@@ -136,7 +136,7 @@ class Relay:
     async def _connection(self) -> psycopg.AsyncConnection:
         if self._conn is None or self._conn.closed or self._conn.broken:
             await self._drop_connection()
-            self._conn = await connect_async("cloacina-relay")
+            self._conn = await connect_async("cloacina-relay", relaxed=True)
         return self._conn
 
     async def _run(self) -> None:

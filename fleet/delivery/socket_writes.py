@@ -133,7 +133,7 @@ class SocketWrites:
     async def _connection(self) -> psycopg.AsyncConnection:
         if self._conn is None or self._conn.closed or self._conn.broken:
             await self._drop()
-            self._conn = await connect_async("cloacina-sockets")
+            self._conn = await connect_async("cloacina-sockets", relaxed=True)
         return self._conn
 
     async def _drop(self) -> None:
