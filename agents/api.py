@@ -18,6 +18,7 @@ from ninja.errors import HttpError
 from ninja.security import HttpBearer
 
 from agents import roster
+from agents.runtime.triples import MAX_TRIPLE_CHARS, TRIPLE_PATTERN
 from cloacina_site.auth import agent_auth
 from cloacina_site.config import get_config
 from fleet.delivery import db as delivery_db
@@ -37,16 +38,28 @@ class Error(Schema):
     detail: str
 
 
+# Numbers and flags are strict: JSON true/false are not 1/0, and 0/1 are not flags.  The
+# roster's own checks (with their clearer messages) are published in the schema as they are.
+ROSTER_LIST = {
+    "maxItems": roster.MAX_LIST_ITEMS,
+    "items": {"type": "string", "minLength": 1, "maxLength": roster.MAX_ITEM_CHARS},
+}
+
+
 class RegisterIn(Schema):
     name: str = Field("", max_length=200)
-    target_triple: str = Field(..., max_length=100)
-    max_concurrency: int = 1
+    target_triple: str = Field(
+        ..., max_length=MAX_TRIPLE_CHARS, json_schema_extra={"pattern": TRIPLE_PATTERN}
+    )
+    max_concurrency: int = Field(
+        1, strict=True, json_schema_extra={"minimum": 1, "maximum": roster.MAX_CONCURRENCY}
+    )
     version: str = Field("", max_length=50)
-    protocol_version: int
+    protocol_version: int = Field(..., strict=True)
     wire_format: str = "json"
-    tags: list[str] = []
-    capabilities: list[str] = []
-    exclusive: bool = False
+    tags: list[str] = Field([], json_schema_extra=ROSTER_LIST)
+    capabilities: list[str] = Field([], json_schema_extra=ROSTER_LIST)
+    exclusive: bool = Field(False, strict=True)
     metrics: dict[str, Any] = {}
 
 
@@ -61,10 +74,10 @@ class RegisterOut(Schema):
 
 
 class HeartbeatIn(Schema):
-    in_flight: int = Field(0, ge=0)
+    in_flight: int = Field(0, ge=0, strict=True)
     running: list[uuid.UUID] = Field([], max_length=4096)
     metrics: dict[str, Any] = {}
-    draining: bool = False
+    draining: bool = Field(False, strict=True)
 
 
 class HeartbeatOut(Schema):
@@ -73,9 +86,9 @@ class HeartbeatOut(Schema):
 
 
 class ResultIn(Schema):
-    outbox_id: int
+    outbox_id: int = Field(..., strict=True)
     task_execution_id: uuid.UUID
-    assignment: int = Field(..., ge=1)
+    assignment: int = Field(..., ge=1, strict=True)
     outcome: Literal["success", "failure", "refused", "timeout"]
     output: Any = None
     error_type: str = Field("", max_length=200)
@@ -156,6 +169,8 @@ class PooledAgentAuth(HttpBearer):
     connection; every agent reports every result, so this one reuses the pool's
     connections instead.  The checks themselves are ``agent_auth``'s.
     """
+
+    roles = agent_auth.roles  # published as the operation's x-roles
 
     async def __call__(self, request: HttpRequest):
         header = request.headers.get("Authorization", "")

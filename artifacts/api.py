@@ -7,16 +7,22 @@ service or query scoped by that tenant, and shapes the answer.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
 from django.http import HttpRequest, HttpResponse
-from ninja import File, Form, Router, Schema, Status, UploadedFile
+from ninja import Field, File, Form, Router, Schema, Status, UploadedFile
 from ninja.errors import HttpError
 
+from agents.runtime.triples import MAX_TRIPLE_CHARS, TRIPLE_PATTERN
 from artifacts import queries, services, wheels
 from artifacts.models import PackageArtifact, WorkflowPackage
 from cloacina_site.auth import agent_auth, read_auth, write_auth
 
 router = Router(tags=["packages"])
+
+# parse_triple's rule (and its clearer message) as the schema publishes it.
+TRIPLE_SCHEMA = {"pattern": TRIPLE_PATTERN, "maxLength": MAX_TRIPLE_CHARS}
+TRIPLE_FIELD = Field(json_schema_extra=TRIPLE_SCHEMA)
 
 
 class ErrorOut(Schema):
@@ -58,7 +64,7 @@ class TargetArtifactOut(Schema):
 
 
 class TargetBuildIn(Schema):
-    target_triple: str
+    target_triple: str = Field(..., json_schema_extra=TRIPLE_SCHEMA)
 
 
 ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut}
@@ -147,7 +153,7 @@ def upload_target_artifact(
     name: str,
     version: str,
     file: File[UploadedFile],
-    target_triple: Form[str],
+    target_triple: Form[Annotated[str, TRIPLE_FIELD]],
     digest: Form[str | None] = None,
 ):
     """``digest``, if sent, must be the sha256 of the uploaded file (integrity check)."""
@@ -180,8 +186,18 @@ def build_target_artifact(request: HttpRequest, name: str, version: str, body: T
 @router.get(
     "/artifacts/{digest}",
     auth=agent_auth,
-    response={200: bytes, **ERRORS},
+    response={200: None, **ERRORS},
     summary="Download an artifact of the key's tenant by digest",
+    openapi_extra={
+        "responses": {
+            200: {
+                "description": "the artifact's bytes (a package archive)",
+                "content": {
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+                },
+            }
+        }
+    },
 )
 def download_artifact(request: HttpRequest, digest: str):
     data = queries.artifact_bytes(request.tenant, digest)

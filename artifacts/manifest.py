@@ -26,6 +26,12 @@ MAX_NAME_CHARS = 200
 KINDS = ("python", "native")
 TRIGGER_RULES = ("all_success", "all_done", "one_failed")
 DEFAULT_TIMEOUT_S = 300.0
+# Bounds that keep every number inside its column and its timedelta: a manifest is hostile
+# input like any other.
+PRIORITY_LIMIT = 1_000_000  # |priority|; an execution may add as much again
+MAX_RETRIES = 100
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+MAX_RETRY_BACKOFF_S = 24 * 3600.0
 
 TOP_LEVEL_KEYS = ("package", "workflow", "tasks")
 PACKAGE_KEYS = ("name", "version", "kind")
@@ -132,6 +138,12 @@ def _number(task: dict, key: str, where: str, default: Any, *, minimum: float, s
     return float(value)
 
 
+def _at_most(value: float | None, limit: float, key: str, where: str) -> float | None:
+    if value is not None and value > limit:
+        raise ManifestError(f"{where}: {key} must be at most {limit:g} seconds, got {value:g}")
+    return value
+
+
 def _percent(task: dict, key: str, where: str) -> float | None:
     value = _number(task, key, where, None, minimum=0, strict=False)
     if value is not None and value > 100:
@@ -165,8 +177,11 @@ def _parse_routing(task: dict, where: str) -> dict:
             f"{where}: gpu must be true/false or a GPU model name (string), got {gpu!r}"
         )
     priority = task.get("priority", 0)
-    if not _is_int(priority):
-        raise ManifestError(f"{where}: priority must be an integer, got {priority!r}")
+    if not _is_int(priority) or abs(priority) > PRIORITY_LIMIT:
+        raise ManifestError(
+            f"{where}: priority must be an integer between -{PRIORITY_LIMIT} and "
+            f"{PRIORITY_LIMIT}, got {priority!r}"
+        )
     return {
         "agent": _optional_str(task, "agent", where),
         "tags": _str_list(task, "tags", where),
@@ -198,6 +213,8 @@ def _parse_task(task: Any, index: int) -> dict:
     retries = task.get("retries", 0)
     if not _is_int(retries) or retries < 0:
         raise ManifestError(f"{where}: retries must be an integer >= 0, got {retries!r}")
+    if retries > MAX_RETRIES:
+        raise ManifestError(f"{where}: retries must be at most {MAX_RETRIES}, got {retries!r}")
     trigger_rule = task.get("trigger_rule", "all_success")
     if trigger_rule not in TRIGGER_RULES:
         raise ManifestError(
@@ -207,8 +224,18 @@ def _parse_task(task: Any, index: int) -> dict:
         "id": task_id,
         "function": function,
         "retries": retries,
-        "retry_backoff_s": _number(task, "retry_backoff_s", where, 0.0, minimum=0, strict=False),
-        "timeout_s": _number(task, "timeout_s", where, DEFAULT_TIMEOUT_S, minimum=0, strict=True),
+        "retry_backoff_s": _at_most(
+            _number(task, "retry_backoff_s", where, 0.0, minimum=0, strict=False),
+            MAX_RETRY_BACKOFF_S,
+            "retry_backoff_s",
+            where,
+        ),
+        "timeout_s": _at_most(
+            _number(task, "timeout_s", where, DEFAULT_TIMEOUT_S, minimum=0, strict=True),
+            MAX_TIMEOUT_S,
+            "timeout_s",
+            where,
+        ),
         "dependencies": _str_list(task, "dependencies", where),
         "trigger_rule": trigger_rule,
         **_parse_routing(task, where),

@@ -4,15 +4,32 @@ from ninja import NinjaAPI
 
 from agents.api import router as agents_router
 from artifacts.api import router as artifacts_router
+from cloacina_site.api_contract import (
+    ObjectBodyParser,
+    document_shared_contract,
+    install_error_handlers,
+    operation_roles,
+)
 from fleet.api.executions import router as executions_router
 from fleet.api.fleet_status import router as fleet_router
 
-api = NinjaAPI(
+
+class CloacinaAPI(NinjaAPI):
+    """Publishes the errors and roles every operation shares (see api_contract)."""
+
+    def get_openapi_schema(self, *, path_prefix=None, path_params=None):
+        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+        return document_shared_contract(schema, operation_roles(self))
+
+
+api = CloacinaAPI(
     title="Cloacina",
     version="1",
     urls_namespace="api-v1",
+    parser=ObjectBodyParser(),
     description="Workflow server and execution-agent fleet. Authenticate with `Authorization: Bearer <key>`.",
 )
+install_error_handlers(api)
 api.add_router("/", artifacts_router, tags=["packages"])
 api.add_router("/", executions_router, tags=["executions"])
 api.add_router("/", fleet_router, tags=["fleet"])

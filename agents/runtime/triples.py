@@ -50,7 +50,11 @@ _MACHINE_TO_ARCH = {
     "riscv64": "riscv64gc",
     "loongarch64": "loongarch64",
 }
-_COMPONENT = re.compile(r"^[a-z0-9_.]+$")
+_COMPONENT = re.compile(r"^[a-z0-9_.]+\Z")  # \Z: "$" would let a trailing newline in
+# What parse_triple accepts, as one regular expression (published in the API's schema).
+TRIPLE_PATTERN = (
+    r"^(" + "|".join(sorted(re.escape(a) for a in KNOWN_ARCHES)) + r")(-[a-z0-9_.]+){2,3}$"
+)
 
 
 class TripleError(ValueError):

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from django.db import connection
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
 
+from artifacts.manifest import PRIORITY_LIMIT
 from cloacina_site.auth import read_auth, write_auth
 from cloacina_site.config import get_config
 from fleet.engine import ready_queue, scheduler
@@ -25,6 +26,7 @@ from fleet.models import TaskExecution, TaskStatus, Tenant, WorkflowExecution, W
 router = Router(tags=["executions"])
 
 PAGE_MAX = 200
+OFFSET_MAX = 1_000_000_000  # PostgreSQL's OFFSET is a bigint; past this there is nothing anyway
 
 
 class ErrorOut(Schema):
@@ -32,8 +34,16 @@ class ErrorOut(Schema):
 
 
 class StartIn(Schema):
-    context: Any = Field(default_factory=dict, description="the execution's input: a JSON object")
-    priority: int | None = Field(default=None, description="added to every task's priority")
+    context: dict[str, Any] = Field(
+        default_factory=dict, description="the execution's input: a JSON object"
+    )
+    priority: int | None = Field(
+        default=None,
+        ge=-PRIORITY_LIMIT,
+        le=PRIORITY_LIMIT,
+        strict=True,
+        description="added to every task's priority",
+    )
 
 
 class StartOut(Schema):
@@ -83,20 +93,20 @@ class ExecutionPage(Schema):
 
 
 class ListFilter(Schema):
-    status: str | None = Field(
-        default=None, description="Pending|Running|Completed|Failed|Cancelled"
+    status: Literal["Pending", "Running", "Completed", "Failed", "Cancelled"] | None = Field(
+        default=None, description="only executions in this status"
     )
     limit: int = Field(default=50, ge=1, le=PAGE_MAX)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=OFFSET_MAX)
 
 
 ERRORS = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut}
 
 
-def _execution_for(tenant: Tenant, execution_id: str) -> WorkflowExecution:
+def _execution_for(tenant: Tenant, execution_id: uuid.UUID | str) -> WorkflowExecution:
     """The tenant's execution, or 404; ids that are not UUIDs are 422."""
     try:
-        pk = uuid.UUID(execution_id)
+        pk = execution_id if isinstance(execution_id, uuid.UUID) else uuid.UUID(execution_id)
     except ValueError:
         raise HttpError(422, f"{execution_id!r} is not an execution id (a UUID)") from None
     execution = WorkflowExecution.objects.filter(tenant=tenant, pk=pk).first()
@@ -213,11 +223,6 @@ def start_execution(request: HttpRequest, workflow: str, body: StartIn):
 def list_executions(request: HttpRequest, filters: Query[ListFilter]):
     executions = WorkflowExecution.objects.filter(tenant=request.tenant)
     if filters.status is not None:
-        if filters.status not in WorkflowStatus.values:
-            raise HttpError(
-                422,
-                f"unknown status {filters.status!r}; one of: {', '.join(WorkflowStatus.values)}",
-            )
         executions = executions.filter(status=filters.status)
     page = executions.order_by("-created_at", "-id")[
         filters.offset : filters.offset + filters.limit
@@ -236,7 +241,7 @@ def list_executions(request: HttpRequest, filters: Query[ListFilter]):
     response={200: ExecutionOut, **ERRORS},
     summary="An execution with its final context and per-task status",
 )
-def get_execution(request: HttpRequest, execution_id: str):
+def get_execution(request: HttpRequest, execution_id: uuid.UUID):
     return _execution_out(_execution_for(request.tenant, execution_id))
 
 
@@ -246,7 +251,7 @@ def get_execution(request: HttpRequest, execution_id: str):
     response={200: ExecutionOut, 409: ErrorOut, **ERRORS},
     summary="Cancel an execution: nothing new starts, running tasks finish on their own",
 )
-def cancel_execution(request: HttpRequest, execution_id: str):
+def cancel_execution(request: HttpRequest, execution_id: uuid.UUID):
     execution = _execution_for(request.tenant, execution_id)
     try:
         execution = scheduler.cancel_execution(request.tenant, execution.pk)

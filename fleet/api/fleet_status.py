@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from django.http import HttpRequest
 from django.utils import timezone
-from ninja import Field, Router, Schema
+from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
 from pydantic import ConfigDict
 
@@ -52,13 +52,33 @@ class FleetOut(Schema):
     agents: list[AgentOut]
 
 
-class AdminFleetIn(Schema):
-    model_config = ConfigDict(extra="forbid")
+def _count_schema(nullable: bool):
+    """limits' own checks (and messages) as the schema publishes them."""
 
+    def publish(schema: dict) -> None:
+        schema.pop("anyOf", None)
+        number = {"type": "integer", "minimum": 0, "maximum": limits.AGENTS_MAX}
+        schema.update({"anyOf": [number, {"type": "null"}]} if nullable else number)
+
+    return publish
+
+
+class AdminFleetIn(Schema):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
+
+    # strict: JSON true/false are not the numbers 1/0
     max_agents_override: int | None = Field(
-        default=None, description="the tenant's ceiling; null clears it (platform default)"
+        default=None,
+        strict=True,
+        description="the tenant's ceiling; null clears it (platform default)",
+        json_schema_extra=_count_schema(nullable=True),
     )
-    desired_count: int | None = Field(default=None, description="set desired_count directly")
+    desired_count: int | None = Field(
+        default=None,
+        strict=True,
+        description="set desired_count directly",
+        json_schema_extra=_count_schema(nullable=False),
+    )
 
 
 class AdminFleetOut(Schema):
@@ -86,6 +106,10 @@ class DecisionOut(Schema):
     old_desired: int
     new_desired: int
     reason: str
+
+
+class HistoryFilter(Schema):
+    limit: int = Field(default=50, ge=1, le=HISTORY_MAX, description="records of each kind")
 
 
 class HistoryOut(Schema):
@@ -151,10 +175,9 @@ def deprovision(request: HttpRequest):
 
 
 @router.get("/fleet/history", auth=read_auth, response={200: HistoryOut, **ERRORS})
-def fleet_history(request: HttpRequest, limit: int = 50):
+def fleet_history(request: HttpRequest, filters: Query[HistoryFilter]):
     """Recent audit records of the tenant's fleet numbers and autoscaler decisions."""
-    if not 1 <= limit <= HISTORY_MAX:
-        raise HttpError(422, f"limit must be between 1 and {HISTORY_MAX}, got {limit}")
+    limit = filters.limit
     tenant = request.tenant
     return {
         "changes": list(FleetChange.objects.filter(tenant=tenant)[:limit]),

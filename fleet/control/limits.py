@@ -113,11 +113,17 @@ def deprovision(tenant: Tenant, actor: str) -> int:
     return _step(tenant, actor, -1)
 
 
+# Far above any fleet; keeps the numbers inside their integer columns (a larger one was a 500).
+AGENTS_MAX = 100_000
+
+
 def _check_count(name: str, value: object) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise FleetLimitError(f"{name} must be a non-negative integer, got {value!r}", 422)
+    if value > AGENTS_MAX:
+        raise FleetLimitError(f"{name} must be at most {AGENTS_MAX}, got {value}", 422)
     return value
 
 

@@ -96,11 +96,38 @@ def validate_context(value: Any, max_bytes: int, what: str = "context") -> dict:
         raise ContextError(f"{what} is not valid JSON: {exc}") from None
     except TypeError as exc:
         raise ContextError(f"{what} is not JSON-serialisable: {exc}") from None
-    if len(encoded.encode()) > max_bytes:
-        raise ContextError(
-            f"{what} is {len(encoded.encode())} bytes, over the {max_bytes}-byte limit"
-        )
+    problem = unstorable(value)
+    if problem:
+        raise ContextError(f"{what} holds {problem}, which cannot be stored")
+    size = len(encoded.encode())
+    if size > max_bytes:
+        raise ContextError(f"{what} is {size} bytes, over the {max_bytes}-byte limit")
     return value
+
+
+def unstorable(value: Any) -> str:
+    """What in a JSON value PostgreSQL cannot store (a NUL, a lone surrogate), or ''."""
+    stack = [value]
+    while stack:  # iterative: a deeply nested value must not hit the recursion limit
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            if "\x00" in item:
+                return "a NUL character (\\u0000)"
+            try:
+                item.encode()
+            except UnicodeEncodeError:
+                return "a lone surrogate (\\ud800-\\udfff)"
+    return ""
+
+
+def storable_text(text: str) -> str:
+    """``text`` as PostgreSQL can store it: no NUL, no lone surrogate (error messages)."""
+    return text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\ufffd")
 
 
 def contains_non_finite(value: Any) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import NamedTuple
 
@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from cloacina_site.config import get_config
 from fleet.engine import scheduler
-from fleet.engine.context import ContextError, encode_context, validate_context
+from fleet.engine.context import ContextError, encode_context, storable_text, validate_context
 from fleet.engine.events import ExecutionStatus, TaskReadyEvent
 from fleet.engine.outbox_ack import ack_and_release
 from fleet.models import (
@@ -62,6 +62,18 @@ class Applied:
     retry_at: object = None  # when a retried task becomes due, if delayed
 
 
+def _storable(report: TaskReport) -> TaskReport:
+    """An error text holding NUL (or a lone surrogate) would make the whole outcome
+    unstorable; the text is kept, those characters replaced."""
+    texts = {
+        name: storable_text(getattr(report, name))
+        for name in ("error_type", "error_message", "traceback", "agent_name")
+    }
+    if all(texts[name] == getattr(report, name) for name in texts):
+        return report
+    return replace(report, **texts)
+
+
 class _TaskHead(NamedTuple):
     """The columns an outcome is fenced and routed by (read under the row lock)."""
 
@@ -100,6 +112,7 @@ class TaskResultHandler:
         concurrent outcomes never deadlock.  The common case (a success) is a
         handful of raw statements: this is the hottest path of the server.
         """
+        report = _storable(report)
         try:
             with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute(_LOCK_TASK, [report.task_execution_id])

@@ -133,7 +133,9 @@ class ServeProcess:
         from twisted.internet import reactor
 
         from cloacina_site.asgi import application
+        from cloacina_site.daphne_requests import disable_twisted_form_parsing
 
+        disable_twisted_form_parsing()
         self.server = Server(
             application=application,
             endpoints=[f"tcp:port={self.port}:interface={self.host}"],
