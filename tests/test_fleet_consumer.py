@@ -9,6 +9,7 @@ import uuid
 import pytest
 from channels.testing import WebsocketCommunicator
 
+from agents import consumers
 from agents.models import Agent
 from cloacina_site.asgi import application
 from fleet.delivery import local_sockets
@@ -179,13 +180,17 @@ def test_an_oversized_frame_is_closed_4413(tenant, agent_key):
     assert run_async(scenario()) == 4413
 
 
-def test_a_flood_of_frames_is_closed_4429(tenant, agent_key):
+def test_a_flood_of_frames_is_closed_4429(tenant, agent_key, monkeypatch):
+    # The real limits (4,000 frames/s, bursts of 8,000) are sized for busy agents; the
+    # test harness cannot send that fast, so it checks the same bucket at a smaller size.
+    monkeypatch.setattr(consumers, "FRAME_RATE_PER_S", 50.0)
+    monkeypatch.setattr(consumers, "FRAME_BURST", 100)
     agent = make_agent(tenant, connected=False)
 
     async def scenario():
         comm = socket(agent.id, agent_key)
         await opened(comm)
-        for _ in range(10_000):  # over the 8,000-frame burst
+        for _ in range(1000):
             await comm.send_json_to({"type": "received", "outbox_id": 1})
         code = await close_code(comm, timeout=10)
         await comm.disconnect()

@@ -14,7 +14,7 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from artifacts.models import WorkflowPackage
@@ -26,7 +26,7 @@ from fleet.engine.claims import claim_task, release_claim
 from fleet.engine.context import build_task_context, encode_context
 from fleet.engine.events import ExecutionStatus
 from fleet.engine.results import TaskReport, result_handler
-from fleet.models import Outcome, TaskExecution, TaskOutcome, TaskStatus, WorkflowExecution
+from fleet.models import Outcome, TaskExecution, TaskOutcome, TaskStatus
 
 EXECUTION_CACHE_SIZE = 4096
 
@@ -63,10 +63,23 @@ class _ExecutionInfo:
             if hit is not None:
                 self._cache.move_to_end(workflow_execution_id)
                 return hit
-        execution = WorkflowExecution.objects.select_related("package", "tenant").get(
-            pk=workflow_execution_id
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT p.id, p.tenant_id, p.kind, p.digest, p.host_triple, t.name
+                FROM fleet_workflowexecution e
+                JOIN workflow_packages p ON p.id = e.package_id
+                JOIN fleet_tenant t ON t.id = e.tenant_id
+                WHERE e.id = %s
+                """,
+                [workflow_execution_id],
+            )
+            pk, tenant_id, kind, digest, host_triple, tenant_name = cursor.fetchone()
+        # Only the fields dispatch reads (the manifest can be large).
+        package = WorkflowPackage(
+            id=pk, tenant_id=tenant_id, kind=kind, digest=digest, host_triple=host_triple
         )
-        value = (execution.package, execution.tenant.name)
+        value = (package, tenant_name)
         with self._lock:
             self._cache[workflow_execution_id] = value
             while len(self._cache) > EXECUTION_CACHE_SIZE:
