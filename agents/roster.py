@@ -25,6 +25,9 @@ from fleet.delivery.redelivery import mark_running_received
 from fleet.models import ApiKey, Role, Tenant
 
 PROTOCOL_VERSION = 1
+# The protocol versions this server can talk.  During a rolling upgrade a server that
+# already speaks a new version keeps the old one here until the last old agent is gone.
+SUPPORTED_PROTOCOL_VERSIONS = (PROTOCOL_VERSION,)
 MAX_CONCURRENCY = 1024
 MAX_LIST_ITEMS = 64
 MAX_ITEM_CHARS = 100
@@ -77,14 +80,20 @@ def check_metrics(metrics) -> dict:
     return metrics
 
 
+def protocol_refusal(agent_protocol: int, agent_version: str = "") -> str:
+    """The 409 message for an agent whose protocol this server does not speak: both versions."""
+    supported = " and ".join(str(v) for v in SUPPORTED_PROTOCOL_VERSIONS)
+    software = f" (agent software {agent_version[:50]})" if agent_version else ""
+    return (
+        f"agent speaks protocol {agent_protocol}, this server supports {supported}{software}; "
+        "upgrade the older side so both speak a common protocol version"
+    )
+
+
 def _validate(reg: Registration) -> Registration:
     config = get_config()
-    if reg.protocol_version != PROTOCOL_VERSION:
-        raise RosterError(
-            409,
-            f"protocol version {reg.protocol_version} is not the server's ({PROTOCOL_VERSION}); "
-            f"wire format: agent {reg.wire_format}, server {config.wire_format}",
-        )
+    if reg.protocol_version not in SUPPORTED_PROTOCOL_VERSIONS:
+        raise RosterError(409, protocol_refusal(reg.protocol_version, reg.version))
     try:
         require_same_format(config.wire_format, reg.wire_format)
     except WireFormatError as exc:

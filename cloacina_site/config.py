@@ -129,6 +129,10 @@ SETTINGS: tuple[Setting, ...] = (
         1,
     ),
     Setting("secret_key", "CLOACINA_SECRET_KEY", "secret_key", str, ""),
+    # TLS (cloacina_site/tls.py): empty = plain HTTP; a client CA turns on mutual TLS.
+    Setting("tls_cert", "CLOACINA_TLS_CERT", "tls_cert", str, ""),
+    Setting("tls_key", "CLOACINA_TLS_KEY", "tls_key", str, ""),
+    Setting("tls_client_ca", "CLOACINA_TLS_CLIENT_CA", "tls_client_ca", str, ""),
     Setting("debug", "CLOACINA_DEBUG", "debug", bool, False),
 )
 
@@ -159,6 +163,9 @@ class Config:
     max_package_bytes: int = 50 * 1024 * 1024
     max_context_bytes: int = 16 * 1024 * 1024
     secret_key: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
     debug: bool = False
     extra: dict = field(default_factory=dict)
 

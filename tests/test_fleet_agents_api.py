@@ -93,7 +93,7 @@ def test_registering_a_live_name_again_replaces_it_and_reclaims_its_work(client,
 @pytest.mark.parametrize(
     ("extra", "status", "fragment"),
     [
-        ({"protocol_version": 2}, 409, "protocol version 2 is not the server's (1)"),
+        ({"protocol_version": 2}, 409, "agent speaks protocol 2, this server supports 1"),
         ({"wire_format": "msgpack"}, 409, "wire format mismatch"),
         ({"target_triple": "nonsense"}, 422, "target_triple"),
         ({"max_concurrency": 0}, 422, "max_concurrency must be 1..1024"),

@@ -19,7 +19,7 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed
 
 from agents.runtime import frames, host_metrics
-from agents.runtime.agent_config import AGENT_VERSION, PROTOCOL_VERSION, AgentConfig
+from agents.runtime.agent_config import AGENT_VERSION, AgentConfig
 from agents.runtime.backoff import Backoff, wait_event
 from agents.runtime.client import (
     AgentClient,
@@ -28,6 +28,7 @@ from agents.runtime.client import (
     Registration,
     RequestRejected,
     ServerUnavailable,
+    TLSFailure,
     UnknownAgent,
     websocket_url,
 )
@@ -59,7 +60,7 @@ class Agent:
         client: AgentClient | None = None,
     ) -> None:
         self.config = config
-        self.client = client or AgentClient(config.server_url, config.api_key)
+        self.client = client or AgentClient(config.server_url, config.api_key, tls=config.tls)
         self.cache = cache or PackageCache(config.cache_dir, config.cache_max_bytes)
         self.runner = runner or TaskRunner(config.max_concurrency)
         self.registration: Registration | None = None
@@ -98,6 +99,8 @@ class Agent:
             "agent %s starting: server %s, %s, %d slot(s), cache %s",
             c.name, c.server_url, c.target_triple, c.max_concurrency, c.cache_dir,
         )  # fmt: skip
+        if self.client.ssl_context is not None:
+            log.info("%s", c.tls.describe())
         host_metrics.sample()  # primes cpu_percent, whose first reading is meaningless
         await asyncio.to_thread(self.runner.start)
         loops = [
@@ -189,7 +192,7 @@ class Agent:
             "target_triple": c.target_triple,
             "max_concurrency": c.max_concurrency,
             "version": AGENT_VERSION,
-            "protocol_version": PROTOCOL_VERSION,
+            "protocol_version": c.protocol_version,
             "wire_format": wire_format,
             "tags": list(c.tags),
             "capabilities": list(c.capabilities),
@@ -206,6 +209,9 @@ class Agent:
                 return False  # a draining agent takes no new identity: it only reports
             try:
                 registration = await self.client.register(self._registration_body(wire_format))
+            except TLSFailure as exc:  # a certificate or CA mismatch does not pass by waiting
+                self._finish(EXIT_CONFIG, f"cannot register: {exc}")
+                return False
             except ServerUnavailable as exc:
                 delay = backoff.next_delay()
                 log.warning("cannot register (%s); retrying in %.1fs", exc, delay)
@@ -265,6 +271,7 @@ class Agent:
                 self._on_open,
                 lambda frame, agent_id=registration.agent_id: self._on_frame(frame, agent_id),
                 self._on_session_closed,
+                self.client.ssl_context,
             )
             if self._stopping:
                 return

@@ -7,6 +7,8 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agents.runtime.tls import AgentTLS
+
 DEFAULT_MAX_CONCURRENCY = 1
 DEFAULT_CACHE_MAX_MB = 2048
 AGENT_VERSION = "cloacina-agent/1.0"
@@ -15,6 +17,8 @@ PROTOCOL_VERSION = 1
 ENV_SERVER_URL = "CLOACINA_SERVER_URL"
 ENV_API_KEY = "CLOACINA_AGENT_API_KEY"
 ENV_WIRE_FORMAT = "CLOACINA_WIRE_FORMAT"
+# Tests only: make the agent claim another protocol version, to see the server refuse it.
+ENV_PROTOCOL_VERSION_OVERRIDE = "CLOACINA_TEST_AGENT_PROTOCOL_VERSION"
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,8 @@ class AgentConfig:
     tags: tuple[str, ...] = ()
     capabilities: tuple[str, ...] = ()
     wire_format: str = "json"
+    tls: AgentTLS = AgentTLS()
+    protocol_version: int = PROTOCOL_VERSION
 
 
 def default_name() -> str:

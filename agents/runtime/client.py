@@ -1,19 +1,28 @@
 """The agent's REST client (httpx): register, heartbeat, results, deregister, artifacts.
 
 Every failure is sorted into what the agent must do about it: retry later
-(:class:`ServerUnavailable`), stop (:class:`AuthRejected`, :class:`ProtocolMismatch`),
-re-register (:class:`UnknownAgent`) or give up on that one request (:class:`RequestRejected`).
+(:class:`ServerUnavailable`), stop (:class:`AuthRejected`, :class:`ProtocolMismatch`,
+:class:`TLSFailure` at registration), re-register (:class:`UnknownAgent`) or give up on that one request (:class:`RequestRejected`).
 The API key only ever travels in the Authorization header; it is in no message here.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+
+from agents.runtime.tls import (
+    AgentTLS,
+    client_context,
+    explain,
+    handshake_refusal,
+    ssl_error_in,
+)
 
 API_PREFIX = "/api/v1"
 CONNECT_TIMEOUT_S = 5.0
@@ -34,6 +43,15 @@ class ClientError(Exception):
 
 class ServerUnavailable(ClientError):
     """No answer, a timeout or a 5xx: try again later."""
+
+
+class TLSFailure(ServerUnavailable):
+    """The TLS handshake failed (untrusted server, refused client certificate, …).
+
+    A ServerUnavailable, so a call in the middle of work keeps retrying as it would
+    for any outage; at registration — the first contact — the agent stops instead,
+    because a certificate or CA mismatch does not go away by waiting.
+    """
 
 
 class AuthRejected(ClientError):
@@ -92,14 +110,24 @@ class AgentClient:
     """Async REST calls of one agent process, authenticated with its API key."""
 
     def __init__(
-        self, server_url: str, api_key: str, transport: httpx.AsyncBaseTransport | None = None
+        self,
+        server_url: str,
+        api_key: str,
+        transport: httpx.AsyncBaseTransport | None = None,
+        tls: AgentTLS | None = None,
     ) -> None:
         self.server_url = normalise_server_url(server_url)
+        self.tls = tls or AgentTLS()
+        # The same context verifies the server for REST and for the wss:// delivery socket.
+        self.ssl_context: ssl.SSLContext | None = (
+            client_context(self.tls) if self.server_url.startswith("https:") else None
+        )
         self._http = httpx.AsyncClient(
             base_url=self.server_url + API_PREFIX,
             headers={"Authorization": f"Bearer {api_key}"},
             timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
             transport=transport,
+            verify=self.ssl_context or True,
         )
 
     async def close(self) -> None:
@@ -108,7 +136,15 @@ class AgentClient:
     async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = await self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:  # connect refused, reset, timeout, …
+        except (httpx.TransportError, OSError) as exc:
+            # Connect refused, reset, timeout, … and a TLS alert that arrives after the
+            # handshake (a server refusing our client certificate under TLS 1.3), which
+            # escapes httpx as a bare ssl.SSLError.
+            tls_error = ssl_error_in(exc)
+            if tls_error is None and self._maybe_refused(exc):
+                tls_error = await handshake_refusal(self.server_url, self.ssl_context)
+            if tls_error is not None:
+                raise TLSFailure(f"{method} {path}: {explain(tls_error, self.tls)}") from None
             raise ServerUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from None
         if response.status_code >= 500:
             raise ServerUnavailable(
@@ -121,6 +157,12 @@ class AgentClient:
                 response.status_code,
             )
         return response
+
+    def _maybe_refused(self, exc: BaseException) -> bool:
+        """Whether a dropped connection may hide a TLS refusal (see handshake_refusal)."""
+        return self.ssl_context is not None and not isinstance(
+            exc, (httpx.ConnectError, httpx.TimeoutException, TimeoutError)
+        )
 
     @staticmethod
     def _rejected(response: httpx.Response, what: str) -> RequestRejected:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -78,8 +79,13 @@ async def run_session(
     on_open: Callable[[Session], Awaitable[None]],
     on_frame: Callable[[dict[str, Any]], Awaitable[None]],
     on_close: Callable[[], None],
+    ssl_context: ssl.SSLContext | None = None,
 ) -> SessionEnd:
-    """Connect to ``url``, call ``on_open`` (send hello), feed frames until the socket ends."""
+    """Connect to ``url``, call ``on_open`` (send hello), feed frames until the socket ends.
+
+    ``ssl_context`` verifies a ``wss://`` server (the REST client's, so both trust the same CA).
+    """
+    tls = {"ssl": ssl_context} if ssl_context is not None and url.startswith("wss:") else {}
     try:
         ws = await connect(
             url,
@@ -87,6 +93,7 @@ async def run_session(
             open_timeout=OPEN_TIMEOUT_S,
             max_size=MAX_INCOMING_FRAME_BYTES,
             user_agent_header="cloacina-agent",
+            **tls,
         )
     except InvalidStatus as exc:
         status = exc.response.status_code

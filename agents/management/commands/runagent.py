@@ -21,19 +21,31 @@ from agents.runtime.agent_config import (
     DEFAULT_CACHE_MAX_MB,
     DEFAULT_MAX_CONCURRENCY,
     ENV_API_KEY,
+    ENV_PROTOCOL_VERSION_OVERRIDE,
     ENV_SERVER_URL,
     ENV_WIRE_FORMAT,
+    PROTOCOL_VERSION,
     AgentConfig,
     default_cache_dir,
     default_name,
     split_list,
 )
 from agents.runtime.client import normalise_server_url
+from agents.runtime.tls import (
+    ENV_CA_CERT,
+    ENV_CLIENT_CERT,
+    ENV_CLIENT_KEY,
+    AgentTLS,
+    TLSConfigError,
+    client_context,
+)
 from agents.runtime.triples import TripleError, host_triple, parse_triple
 from agents.runtime.wire import SUPPORTED_FORMATS
 
 DB_LESS_MESSAGE = "the agent is DB-less: it must never open a database connection"
 LOG_FORMAT = "%(asctime)s %(levelname)s agent: %(message)s"
+
+log = logging.getLogger("cloacina.agent")
 
 
 def install_db_guard() -> None:
@@ -76,6 +88,13 @@ class Command(BaseCommand):
             "--cache-dir", help="unpacked packages (default $CLOACINA_HOME/agent-cache)"
         )
         parser.add_argument("--cache-max-mb", type=int, default=DEFAULT_CACHE_MAX_MB)
+        parser.add_argument(
+            "--ca-cert", help=f"PEM CA to trust for an https:// server (or ${ENV_CA_CERT})"
+        )
+        parser.add_argument(
+            "--client-cert", help=f"PEM client certificate for mutual TLS (or ${ENV_CLIENT_CERT})"
+        )
+        parser.add_argument("--client-key", help=f"PEM key of --client-cert (or ${ENV_CLIENT_KEY})")
 
     def handle(self, *args, **options) -> None:
         install_db_guard()
@@ -117,6 +136,7 @@ class Command(BaseCommand):
         if not name:
             raise CommandError("--name must not be empty", returncode=2)
         cache_dir = options["cache_dir"]
+        tls = _tls(options, server)
         return AgentConfig(
             server_url=server,
             api_key=api_key,
@@ -128,7 +148,44 @@ class Command(BaseCommand):
             tags=split_list(options["tags"]),
             capabilities=split_list(options["capabilities"]),
             wire_format=wire_format,
+            tls=tls,
+            protocol_version=_protocol_version(),
         )
+
+
+def _tls(options: dict, server: str) -> AgentTLS:
+    """The TLS files (flag > environment), loaded once now so a bad one is a clear exit 2."""
+
+    def path(flag: str, env: str) -> Path | None:
+        value = options.get(flag) or os.environ.get(env, "")
+        return Path(value).expanduser() if value else None
+
+    tls = AgentTLS(
+        ca_cert=path("ca_cert", ENV_CA_CERT),
+        client_cert=path("client_cert", ENV_CLIENT_CERT),
+        client_key=path("client_key", ENV_CLIENT_KEY),
+    )
+    if not server.startswith("https:"):
+        if tls != AgentTLS():
+            log.warning("the server URL is http://: --ca-cert/--client-cert/--client-key unused")
+        return tls
+    try:
+        client_context(tls)
+    except TLSConfigError as exc:
+        raise CommandError(str(exc), returncode=2) from None
+    return tls
+
+
+def _protocol_version() -> int:
+    raw = os.environ.get(ENV_PROTOCOL_VERSION_OVERRIDE, "")
+    if not raw:
+        return PROTOCOL_VERSION
+    try:
+        return int(raw)
+    except ValueError:
+        raise CommandError(
+            f"{ENV_PROTOCOL_VERSION_OVERRIDE} must be an integer, got {raw!r}", returncode=2
+        ) from None
 
 
 async def _run(agent) -> int:

@@ -21,6 +21,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connection
 
 from cloacina_site.config import Config, ConfigError, apply_overrides
+from cloacina_site.tls import PLAINTEXT_WARNING, ServerTLS, daphne_endpoint, server_tls
 from fleet.control import jobs as control
 from fleet.control import substrate
 from fleet.engine import leader, recovery, server_registry
@@ -51,9 +52,20 @@ class Command(BaseCommand):
         parser.add_argument(
             "--actuator", default=None, help=f"fleet actuator: {' | '.join(substrate.ACTUATORS)}"
         )
+        parser.add_argument("--tls-cert", default=None, help="PEM certificate (chain): serve TLS")
+        parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+        parser.add_argument(
+            "--tls-client-ca",
+            default=None,
+            help="PEM CA(s): require client certificates signed by it (mutual TLS)",
+        )
 
     def handle(self, *args, **options) -> None:
         config = self._configure(options)
+        try:
+            tls = server_tls(config)  # bad paths, a mismatched key, … stop here: exit 2
+        except ConfigError as exc:
+            raise CommandError(str(exc), returncode=EXIT_CONFIG) from None
         instance_id = server_registry.new_instance_id()
         try:
             dispatcher = build_dispatcher(config, claimer=instance_id)
@@ -65,11 +77,14 @@ class Command(BaseCommand):
         except ConfigError as exc:
             raise CommandError(str(exc), returncode=EXIT_CONFIG) from None
         self.check(display_num_errors=False)
+        if tls is None:  # once the configuration is known good, so a refusal stays one line
+            sys.stderr.write(PLAINTEXT_WARNING + "\n")
+            sys.stderr.flush()
         migrate_with_lock()
         server_registry.register_instance(instance_id, config.default_executor)
         connection.close()  # the main thread hands over to the reactor; threads use their own
         process = ServeProcess(
-            config, dispatcher, instance_id, options["host"], options["port"], self.stdout
+            config, dispatcher, instance_id, options["host"], options["port"], self.stdout, tls
         )
         code = process.run()
         if code:
@@ -80,7 +95,11 @@ class Command(BaseCommand):
         try:
             heartbeat_s = server_registry.heartbeat_interval_s()
             config = apply_overrides(
-                default_executor=options["default_executor"], fleet_actuator=actuator
+                default_executor=options["default_executor"],
+                fleet_actuator=actuator,
+                tls_cert=options["tls_cert"],
+                tls_key=options["tls_key"],
+                tls_client_ca=options["tls_client_ca"],
             )
         except ConfigError as exc:
             raise CommandError(str(exc), returncode=EXIT_CONFIG) from None
@@ -112,6 +131,7 @@ class ServeProcess:
         host: str,
         port: int,
         stdout,
+        tls: ServerTLS | None = None,
     ) -> None:
         self.config = config
         self.dispatcher = dispatcher
@@ -119,6 +139,8 @@ class ServeProcess:
         self.host = host
         self.port = port
         self.stdout = stdout
+        self.tls = tls
+        self.scheme = "https" if tls is not None else "http"
         self.exit_code = 0
         self.engine = None
         self.jobs = None
@@ -138,7 +160,11 @@ class ServeProcess:
         disable_twisted_form_parsing()
         self.server = Server(
             application=application,
-            endpoints=[f"tcp:port={self.port}:interface={self.host}"],
+            endpoints=[
+                daphne_endpoint(self.tls, self.host, self.port)
+                if self.tls is not None
+                else f"tcp:port={self.port}:interface={self.host}"
+            ],
             signal_handlers=True,
         )
         reactor.callWhenRunning(self._start)
@@ -192,9 +218,9 @@ class ServeProcess:
         )
         # Agents the process actuator starts connect back here.
         local = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        control.bind_server_url(f"http://{local}:{port}")
+        control.bind_server_url(f"{self.scheme}://{local}:{port}")
         self.stdout.write(
-            f"Cloacina server ready: console at http://{self.host}:{port}/console/ "
+            f"Cloacina server ready: console at {self.scheme}://{self.host}:{port}/console/ "
             f"(executor: {executor.key})"
         )
         self.stdout.flush()
