@@ -37,6 +37,7 @@ from agents.api import ResultIn, apply_result
 from agents.runtime import wire
 from fleet.delivery import db as delivery_db
 from fleet.delivery import local_sockets, redelivery, socket_writes
+from fleet.engine.context import unstorable
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,8 @@ def _check_frame(frame: dict[str, Any]) -> dict[str, Any]:
             raise FrameRejected("heartbeat: metrics must be an object")
         if metrics and len(json.dumps(metrics)) > roster.MAX_METRICS_BYTES:
             raise FrameRejected(f"heartbeat: metrics over {roster.MAX_METRICS_BYTES} bytes")
+        if metrics and unstorable(metrics):  # PostgreSQL's jsonb would refuse the beat
+            raise FrameRejected(f"heartbeat: metrics hold {unstorable(metrics)}")
         running = frame.get("running") or []
         try:
             running = [uuid.UUID(str(t)) for t in running][:4096]

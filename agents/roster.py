@@ -12,8 +12,10 @@ import json
 import secrets
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 
 from agents.models import Agent, AgentState
 from agents.runtime.triples import TripleError, parse_triple
@@ -33,6 +35,13 @@ MAX_LIST_ITEMS = 64
 MAX_ITEM_CHARS = 100
 MAX_METRICS_BYTES = 16 * 1024
 REGISTER_ATTEMPTS = 3  # a concurrent registration of the same name may win the unique index
+# Registration is bounded, so a runaway or hostile agent key cannot fill the roster: live
+# agents per tenant (a same-name registration replaces one and is always let through) and
+# registrations per key per minute (each one leaves a row behind, dead ones as history).
+MIN_LIVE_AGENTS_CAP = 64
+LIVE_AGENTS_PER_LIMIT = 4  # the cap is max(MIN_LIVE_AGENTS_CAP, 4 × effective limit)
+REGISTRATIONS_PER_KEY_PER_MINUTE = 60
+ROSTER_LOCK_CLASS = 0x524F5354  # pg_advisory_xact_lock(class, tenant id) around the cap check
 
 
 class RosterError(Exception):
@@ -126,10 +135,38 @@ def _validate(reg: Registration) -> Registration:
     )
 
 
+def _check_rate(key: ApiKey) -> None:
+    """429 past the registration rate of ``key`` (checked before anyone is replaced)."""
+    since = timezone.now() - timedelta(minutes=1)
+    recent = Agent.objects.filter(api_key=key, registered_at__gt=since).count()
+    if recent >= REGISTRATIONS_PER_KEY_PER_MINUTE:
+        raise RosterError(
+            429,
+            f"this key registered {recent} agents in the last minute (at most "
+            f"{REGISTRATIONS_PER_KEY_PER_MINUTE}); an agent registers once and keeps its name",
+        )
+
+
+def _check_cap(key: ApiKey, name: str) -> None:
+    """429 when the tenant already holds its cap of agents that are not dead, unless this
+    registration replaces one of them (same name)."""
+    live = Agent.objects.filter(tenant_id=key.tenant_id).exclude(state=AgentState.DEAD)
+    cap = max(MIN_LIVE_AGENTS_CAP, LIVE_AGENTS_PER_LIMIT * key.tenant.effective_limit())
+    if live.count() >= cap and not live.filter(name=name).exists():
+        raise RosterError(
+            429,
+            f"tenant {key.tenant.name!r} already has {cap} agents that are not dead (the cap is "
+            f"max({MIN_LIVE_AGENTS_CAP}, {LIVE_AGENTS_PER_LIMIT} × its agent limit)); "
+            "deregister some, or wait for silent ones to be evicted",
+        )
+
+
 def register(key: ApiKey, registration: Registration) -> Agent:
     """Add an agent to the key's tenant; a live agent of the same name is replaced
     (declared dead, its work reclaimed) — a restarted agent keeps its name."""
     reg = _validate(registration)
+    _check_rate(key)
+    _check_cap(key, reg.name)  # refuse before replacing anyone
     for _ in range(REGISTER_ATTEMPTS):
         holder = (
             Agent.objects.filter(tenant_id=key.tenant_id, name=reg.name)
@@ -141,6 +178,12 @@ def register(key: ApiKey, registration: Registration) -> Agent:
             evict_agent(holder, "replaced by a new registration with the same name")
         try:
             with transaction.atomic():
+                # Registrations of one tenant take turns here, so the cap is exact.
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT pg_advisory_xact_lock(%s, %s)", [ROSTER_LOCK_CLASS, key.tenant_id]
+                    )
+                _check_cap(key, reg.name)
                 return Agent.objects.create(
                     tenant_id=key.tenant_id,
                     api_key=key,

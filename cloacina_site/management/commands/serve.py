@@ -155,9 +155,9 @@ class ServeProcess:
         from twisted.internet import reactor
 
         from cloacina_site.asgi import application
-        from cloacina_site.daphne_requests import disable_twisted_form_parsing
+        from cloacina_site.daphne_limits import apply_daphne_limits
 
-        disable_twisted_form_parsing()
+        apply_daphne_limits()
         self.server = Server(
             application=application,
             endpoints=[

@@ -1,0 +1,223 @@
+"""Hostile agents against a real `serve`: an agent that registers 1,000 times, a flood of
+frames on one delivery socket, malformed frames.  Each gets a clear refusal (a 429, a
+close code with a reason), the roster and the server's memory stay bounded, and the
+server keeps serving (the agent itself can come back).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from agents import roster
+from agents.runtime.triples import host_triple
+from tests.hostile_support import served_fixture  # noqa: F401
+
+pytestmark = pytest.mark.e2e
+
+REGISTRATIONS = 1000
+
+
+def _register(served, name: str, key: str | None = None) -> httpx.Response:
+    body = {"name": name, "target_triple": host_triple(), "protocol_version": 1}
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return served.post("/agents/register", role="agent", json=body, headers=headers)
+
+
+def _live_agents() -> int:
+    from agents.models import Agent
+
+    return Agent.objects.exclude(state="dead").count()
+
+
+def test_an_agent_registering_1000_times_leaves_one_live_row(served):
+    from agents.models import Agent
+
+    started = time.monotonic()
+    answers = [_register(served, "loop-agent").status_code for _ in range(REGISTRATIONS)]
+    minutes = (time.monotonic() - started) / 60
+    accepted = answers.count(201)
+    # The per-key budget is a sliding minute: a slow machine gets one budget per minute.
+    per_minute = roster.REGISTRATIONS_PER_KEY_PER_MINUTE
+    assert per_minute <= accepted <= per_minute * (1 + int(minutes)), (accepted, minutes)
+    assert answers.count(429) == REGISTRATIONS - accepted
+    refused = _register(served, "loop-agent")
+    assert refused.status_code == 429
+    assert f"agents in the last minute (at most {per_minute})" in refused.json()["detail"]
+    assert Agent.objects.filter(name="loop-agent").exclude(state="dead").count() == 1
+    assert Agent.objects.count() == accepted  # refusals stored nothing
+    print(f"\n{REGISTRATIONS} registrations: {accepted} accepted, 1 live row")
+    served.assert_still_serving()
+
+
+def test_registrations_under_many_names_stop_at_the_tenants_cap(served):
+    from fleet.models import ApiKey, Tenant
+
+    tenant = Tenant.objects.get(name="acme")
+    cap = max(roster.MIN_LIVE_AGENTS_CAP, roster.LIVE_AGENTS_PER_LIMIT * tenant.effective_limit())
+    keys = [ApiKey.mint("agent", tenant=tenant)[1] for _ in range(3)]
+    # Eight at a time: the cap must hold against concurrent registrations too.
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(
+            pool.map(
+                lambda i: _register(served, f"agent-{i}", keys[i % 3]).status_code,
+                range(cap + 20),
+            )
+        )
+    assert answers.count(201) == cap and answers.count(429) == 20, answers
+    assert _live_agents() == cap
+    # Replacing one of them (a restart under its name) is still let through.
+    assert _register(served, "agent-0", keys[2]).status_code == 201
+    assert _live_agents() == cap
+    served.assert_still_serving()
+
+
+# -- the delivery socket ------------------------------------------------------------------
+
+
+def _agent_socket(served, name: str):
+    answer = _register(served, name)
+    assert answer.status_code == 201, answer.text
+    agent_id = answer.json()["agent_id"]
+    url = served.server.url.replace("http://", "ws://") + f"/ws/agents/{agent_id}/"
+    sock = connect(
+        url,
+        additional_headers={"Authorization": f"Bearer {served.keys['agent']}"},
+        max_size=None,
+        compression=None,
+        open_timeout=10,
+        legacy=True,  # a plain connection, closed by the test
+    )
+    sock.send(json.dumps({"type": "hello", "holding": []}))
+    return agent_id, sock
+
+
+def _close_code(sock, timeout: float = 20.0) -> tuple[int | None, str]:
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            sock.recv(timeout=max(0.1, deadline - time.monotonic()))
+    except ConnectionClosed as exc:
+        return (exc.rcvd.code, exc.rcvd.reason) if exc.rcvd else (None, "")
+    except TimeoutError:
+        pass
+    return None, "still open"
+
+
+def _flood(sock, frame: str, seconds: float) -> int:
+    """Send ``frame`` as fast as the socket takes it for ``seconds``; return how many."""
+    sent = 0
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            sock.send(frame)
+            sent += 1
+    except (ConnectionClosed, OSError):
+        pass
+    return sent
+
+
+FLOODS = {
+    "received": json.dumps({"type": "received", "outbox_id": 1}),
+    "heartbeat-16k-metrics": json.dumps(
+        {"type": "heartbeat", "metrics": {"pad": "m" * 16000}, "running": []}
+    ),
+    "results-of-1-mib": json.dumps(
+        {
+            "type": "result",
+            "outbox_id": 1,
+            "task_execution_id": str(uuid.uuid4()),
+            "assignment": 1,
+            "outcome": "success",
+            "output": {"pad": "r" * 1_000_000},
+        }
+    ),
+}
+FLOOD_S = 5.0
+FLOOD_MEMORY_MAX_MB = 256  # what one flooding socket may cost the server, at most
+
+
+@pytest.mark.parametrize("kind", sorted(FLOODS))
+def test_a_flood_on_one_socket_is_held_back_or_cut_off_with_bounded_memory(served, kind):
+    """Either the server reads no faster than it works (back-pressure: the socket stays
+    open) or the agent passes the frame rate and is closed with 4429; never an unbounded
+    queue."""
+    frame = FLOODS[kind]
+    _agent_id, sock = _agent_socket(served, f"flooder-{kind}")
+    before = served.rss_mb()
+    peak = [before]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], served.rss_mb())
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    sent = _flood(sock, frame, seconds=FLOOD_S)
+    code, reason = _close_code(sock, timeout=3.0)
+    stop.set()
+    sampler.join()
+    print(f"\n{kind}: {sent} frames sent, closed {code} ({reason}); server memory "
+          f"{before:.0f} MB -> peak {peak[0]:.0f} MB")  # fmt: skip
+    assert code == 4429 or (code, reason) == (None, "still open"), (code, reason, sent)
+    if code == 4429:
+        assert "frames" in reason, reason
+    assert peak[0] - before < FLOOD_MEMORY_MAX_MB
+    served.assert_still_serving()
+    # The flooding agent may come back (a new connection), and a quiet one is served.
+    _quiet_id, quiet = _agent_socket(served, f"quiet-{kind}")
+    quiet.send(json.dumps({"type": "heartbeat", "running": []}))
+    assert _close_code(quiet, timeout=1.0) == (None, "still open")
+    quiet.close()
+
+
+MALFORMED = [
+    ("not json", "{", 4400),
+    ("a list", "[1, 2]", 4400),
+    ("no type", json.dumps({"outbox_id": 1}), 4400),
+    ("unknown type", json.dumps({"type": "steal"}), 4400),
+    ("received without id", json.dumps({"type": "received"}), 4400),
+    ("received id a bool", json.dumps({"type": "received", "outbox_id": True}), 4400),
+    ("holding not pairs", json.dumps({"type": "hello", "holding": [1, 2]}), 4400),
+    ("running not ids", json.dumps({"type": "heartbeat", "running": ["x"]}), 4400),
+    ("metrics a list", json.dumps({"type": "heartbeat", "metrics": [1]}), 4400),
+    ("metrics with NUL", json.dumps({"type": "heartbeat", "metrics": {"a": "\x00"}}), 4400),
+    ("NaN", '{"type": "heartbeat", "metrics": {"a": NaN}}', 4400),
+    ("result without id", json.dumps({"type": "result", "outcome": "success"}), 4400),
+]
+# Over daphne's 1 MiB message limit: the connection is failed (1009) or dropped outright.
+TOO_BIG = json.dumps({"type": "heartbeat", "pad": "x" * (1024 * 1024)})
+
+
+def test_malformed_frames_close_the_socket_with_a_reason(served):
+    from agents.models import Agent
+
+    wrong = []
+    for what, frame, expected in MALFORMED:
+        agent_id, sock = _agent_socket(served, "malformed")
+        sock.send(frame)
+        code, reason = _close_code(sock, timeout=5)
+        if code != expected or not reason:
+            wrong.append((what, code, reason))
+        beats = Agent.objects.filter(pk=agent_id).values_list("metrics", flat=True).first()
+        assert beats in ({}, None)
+    assert not wrong, wrong
+    _agent_id, sock = _agent_socket(served, "malformed")
+    sock.send(TOO_BIG)
+    code, reason = _close_code(sock, timeout=5)
+    assert code in (1009, 4413, None) and reason != "still open", (code, reason)
+    # Binary garbage on a JSON socket.
+    _agent_id, sock = _agent_socket(served, "malformed")
+    sock.send(b"\xff\xfe\x00garbage")
+    assert _close_code(sock, timeout=5)[0] == 4400
+    served.assert_still_serving()

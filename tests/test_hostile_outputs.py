@@ -1,0 +1,167 @@
+"""Hostile task outputs and outcomes: NaN, values JSON cannot hold, NUL characters, an
+output that is not an object, a hostile agent posting such outputs itself, and the same
+outcome posted many times at once.  A bad output fails its task with a clear error and
+stores nothing of it; of concurrent copies of one outcome exactly one is applied.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from django.test import Client
+
+from fleet.models import TaskExecution, TaskOutcome
+from tests.conftest import bearer
+from tests.factories import make_package
+from tests.fleet_support import _close_delivery_pool, make_agent, two_task_package  # noqa: F401
+from tests.hostile_support import served_fixture  # noqa: F401
+from tests.test_fleet_agents_api import _delivered_task, result_body
+
+BAD_OUTPUTS = """
+def nan(context):
+    return {"x": float("nan")}
+
+def infinity(context):
+    return {"x": [1.0, float("-inf")]}
+
+def a_set(context):
+    return {"x": {1, 2}}
+
+def nul(context):
+    return {"x": "a\\x00b"}
+
+def a_list(context):
+    return [1, 2]
+
+def fine(context):
+    return {"fine": True}
+"""
+EXPECTED = {
+    "nan": "task output is not valid JSON: Out of range float values",
+    "infinity": "task output is not valid JSON: Out of range float values",
+    "a_set": "task output is not JSON-serialisable: Object of type set",
+    "nul": "task output holds a NUL character",
+    "a_list": "task output must be a JSON object (dict) or None, got list",
+}
+
+
+@pytest.mark.e2e
+def test_bad_outputs_fail_their_tasks_clearly_and_store_nothing(served):
+    from tests.e2e_support import start, wait_terminal
+
+    tasks = [{"id": name, "function": f"demo.steps:{name}"} for name in [*EXPECTED, "fine"]]
+    make_package(served_tenant(), tasks, BAD_OUTPUTS, workflow="bad")
+    execution_id = start(served.server, served.keys["write"], "bad", {})
+    body = wait_terminal(served.server, served.keys["write"], execution_id, timeout=60)
+    assert body["status"] == "Failed"
+    by_id = {t["task_id"]: t for t in body["tasks"]}
+    assert by_id["fine"]["status"] == "Completed"
+    for name, words in EXPECTED.items():
+        assert by_id[name]["status"] == "Failed", by_id[name]
+        assert by_id[name]["error"].startswith("InvalidTaskOutput: "), by_id[name]
+        assert words in by_id[name]["error"], by_id[name]
+        row = TaskExecution.objects.get(workflow_execution_id=execution_id, task_id=name)
+        assert row.output_context is None
+        assert not TaskOutcome.objects.filter(task=row, outcome="success").exists()
+    served.assert_still_serving()
+
+
+def served_tenant():
+    from fleet.models import Tenant
+
+    return Tenant.objects.get(name="acme")
+
+
+# -- a hostile agent ----------------------------------------------------------------------
+
+
+def _post_raw(client: Client, agent, key: str, text: str):
+    return client.post(
+        f"/api/v1/agents/{agent.id}/results", data=text, content_type="application/json",
+        **bearer(key),
+    )  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)  # the result endpoint works on its own DB threads
+def test_an_agent_posting_nan_or_an_oversized_output_fails_the_task(agent_key, tenant):
+    from cloacina_site.config import get_config
+
+    two_task_package(tenant)
+    agent = make_agent(tenant)
+    client = Client()
+    # json.dumps writes NaN as the bare token NaN, as a careless agent would.
+    task, row = _delivered_task(tenant, agent)
+    text = json.dumps(result_body(task, row, output={"x": float("nan")}))
+    answer = _post_raw(client, agent, agent_key, text)
+    assert answer.status_code == 200 and answer.json()["applied"] is True
+    task.refresh_from_db()
+    assert (task.status, task.error_type, task.output_context) == (
+        "Failed", "InvalidTaskOutput", None,
+    )  # fmt: skip
+    assert "not valid JSON" in task.error_message
+
+    limit = get_config().max_context_bytes
+    task, row = _delivered_task(tenant, agent)
+    big = result_body(task, row, output={"blob": "x" * limit})
+    answer = _post_raw(client, agent, agent_key, json.dumps(big))
+    assert answer.status_code == 200 and answer.json()["applied"] is True
+    task.refresh_from_db()
+    assert (task.status, task.error_type, task.output_context) == (
+        "Failed", "InvalidTaskOutput", None,
+    )  # fmt: skip
+    assert f"over the {limit}-byte limit" in task.error_message
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_agent_posting_nul_is_refused_and_nothing_is_recorded(agent_key, tenant):
+    two_task_package(tenant)
+    agent = make_agent(tenant)
+    task, row = _delivered_task(tenant, agent)
+    for field, value in (("output", {"x": "\x00"}), ("error_message", "bad\x00")):
+        body = result_body(task, row, **{field: value})
+        answer = _post_raw(Client(), agent, agent_key, json.dumps(body))
+        assert answer.status_code == 422 and "NUL character" in answer.json()["detail"]
+    task.refresh_from_db()
+    assert task.status == "Running" and not TaskOutcome.objects.filter(task=task).exists()
+    # The agent's fallback (a failure without the bad text, see outcome_reporter) applies.
+    body = result_body(task, row, outcome="failure", output=None, error_type="ResultRejected")
+    assert _post_raw(Client(), agent, agent_key, json.dumps(body)).json()["applied"] is True
+
+
+# -- one outcome, many copies at once -----------------------------------------------------
+
+COPIES = 12
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_outcome_posted_many_times_at_once_is_applied_once(agent_key, tenant):
+    two_task_package(tenant)
+    agent = make_agent(tenant)
+    task, row = _delivered_task(tenant, agent)
+    barrier = threading.Barrier(COPIES)
+
+    def post(i: int) -> dict:
+        body = json.dumps(result_body(task, row, output={"copy": i}))
+        client = Client()
+        barrier.wait()
+        response = _post_raw(client, agent, agent_key, body)
+        assert response.status_code == 200, response.content
+        return response.json()
+
+    with ThreadPoolExecutor(COPIES) as pool:
+        answers = list(pool.map(post, range(COPIES)))
+    applied = [a for a in answers if a["applied"]]
+    assert len(applied) == 1, answers
+    task.refresh_from_db()
+    assert task.status == "Completed" and set(task.output_context) == {"copy"}
+    assert TaskOutcome.objects.filter(task=task, applied=True).count() == 1
+    # The slot was given back once (a second release would have gone below zero).
+    agent.refresh_from_db()
+    row.refresh_from_db()
+    assert (agent.in_flight, row.state) == (0, "acked")
+    # The dependent was made Ready once, and the server goes on: it completes normally.
+    b = TaskExecution.objects.get(workflow_execution=task.workflow_execution, task_id="b")
+    assert (b.status, b.attempt) == ("Ready", 0)
