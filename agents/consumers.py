@@ -275,21 +275,26 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
                 await self._send_frame({"type": "drain"})
         for frame in batch:
             if frame["type"] == "result":
-                # Applied concurrently on the DB pool (bounded per socket); the reader
-                # and the other frames of the batch do not wait for them.
+                # Applied concurrently on the DB pool, at most RESULTS_IN_FLIGHT per socket.
+                # The slot is taken before the task exists: with all slots busy the reader
+                # waits, the inbound queue fills and a flood is closed (4429), instead of
+                # pending results (up to 1 MiB each) piling up in memory.
+                await self._result_slots.acquire()
                 task = asyncio.ensure_future(self._apply_result(frame))
                 self._results.add(task)
                 task.add_done_callback(self._results.discard)
 
     async def _apply_result(self, frame: dict) -> None:
-        if "invalid" in frame:
-            status, answer = 422, {"detail": f"invalid result: {frame['invalid']}"}
-        else:
-            async with self._result_slots:
+        try:
+            if "invalid" in frame:
+                status, answer = 422, {"detail": f"invalid result: {frame['invalid']}"}
+            else:
                 grant = self.grant
                 status, answer = await delivery_db.call(
                     apply_result, grant.tenant_id, grant.agent_id, frame["body"]
                 )
+        finally:
+            self._result_slots.release()
         if not self._closing:
             await self._send_frame(
                 {"type": "result_ack", "outbox_id": frame["outbox_id"], "status": status, **answer}
