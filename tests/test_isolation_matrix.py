@@ -15,6 +15,7 @@ documents carry nothing of B.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Callable
@@ -222,8 +223,6 @@ def _refused_like_missing(role: str, method: str, template: str, body=None, mult
 
 
 def _json(body: dict) -> str:
-    import json
-
     return json.dumps(body)
 
 
@@ -549,7 +548,53 @@ def socket_of_bs_agent(world: World) -> None:
     b_unchanged(world)
 
 
-SOCKET_CASES = {"ws/agents/<str:agent_id>/": socket_of_bs_agent}
+def result_frame_for_bs_packet(world: World) -> None:
+    """Over A's own socket, a result frame for B's work packet: answered like an unknown
+    packet (result_ack 404, same detail), nothing of B changes."""
+    from channels.testing import WebsocketCommunicator
+
+    from cloacina_site.asgi import application
+    from tests.own_loop import run_async
+
+    async def ack_for(outbox_id, task_id) -> dict:
+        comm = WebsocketCommunicator(
+            application, f"/ws/agents/{world.a_agent.pk}/",
+            headers=[(b"authorization", f"Bearer {world.keys['agent']}".encode())],
+        )  # fmt: skip
+        connected, _ = await comm.connect()
+        assert connected
+        await comm.send_json_to({"type": "hello", "holding": []})
+        await comm.send_json_to(
+            {"type": "result", "outbox_id": outbox_id, "task_execution_id": str(task_id),
+             "assignment": 1, "outcome": "success", "output": {"stolen": True}}
+        )  # fmt: skip
+        while True:
+            frame = await comm.receive_json_from(5)
+            if frame.get("type") == "result_ack":
+                await comm.disconnect()
+                return frame
+
+    packet, missing = world.b_outbox, world.missing
+    of_b = run_async(ack_for(packet.pk, packet.task_id))
+    of_missing = run_async(ack_for(missing["outbox"], missing["task"]))
+    assert of_b["status"] == of_missing["status"] == 404, (of_b, of_missing)
+    normalise = [(str(packet.pk), "<id>"), (str(packet.task_id), "<id>")]
+    text_b = json.dumps({**of_b, "outbox_id": 0})
+    for old, new in normalise:
+        text_b = text_b.replace(old, new)
+    text_missing = json.dumps({**of_missing, "outbox_id": 0})
+    for old in (str(missing["outbox"]), str(missing["task"])):
+        text_missing = text_missing.replace(old, "<id>")
+    assert text_b == text_missing
+    b_unchanged(world)
+
+
+def socket_cases(world: World) -> None:
+    socket_of_bs_agent(world)
+    result_frame_for_bs_packet(world)
+
+
+SOCKET_CASES = {"ws/agents/<str:agent_id>/": socket_cases}
 
 
 @pytest.mark.parametrize("route", sorted(SOCKET_CASES))
