@@ -22,7 +22,6 @@ from cloacina_site.config import get_config
 from fleet.engine import scheduler
 from fleet.engine.context import ContextError, encode_context, storable_text, validate_context
 from fleet.engine.events import ExecutionStatus, TaskReadyEvent
-from fleet.engine.outbox_ack import ack_and_release
 from fleet.models import (
     TASK_TERMINAL,
     Outcome,
@@ -84,6 +83,7 @@ class _TaskHead(NamedTuple):
     attempt: int
     workflow_execution_id: uuid.UUID
     task_id: str
+    has_dependents: bool = True  # unknown on the slow path: look
 
 
 _LOCK_TASK = """
@@ -102,6 +102,49 @@ VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, now())
 """
 
 
+# The fast path of the commonest outcome: a success for the current assignment.
+# Fence, complete and record in one statement (the UPDATE takes the row lock and
+# re-checks the fence after any wait); it returns nothing when the outcome is
+# stale, and the slow path then records why.  The last column says whether any
+# dependent is still undecided, so a leaf task skips the dependents' queries.
+_COMPLETE_CURRENT = """
+WITH done AS (
+    UPDATE fleet_taskexecution SET status = 'Completed', output_context = %(output)s::jsonb,
+        finished_at = now(), error_type = '', error_message = '', traceback = ''
+    WHERE id = %(task)s AND status = 'Running' AND assignment = %(assignment)s
+      AND (%(agent)s::uuid IS NULL OR agent_id = %(agent)s::uuid)
+    RETURNING id, status, assignment, agent_id, attempt, workflow_execution_id, task_id
+), recorded AS (
+    INSERT INTO fleet_taskoutcome (task_id, assignment, attempt, outcome, applied,
+        ignored_reason, agent_name, error_type, error_message, received_at)
+    SELECT id, assignment, attempt, 'success', true, '', %(agent_name)s, '', '', now() FROM done
+)
+SELECT d.*, EXISTS (
+    SELECT 1 FROM fleet_taskexecution n
+    WHERE n.workflow_execution_id = d.workflow_execution_id AND n.status = 'NotStarted'
+      AND n.dependencies ? d.task_id
+) FROM done d
+"""
+# Settle the workflow's open-task counter and ack the packet (freeing its agent
+# slot) in one statement, last before the commit: those rows stay locked only
+# for the commit, and every dispatch, result and heartbeat of that agent waits on
+# the agent row.
+_CLOSE_AND_ACK = """
+WITH closed AS (
+    UPDATE fleet_workflowexecution SET open_tasks = GREATEST(open_tasks - %(settled)s, 0)
+    WHERE id = %(workflow)s AND %(settled)s > 0 RETURNING open_tasks, status
+), acked AS (
+    UPDATE delivery_outbox SET state = 'acked', acked_at = now(), updated_at = now()
+    WHERE task_id = %(task)s AND assignment = %(assignment)s AND state <> 'acked'
+    RETURNING agent_id
+), freed AS (
+    UPDATE agents_agent SET in_flight = GREATEST(in_flight - 1, 0)
+    WHERE id IN (SELECT agent_id FROM acked)
+)
+SELECT open_tasks, status FROM closed
+"""
+
+
 class TaskResultHandler:
     def apply(self, report: TaskReport) -> Applied:
         """Record ``report``; apply it if it belongs to the current assignment.
@@ -115,36 +158,70 @@ class TaskResultHandler:
         report = _storable(report)
         try:
             with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute(_LOCK_TASK, [report.task_execution_id])
-                row = cursor.fetchone()
-                if row is None:
-                    return Applied(False, ExecutionStatus.SUPERSEDED, "unknown task execution")
-                head = _TaskHead(*row)
-                stale = self._stale_reason(head, report)
-                if stale:
-                    self._record(cursor, head, report, applied=False, reason=stale)
-                    return Applied(False, ExecutionStatus.SUPERSEDED, stale)
                 report, output_json = self._checked_output(report)
-                self._record(cursor, head, report, applied=True)
                 if report.outcome == Outcome.SUCCESS:
-                    cursor.execute(_COMPLETE, [output_json, head.id])
-                    result, terminal = Applied(True, ExecutionStatus.COMPLETED), True
-                else:
-                    task = TaskExecution.objects.get(pk=head.id)  # locked above
-                    result = self._apply_unsuccessful(task, report)
-                    terminal = task.status in TASK_TERMINAL
-                if terminal:
-                    ready, skipped = scheduler.settle(head)
-                    result.ready = ready + result.ready
-                    scheduler.close_tasks(head.workflow_execution_id, 1 + skipped)
-                # Last before the commit: the agent's row (its slot counter) stays locked
-                # only for the commit, not the whole outcome; every dispatch, result and
-                # heartbeat of that agent waits on that lock.
-                ack_and_release(head.id, head.assignment)
-                return result
+                    head = self._complete_if_current(cursor, report, output_json)
+                    if head is not None:
+                        return self._settle(cursor, head, Applied(True, ExecutionStatus.COMPLETED))
+                return self._apply_locked(cursor, report, output_json)
         except IntegrityError:
             # A concurrent duplicate of the same outcome won the unique (task, assignment, applied) race.
             return Applied(False, ExecutionStatus.SUPERSEDED, "duplicate outcome")
+
+    @staticmethod
+    def _complete_if_current(cursor, report: TaskReport, output_json: str) -> _TaskHead | None:
+        cursor.execute(
+            _COMPLETE_CURRENT,
+            {
+                "output": output_json, "task": report.task_execution_id,
+                "assignment": report.assignment, "agent": report.agent_id,
+                "agent_name": report.agent_name[:200],
+            },
+        )  # fmt: skip
+        row = cursor.fetchone()
+        return None if row is None else _TaskHead(*row[:7], has_dependents=row[7])
+
+    def _apply_locked(self, cursor, report: TaskReport, output_json: str) -> Applied:
+        """Every case but a current success: lock the row, fence, record, apply."""
+        cursor.execute(_LOCK_TASK, [report.task_execution_id])
+        row = cursor.fetchone()
+        if row is None:
+            return Applied(False, ExecutionStatus.SUPERSEDED, "unknown task execution")
+        head = _TaskHead(*row)
+        stale = self._stale_reason(head, report)
+        if stale:
+            self._record(cursor, head, report, applied=False, reason=stale)
+            return Applied(False, ExecutionStatus.SUPERSEDED, stale)
+        self._record(cursor, head, report, applied=True)
+        if report.outcome == Outcome.SUCCESS:  # only reached when racing a reassignment
+            cursor.execute(_COMPLETE, [output_json, head.id])
+            return self._settle(cursor, head, Applied(True, ExecutionStatus.COMPLETED))
+        task = TaskExecution.objects.get(pk=head.id)  # locked above
+        result = self._apply_unsuccessful(task, report)
+        if task.status in TASK_TERMINAL:
+            return self._settle(cursor, head, result)
+        self._close_and_ack(cursor, head, settled=0)
+        return result
+
+    def _settle(self, cursor, head: _TaskHead, result: Applied) -> Applied:
+        """The task reached a terminal state: decide its dependents, count it settled, ack."""
+        skipped = 0
+        if head.has_dependents:
+            ready, skipped = scheduler.settle(head)
+            result.ready = ready + result.ready
+        self._close_and_ack(cursor, head, settled=1 + skipped)
+        return result
+
+    @staticmethod
+    def _close_and_ack(cursor, head: _TaskHead, settled: int) -> None:
+        cursor.execute(
+            _CLOSE_AND_ACK,
+            {"settled": settled, "workflow": head.workflow_execution_id,
+             "task": head.id, "assignment": head.assignment},
+        )  # fmt: skip
+        row = cursor.fetchone()
+        if row is not None:
+            scheduler.finish_if_done(head.workflow_execution_id, *row)
 
     @staticmethod
     def _stale_reason(task: _TaskHead, report: TaskReport) -> str:

@@ -198,7 +198,13 @@ def close_tasks(workflow_execution_id: uuid.UUID, count: int) -> None:
             [count, workflow_execution_id],
         )
         row = cursor.fetchone()
-    if row and row[0] == 0 and row[1] not in WORKFLOW_TERMINAL:
+    if row:
+        finish_if_done(workflow_execution_id, *row)
+
+
+def finish_if_done(workflow_execution_id: uuid.UUID, open_tasks: int, status: str) -> None:
+    """Finish the workflow when its counter just reached zero (and nobody else finished it)."""
+    if open_tasks == 0 and status not in WORKFLOW_TERMINAL:
         _finish(workflow_execution_id)
 
 
