@@ -136,10 +136,12 @@ def load_server_tls(
         trust_root = ssl.trustRootFromCertificates(
             [ssl.Certificate(crypto.X509.from_cryptography(ca)) for ca in authorities]
         )
+    # pyOpenSSL takes cryptography's objects for the context (its own are deprecated there);
+    # only the trust root's X509Store still wants pyOpenSSL certificates.
     options = ssl.CertificateOptions(
-        privateKey=crypto.PKey.from_cryptography_key(private_key),
-        certificate=crypto.X509.from_cryptography(leaf),
-        extraCertChain=[crypto.X509.from_cryptography(c) for c in chain[1:]] or None,
+        privateKey=private_key,
+        certificate=leaf,
+        extraCertChain=chain[1:] or None,
         # A trust root makes Twisted ask for a client certificate and fail the handshake
         # unless one chaining to it is shown (it implies requireCertificate); without one,
         # no client certificate is asked for.

@@ -257,7 +257,9 @@ def test_a_workflow_runs_on_an_agent_over_https_and_wss(procs, ca, tmp_path):
     assert code == EXIT_CONFIG
     assert "TLS: the server's certificate is not trusted" in line and "--ca-cert" in line, line
     assert akey not in stranger.output()
-    with httpx.Client(base_url=server.url, verify=str(ca.cert_path), timeout=30) as api:
+    with httpx.Client(
+        base_url=server.url, verify=ssl.create_default_context(cafile=ca.cert_path), timeout=30
+    ) as api:
         assert api.get("/healthz").status_code == 200
         body = run_diamond(api, key, tmp_path)
     assert body["status"] == "Completed", body
@@ -299,7 +301,9 @@ def test_with_a_client_ca_only_agents_with_a_certificate_from_it_get_in(procs, c
     code, line = refused(bad_key)
     assert code == EXIT_AUTH and "rejected the API key" in line, line
 
-    with httpx.Client(base_url=server.url, verify=str(ca.cert_path), timeout=30) as anonymous:
+    with httpx.Client(
+        base_url=server.url, verify=ssl.create_default_context(cafile=ca.cert_path), timeout=30
+    ) as anonymous:
         with pytest.raises((httpx.HTTPError, ssl.SSLError)):
             anonymous.get("/healthz")
     client_ssl = ssl.create_default_context(cafile=str(ca.cert_path))
