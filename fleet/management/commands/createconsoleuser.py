@@ -17,6 +17,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from cloacina_site.schema import ensure_schema
 from fleet.models import Role, Tenant, TenantMembership
 
 
@@ -34,6 +35,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options) -> None:
+        ensure_schema()
         username, tenant_name, role = options["username"], options["tenant"], options["role"]
         if options["superuser"] and (tenant_name or role):
             raise CommandError("--superuser is platform-wide: drop --tenant/--role")

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError, transaction
 
 from cloacina_site.config import get_config
+from cloacina_site.schema import ensure_schema
 from fleet.models import ChangeReason, FleetChange, Tenant
 
 TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
@@ -67,6 +68,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options) -> None:
+        ensure_schema()
         name = validate_tenant_name(options["name"])
         max_agents = options["max_agents"]
         if max_agents is not None and max_agents < 0:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from cloacina_site.schema import ensure_schema
 from fleet.models import ApiKey, Role, Tenant
 
 
@@ -20,6 +21,7 @@ class Command(BaseCommand):
         parser.add_argument("--label", default="", help="a note to recognise the key by")
 
     def handle(self, *args, **options) -> None:
+        ensure_schema()
         role, tenant_name = options["role"], options["tenant"]
         if role == Role.ADMIN and tenant_name:
             raise CommandError("admin keys are platform-wide: drop --tenant")
