@@ -41,6 +41,11 @@ class Agent(models.Model):
     connected_to = models.CharField(max_length=100, blank=True, default="")
     connection_generation = models.PositiveIntegerField(default=0)
     drain_requested_at = models.DateTimeField(null=True, blank=True)
+    # A drain asked through the API/console: past this the sweep evicts the agent and
+    # moves its unfinished work (fleet/routing/drain.py).  Null: no deadline.
+    drain_deadline = models.DateTimeField(null=True, blank=True)
+    # When a reservation last picked it: selection round-robins on it (fleet/routing/).
+    last_selected_at = models.DateTimeField(null=True, blank=True)
     dead_at = models.DateTimeField(null=True, blank=True)
     managed_by = models.CharField(
         max_length=20, blank=True, default=""

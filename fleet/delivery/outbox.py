@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from fleet.delivery.reservation import ReservedAgent, reserve_agent
 from fleet.engine.claims import Claim
+from fleet.routing.selectors import Choice
 
 PROTOCOL_VERSION = 1
 
@@ -77,6 +78,7 @@ def enqueue_on_best_agent(
     triples: Iterable[str] | None,
     digest: str,
     digests_by_triple: dict[str, str] | None = None,
+    choice: Choice | None = None,
 ) -> ReservedAgent | None:
     """Reserve a slot on the best agent and insert the packet addressed to it, in ONE
     statement (inside the dispatch transaction); None when no agent has room.
@@ -84,7 +86,8 @@ def enqueue_on_best_agent(
     The packet is stamped with the chosen agent's triple and the digest built for
     it (``digests_by_triple``; else ``digest``).  One statement matters: the
     agent's row stays locked from the reservation to the commit, and every other
-    dispatch, result and heartbeat of that agent waits for it.
+    dispatch, result and heartbeat of that agent waits for it.  ``choice``: the
+    task's compiled selectors (:mod:`fleet.routing.selectors`; None: none).
     """
     return reserve_agent(
         claim.tenant_id,
@@ -98,4 +101,5 @@ def enqueue_on_best_agent(
             "o_digests": json.dumps(digests_by_triple or {}),
             "o_digest": digest,
         },
+        choice=choice,
     )

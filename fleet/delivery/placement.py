@@ -5,10 +5,18 @@ packet is in ``delivery_outbox`` addressed to that agent and the task names
 the agent) or, when no agent has room, the claim is released with the reason
 (back to Ready, no attempt used).  A crash in between leaves nothing behind:
 no claim without a packet, no slot without a row.
+
+The agent is chosen by :mod:`fleet.routing.selection` (the task's selectors, its
+group/affinity bindings).  A task no agent could ever take (NoMatchingAgent, a
+selector that cannot be used, an input context over the configured maximum) fails
+at once, through the result handler and without retries: waiting would never help.
+A context too large for one WebSocket frame travels by reference
+(:mod:`fleet.delivery.context_ref`).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections import OrderedDict
@@ -19,14 +27,20 @@ from django.utils import timezone
 
 from artifacts.models import WorkflowPackage
 from artifacts.queries import resolve_artifact, runnable_triples
+from cloacina_site.config import get_config
+from fleet.delivery import context_ref
 from fleet.delivery.outbox import PackageRef, enqueue_on_best_agent, work_packet
-from fleet.delivery.reservation import no_capacity_reason
 from fleet.engine import ready_queue
-from fleet.engine.claims import claim_task, release_claim
+from fleet.engine.claims import Claim, claim_task, release_claim
 from fleet.engine.context import build_task_context, encode_context
 from fleet.engine.events import ExecutionStatus
 from fleet.engine.results import TaskReport, result_handler
 from fleet.models import Outcome, TaskExecution, TaskOutcome, TaskStatus
+from fleet.routing import selection
+from fleet.routing.metrics import SELECTION_FAILURE
+from fleet.routing.selectors import SelectorError
+
+log = logging.getLogger(__name__)
 
 EXECUTION_CACHE_SIZE = 4096
 
@@ -48,16 +62,25 @@ class NoAgent:
 @dataclass(frozen=True)
 class NotClaimed:
     reason: str = "not Ready: claimed elsewhere, finished, or not due yet"
+    status: ExecutionStatus = ExecutionStatus.SUPERSEDED
+
+
+@dataclass(frozen=True)
+class Unroutable(NotClaimed):
+    """Claimed, then failed for good: no agent could ever run it (the reason says why)."""
+
+    status: ExecutionStatus = ExecutionStatus.FAILED
 
 
 class _ExecutionInfo:
-    """workflow execution → (package, tenant name); both immutable for an execution's life."""
+    """workflow execution → (package, tenant name, workflow name); immutable for an
+    execution's life."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._cache: OrderedDict[uuid.UUID, tuple[WorkflowPackage, str]] = OrderedDict()
+        self._cache: OrderedDict[uuid.UUID, tuple[WorkflowPackage, str, str]] = OrderedDict()
 
-    def get(self, workflow_execution_id: uuid.UUID) -> tuple[WorkflowPackage, str]:
+    def get(self, workflow_execution_id: uuid.UUID) -> tuple[WorkflowPackage, str, str]:
         with self._lock:
             hit = self._cache.get(workflow_execution_id)
             if hit is not None:
@@ -66,7 +89,8 @@ class _ExecutionInfo:
         with connection.cursor() as cursor:
             cursor.execute(
                 """
-                SELECT p.id, p.tenant_id, p.kind, p.digest, p.host_triple, t.name
+                SELECT p.id, p.tenant_id, p.kind, p.digest, p.host_triple, t.name,
+                       e.workflow_name
                 FROM fleet_workflowexecution e
                 JOIN workflow_packages p ON p.id = e.package_id
                 JOIN fleet_tenant t ON t.id = e.tenant_id
@@ -74,12 +98,12 @@ class _ExecutionInfo:
                 """,
                 [workflow_execution_id],
             )
-            pk, tenant_id, kind, digest, host_triple, tenant_name = cursor.fetchone()
+            pk, tenant_id, kind, digest, host_triple, tenant_name, workflow = cursor.fetchone()
         # Only the fields dispatch reads (the manifest can be large).
         package = WorkflowPackage(
             id=pk, tenant_id=tenant_id, kind=kind, digest=digest, host_triple=host_triple
         )
-        value = (package, tenant_name)
+        value = (package, tenant_name, workflow)
         with self._lock:
             self._cache[workflow_execution_id] = value
             while len(self._cache) > EXECUTION_CACHE_SIZE:
@@ -96,22 +120,59 @@ def place_task(task_execution_id: uuid.UUID, claimer: str) -> Placed | NoAgent |
         claim = claim_task(task_execution_id, claimer, deadline=False)
         if claim is None:
             return NotClaimed()
-        package, tenant_name = _executions.get(claim.workflow_execution_id)
+        package, tenant_name, workflow = _executions.get(claim.workflow_execution_id)
         triples = runnable_triples(package)
         # Everything is ready before the reservation: the agent's row stays locked
         # (other dispatches skip it, its results and beats wait) only for one
         # statement and the commit.
-        context_json = encode_context(build_task_context(task_execution_id))
+        context = build_task_context(task_execution_id)
+        context_json = encode_context(context)
+        oversize = context_ref.too_large(context_json, get_config().max_context_bytes)
+        if oversize:
+            return _fail(claim, "ContextTooLarge", oversize, "context_too_large")
+        try:
+            request = selection.request_for(
+                claim.tenant_id, claim.routing, claim.workflow_execution_id, workflow, context
+            )
+        except SelectorError as exc:
+            return _fail(claim, "InvalidSelector", str(exc), "invalid_selector")
         ref = PackageRef(digest=package.digest, kind=package.kind, target_triple="")
-        payload = work_packet(claim, context_json, ref, tenant_name)
-        agent = enqueue_on_best_agent(
-            claim, payload, triples, package.digest, _digests_by_triple(package, triples)
+        payload = context_ref.packet_context(
+            work_packet(claim, context_json, ref, tenant_name), context_json
         )
-        if agent is None:
-            reason = no_capacity_reason(claim.tenant_id, triples)
-            release_claim(task_execution_id, claim.assignment, reason)
-            return NoAgent(claim.tenant_id, reason)
+        digests = _digests_by_triple(package, triples)
+        outcome = selection.select(
+            request,
+            triples,
+            lambda choice: enqueue_on_best_agent(
+                claim, payload, triples, package.digest, digests, choice=choice
+            ),
+        )
+        if isinstance(outcome, selection.NoMatchingAgent):
+            return _fail(claim, outcome.error_type, outcome.reason)
+        if isinstance(outcome, selection.NoFreeAgent):
+            release_claim(task_execution_id, claim.assignment, outcome.reason)
+            return NoAgent(claim.tenant_id, outcome.reason)
+    agent = outcome.agent
     return Placed(claim.tenant_id, claim.assignment, agent.id, agent.name)
+
+
+def _fail(claim: Claim, error_type: str, message: str, metric: str = "") -> Unroutable:
+    """Fail the claimed run for good (no retry: nothing would change) through the handler."""
+    if metric:
+        SELECTION_FAILURE.labels(reason=metric).inc()
+    applied = result_handler.apply(
+        TaskReport(
+            claim.task_execution_id, claim.assignment, Outcome.FAILURE,
+            error_type=error_type, error_message=message, retryable=False,
+        )
+    )  # fmt: skip
+    # Dependents (skipped, or Ready by trigger rule) are offered once this commits.
+    transaction.on_commit(lambda: ready_queue.submit(applied.ready))
+    log.warning(
+        "task %s (%s) failed: %s: %s", claim.task_execution_id, claim.task_name, error_type, message
+    )
+    return Unroutable(f"{error_type}: {message}")
 
 
 def _digests_by_triple(package: WorkflowPackage, triples) -> dict[str, str] | None:

@@ -1,10 +1,15 @@
 """Choosing an agent and reserving one of its slots, in one statement.
 
-Selection: live (heartbeat within the liveness window), same tenant, connected to some server, able to load the
-artifact (target triple), spare capacity; most free capacity first.  The
-slot is taken by ``in_flight = in_flight + 1`` in the same UPDATE that picks
-the row (``FOR UPDATE SKIP LOCKED``), and the UPDATE re-checks the capacity,
-so two dispatches never overfill an agent whatever the heartbeats said.
+Candidates: live (heartbeat within the liveness window), same tenant, connected to
+some server (a socket: unhealthy agents are never chosen), able to load the artifact
+(target triple), a free slot — and whatever the task's selectors ask
+(:mod:`fleet.routing.selectors`: a :class:`~fleet.routing.selectors.Choice` carries
+their SQL and the ranking: degraded agents last, then round-robin or the fallback
+score).  The slot is taken by ``in_flight = in_flight + 1`` in the same UPDATE that
+picks the row (``FOR UPDATE SKIP LOCKED``), and the UPDATE re-checks the state and the
+capacity on the locked row, so two dispatches never overfill an agent whatever the
+heartbeats said.  ``last_selected_at`` is stamped in that UPDATE: it is the
+round-robin's memory.
 """
 
 from __future__ import annotations
@@ -17,24 +22,34 @@ from django.db import connection
 
 from cloacina_site.config import get_config
 from fleet.models import Tenant
+from fleet.routing.health import degraded_after_s
+from fleet.routing.selectors import UNCONSTRAINED, Choice
 
-_CANDIDATES = """
-    tenant_id = %(tenant)s AND state = 'live' AND connected_to <> ''
-    AND in_flight < max_concurrency
-    AND last_heartbeat > now() - make_interval(secs => %(window)s)
-    AND (%(any_triple)s OR target_triple = ANY(%(triples)s))
+_BASE = """
+    a.tenant_id = %(tenant)s AND a.state = 'live' AND a.connected_to <> ''
+    AND a.in_flight < a.max_concurrency
+    AND a.last_heartbeat > now() - make_interval(secs => %(window)s)
+    AND (%(any_triple)s OR a.target_triple = ANY(%(triples)s))
 """
 
-_RESERVE = f"""
-    UPDATE agents_agent AS a SET in_flight = a.in_flight + 1
-    WHERE a.id = (
-        SELECT id FROM agents_agent
-        WHERE {_CANDIDATES}
-        ORDER BY max_concurrency - in_flight DESC, last_heartbeat DESC
-        LIMIT 1 FOR UPDATE {{skip}}
-    ) AND a.state = 'live' AND a.in_flight < a.max_concurrency
-    RETURNING a.id, a.name, a.target_triple
-"""
+
+def _candidates(choice: Choice) -> str:
+    return f"{_BASE} AND {choice.static} AND {choice.dynamic}"
+
+
+def _reserve_sql(choice: Choice, skip: str) -> str:
+    return f"""
+    UPDATE agents_agent AS r
+    SET in_flight = r.in_flight + 1, last_selected_at = clock_timestamp()
+    WHERE r.id = (
+        SELECT a.id FROM agents_agent a
+        WHERE {_candidates(choice)}
+        ORDER BY {choice.order}
+        LIMIT 1 FOR UPDATE OF a {skip}
+    ) AND r.state = 'live' AND r.in_flight < r.max_concurrency
+    RETURNING r.id, r.name, r.target_triple
+    """
+
 
 # Rounds of SKIP LOCKED before one blocking attempt: a row locked by a concurrent
 # reservation may still have room once that transaction commits.
@@ -49,10 +64,12 @@ class ReservedAgent:
 
 
 def _params(tenant_id: int, triples: Iterable[str] | None) -> dict:
+    config = get_config()
     return {
         "tenant": tenant_id,
         # An agent past its liveness window is about to be evicted: never hand it work.
-        "window": get_config().liveness_window_s,
+        "window": config.liveness_window_s,
+        "degraded_s": degraded_after_s(config.heartbeat_interval_s),
         "any_triple": triples is None,
         "triples": sorted(triples) if triples is not None else [],
     }
@@ -63,40 +80,44 @@ def reserve_agent(
     triples: Iterable[str] | None = None,
     then_sql: str = "SELECT id, name, target_triple FROM reserved",
     then_params: dict | None = None,
+    choice: Choice | None = None,
 ) -> ReservedAgent | None:
     """Take a slot on the best agent for the tenant, or None when no agent has room.
 
-    ``triples`` limits the choice to agents of those target triples (None: any).
-    ``then_sql`` runs in the same statement after the reservation (the CTE
-    ``reserved`` holds the chosen agent), so a caller can insert what the slot is
-    for without holding the agent's row lock any longer than the statement and the
-    commit (:func:`fleet.delivery.outbox.enqueue_on_best_agent`).  Runs in the
-    caller's transaction; the slot is released by acking the outbox row
+    ``triples`` limits the choice to agents of those target triples (None: any);
+    ``choice`` adds the task's selectors (None: none).  ``then_sql`` runs in the same
+    statement after the reservation (the CTE ``reserved`` holds the chosen agent), so
+    a caller can insert what the slot is for without holding the agent's row lock any
+    longer than the statement and the commit
+    (:func:`fleet.delivery.outbox.enqueue_on_best_agent`).  Runs in the caller's
+    transaction; the slot is released by acking the outbox row
     (:func:`fleet.engine.outbox_ack.ack_and_release`).
     """
-    params = {**_params(tenant_id, triples), **(then_params or {})}
+    choice = choice or UNCONSTRAINED
+    params = {**choice.params, **_params(tenant_id, triples), **(then_params or {})}
     with connection.cursor() as cursor:
         for _ in range(SKIP_LOCKED_ROUNDS):
-            cursor.execute(
-                f"WITH reserved AS ({_RESERVE.format(skip='SKIP LOCKED')}) {then_sql}", params
-            )
+            sql = _reserve_sql(choice, "SKIP LOCKED")
+            cursor.execute(f"WITH reserved AS ({sql}) {then_sql}", params)
             row = cursor.fetchone()
             if row is not None:
                 return ReservedAgent(*row)
             cursor.execute(
-                f"SELECT EXISTS (SELECT 1 FROM agents_agent WHERE {_CANDIDATES})", params
+                f"SELECT EXISTS (SELECT 1 FROM agents_agent a WHERE {_candidates(choice)})",
+                params,
             )
             if not cursor.fetchone()[0]:
                 return None  # nothing to wait for: every candidate is full or absent
         # Candidates exist but are locked by concurrent reservations: wait for one; the
         # UPDATE re-checks in_flight < max_concurrency on the committed row.
-        cursor.execute(f"WITH reserved AS ({_RESERVE.format(skip='')}) {then_sql}", params)
+        cursor.execute(f"WITH reserved AS ({_reserve_sql(choice, '')}) {then_sql}", params)
         row = cursor.fetchone()
         return ReservedAgent(*row) if row is not None else None
 
 
 def no_capacity_reason(tenant_id: int, triples: Iterable[str] | None = None) -> str:
-    """Why no agent could be reserved, in words for the console and the API."""
+    """Why no agent could be reserved for a task without selectors, in words for the
+    console and the API (tasks with selectors: :func:`fleet.routing.selection.explain`)."""
     tenant_name = Tenant.objects.filter(pk=tenant_id).values_list("name", flat=True).first()
     with connection.cursor() as cursor:
         cursor.execute(

@@ -190,7 +190,8 @@ class FleetExecutor(TaskExecutor):
         if isinstance(placement, NotClaimed | NoAgent):
             rendezvous.unregister(task_id, future)
             if isinstance(placement, NotClaimed):
-                return ExecutionResult(task_id, ExecutionStatus.SUPERSEDED, placement.reason)
+                # SUPERSEDED, or FAILED for a task no agent could ever run (Unroutable).
+                return ExecutionResult(task_id, placement.status, placement.reason)
             self._stats["requeued"] += 1
             # What we believed free was not: look again now rather than at the next probe.
             self.capacity.probed = 0 if self.capacity.probed is not None else None

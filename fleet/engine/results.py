@@ -50,6 +50,8 @@ class TaskReport:
     traceback: str = ""
     agent_id: uuid.UUID | None = None  # set by the fleet: the reporting agent must hold the task
     agent_name: str = ""
+    # False: a failure no retry could change (e.g. no agent could ever run the task).
+    retryable: bool = True
 
 
 @dataclass
@@ -309,7 +311,11 @@ class TaskResultHandler:
             .values_list("status", flat=True)
             .first()
         )
-        if task.attempt <= task.max_retries and execution_status != "Cancelled":
+        if (
+            report.retryable
+            and task.attempt <= task.max_retries
+            and execution_status != "Cancelled"
+        ):
             delay = min(task.retry_backoff_s * (2 ** (task.attempt - 1)), MAX_RETRY_DELAY_S)
             task.status, task.ready_at = TaskStatus.READY, now + timedelta(seconds=delay)
             task.claimed_by, task.result_deadline, task.agent = "", None, None

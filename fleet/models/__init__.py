@@ -11,10 +11,14 @@ from fleet.models.executions import (
     WorkflowExecution,
     WorkflowStatus,
 )
+from fleet.models.routing import AffinityBinding, AgentEventCount, BindingKind
 from fleet.models.servers import ServerInstance
 from fleet.models.tenancy import ApiKey, Role, Tenant, TenantMembership
 
 __all__ = [
+    "AffinityBinding",
+    "AgentEventCount",
+    "BindingKind",
     "ApiKey",
     "AutoscaleDecision",
     "ChangeReason",
