@@ -203,6 +203,17 @@ def register(key: ApiKey, registration: Registration) -> Agent:
     raise RosterError(409, f"agent name {reg.name!r} is being registered concurrently; retry")
 
 
+def retire_agents_of_key(key_id: int) -> int:
+    """Declare dead every agent registered with a (just revoked) key and reclaim its work;
+    their sockets close at the next beat (4404) and re-registering is refused (401)."""
+    retired = 0
+    ids = Agent.objects.filter(api_key_id=key_id).exclude(state=AgentState.DEAD)
+    for agent_id in ids.values_list("id", flat=True):
+        if evict_agent(agent_id, "its API key was revoked") is not None:
+            retired += 1
+    return retired
+
+
 def agent_of_tenant(tenant: Tenant | int, agent_id: uuid.UUID) -> Agent | None:
     """The agent (in any state) if it belongs to ``tenant``."""
     return Agent.objects.filter(pk=agent_id, tenant=tenant).first()

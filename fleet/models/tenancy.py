@@ -125,9 +125,16 @@ class ApiKey(models.Model):
         return key
 
     def revoke(self) -> bool:
-        return (
+        """Revoke the key (once).  Its agents are declared dead at once and their work moves
+        on: a delivery socket opened with the key must not outlive it."""
+        revoked = (
             ApiKey.objects.filter(pk=self.pk, revoked_at__isnull=True).update(
                 revoked_at=timezone.now()
             )
             == 1
         )
+        if revoked:
+            from agents.roster import retire_agents_of_key
+
+            retire_agents_of_key(self.pk)
+        return revoked
