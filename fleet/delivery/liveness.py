@@ -11,6 +11,11 @@ records its new agent and loses its result deadline (the clock restarts at
 the next delivery).  The dead agent's late result is then fenced off by the
 result handler.  Rows that find no survivor stay where they are and are
 tried again on every sweep until a live agent of the tenant appears.
+
+Routing (docs/routing.md): a dead agent's group/affinity bindings are cleared with
+its eviction, and reclaimed work goes only to an agent its task's selectors accept.
+The sweep also evicts agents past their drain deadline and drops the group bindings
+of finished executions.
 """
 
 from __future__ import annotations
@@ -28,7 +33,10 @@ from artifacts.models import WorkflowPackage
 from artifacts.queries import resolve_artifact, runnable_triples
 from cloacina_site.config import get_config
 from fleet.delivery.reservation import reserve_agent
+from fleet.engine.context import build_task_context
 from fleet.models import DeliveryOutbox, Eviction, OutboxState, TaskExecution, TaskStatus
+from fleet.routing import affinity, drain, groups, selection
+from fleet.routing.selectors import SelectorError
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +58,9 @@ def sweep_dead_agents() -> list[Eviction]:
     )
     reason = liveness_reason(config.heartbeat_interval_s, config.liveness_misses)
     evictions = [e for a in stale if (e := evict_agent(a, reason, stale_before=cutoff))]
+    evictions += drain.evict_overdue_drains()
     reclaim_orphaned_work()
+    groups.prune_finished()
     return evictions
 
 
@@ -75,6 +85,7 @@ def evict_agent(
         Agent.objects.filter(pk=agent_id).update(
             state=AgentState.DEAD, dead_at=timezone.now(), connected_to="", in_flight=0
         )
+        affinity.clear_agent(agent_id)  # its bound work binds afresh (reclaim included)
         eviction = None
         if record or in_flight:
             eviction = Eviction.objects.create(
@@ -133,7 +144,15 @@ def _move_row(row_id: int, task_id: uuid.UUID, dead_id: uuid.UUID) -> int | None
         task = (
             TaskExecution.objects.select_for_update()
             .filter(pk=task_id)
-            .values("status", "assignment", "tenant_id", "workflow_execution__package_id")
+            .values(
+                "status",
+                "assignment",
+                "tenant_id",
+                "routing",
+                "workflow_execution_id",
+                "workflow_execution__package_id",
+                "workflow_execution__workflow_name",
+            )  # fmt: skip
             .first()
         )
         row = (
@@ -150,7 +169,7 @@ def _move_row(row_id: int, task_id: uuid.UUID, dead_id: uuid.UUID) -> int | None
             )
             return 0
         package = WorkflowPackage.objects.get(pk=task["workflow_execution__package_id"])
-        survivor = reserve_agent(task["tenant_id"], runnable_triples(package))
+        survivor = _reserve_survivor(task_id, task, runnable_triples(package))
         if survivor is None:
             return None
         artifact = resolve_artifact(package, survivor.target_triple)
@@ -173,6 +192,26 @@ def _move_row(row_id: int, task_id: uuid.UUID, dead_id: uuid.UUID) -> int | None
         _count_reassigned(dead_id, row.tenant_id)
     log.info("reclaimed packet %s of dead agent %s onto %s", row_id, dead_id, survivor.name)
     return 1
+
+
+def _reserve_survivor(task_id: uuid.UUID, task: dict, triples):
+    """A slot on a live agent that the task's selectors accept (None: none now)."""
+    routing = task["routing"] or {}
+    if not routing:
+        return reserve_agent(task["tenant_id"], triples)
+    payload_affinity = str(routing.get("affinity") or "").startswith("payload:")
+    try:
+        request = selection.request_for(
+            task["tenant_id"], routing, task["workflow_execution_id"],
+            task["workflow_execution__workflow_name"],
+            build_task_context(task_id) if payload_affinity else {},
+        )  # fmt: skip
+    except SelectorError:  # it was placed once, so this cannot happen; never strand the work
+        return reserve_agent(task["tenant_id"], triples)
+    outcome = selection.select(
+        request, triples, lambda choice: reserve_agent(task["tenant_id"], triples, choice=choice)
+    )
+    return outcome.agent if isinstance(outcome, selection.Chosen) else None
 
 
 def _count_reassigned(dead_id: uuid.UUID, tenant_id: int) -> None:

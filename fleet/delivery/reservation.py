@@ -23,7 +23,7 @@ from django.db import connection
 from cloacina_site.config import get_config
 from fleet.models import Tenant
 from fleet.routing.health import degraded_after_s
-from fleet.routing.selectors import UNCONSTRAINED, Choice
+from fleet.routing.selectors import CANDIDATES, UNCONSTRAINED, Choice
 
 _BASE = """
     a.tenant_id = %(tenant)s AND a.state = 'live' AND a.connected_to <> ''
@@ -38,13 +38,15 @@ def _candidates(choice: Choice) -> str:
 
 
 def _reserve_sql(choice: Choice, skip: str) -> str:
+    candidates = _candidates(choice)
+    order = choice.order.replace(CANDIDATES, candidates)
     return f"""
     UPDATE agents_agent AS r
     SET in_flight = r.in_flight + 1, last_selected_at = clock_timestamp()
     WHERE r.id = (
         SELECT a.id FROM agents_agent a
-        WHERE {_candidates(choice)}
-        ORDER BY {choice.order}
+        WHERE {candidates}
+        ORDER BY {order}
         LIMIT 1 FOR UPDATE OF a {skip}
     ) AND r.state = 'live' AND r.in_flight < r.max_concurrency
     RETURNING r.id, r.name, r.target_triple

@@ -74,6 +74,7 @@ class NoMatchingAgent:
 class _Census:
     live: int = 0
     matching: int = 0
+    registered_matching: int = 0  # not dead, whatever their heartbeat (direct selectors)
     connected: int = 0
     loadable: int = 0
     free_now: int = 0  # matching, connected, loadable and meeting the dynamic selectors
@@ -175,6 +176,7 @@ def _census(tenant_id, triples, selectors: Selectors, bound_agent_id=None) -> _C
             f"""
             SELECT count(*) FILTER (WHERE {live}),
                    count(*) FILTER (WHERE {matching}),
+                   count(*) FILTER (WHERE {choice.static}),
                    count(*) FILTER (WHERE {connected}),
                    count(*) FILTER (WHERE {loadable}),
                    count(*) FILTER (WHERE {loadable} AND {choice.dynamic}),
@@ -193,12 +195,13 @@ def _census(tenant_id, triples, selectors: Selectors, bound_agent_id=None) -> _C
     return _Census(
         live=row[0],
         matching=row[1],
-        connected=row[2],
-        loadable=row[3],
-        free_now=row[4],
-        named_registered=bool(row[5]) or not selectors.agent,
-        bound_matches=bool(row[6]),
-        agents=list(row[7] or []),
+        registered_matching=row[2],
+        connected=row[3],
+        loadable=row[4],
+        free_now=row[5],
+        named_registered=bool(row[6]) or not selectors.agent,
+        bound_matches=bool(row[7]),
+        agents=list(row[8] or []),
     )
 
 
@@ -213,7 +216,10 @@ def _no_agent(
         )
     if census.live == 0:
         return NoFreeAgent(f"no live agent in tenant {tenant}")
-    if census.matching == 0:
+    # A named agent that is registered may come back from a silence; other selectors are
+    # judged on the agents alive now.
+    could_match = census.registered_matching if selectors.agent else census.matching
+    if could_match == 0:
         wanted = selectors.static_text() or "untargeted work"
         listed = "; ".join(census.agents)
         more = census.live - len(census.agents)
@@ -238,6 +244,11 @@ def _no_agent(
             f"NoFreeAgent: waiting for agent {name}, bound by its {what}: it is at capacity, "
             "degraded past the liveness window, without a socket, or below this task's floors",
             at_capacity=True,
+        )
+    if census.matching == 0:
+        return NoFreeAgent(
+            f"NoFreeAgent: agent {selectors.agent!r} is registered but sent no heartbeat "
+            "within the liveness window"
         )
     matching = f"{census.matching} live agent(s) match ({selectors.static_text() or 'any'})"
     if census.connected == 0:

@@ -16,8 +16,8 @@ what makes a wait transient or a failure permanent:
 Ranking among the candidates (the seed's order): a degraded agent (late heartbeat)
 after every healthy one; then, for ``tags``/``capability`` work, round-robin among the
 matches (least recently selected first); otherwise the fallback score
-``(100 − CPU%) + free-memory% [+ 0.5 × free-VRAM% for GPU work]`` in bands of
-``SCORE_BAND`` points, round-robin within the best band.  A direct ``agent`` names one
+``(100 − CPU%) + free-memory% [+ 0.5 × free-VRAM% for GPU work]``: the agents within
+``SCORE_TIE`` points of the best healthy score take turns, the others follow by score.  A direct ``agent`` names one
 agent; floors pick "the first agent meeting them" by the same score.
 
 Agent metrics are agent-supplied JSON: every number is read through a type check, so a
@@ -32,7 +32,7 @@ from typing import Any
 
 from fleet.routing.health import DEGRADED_SQL
 
-SCORE_BAND = 10.0  # fallback scores this close count as equally good: round-robin among them
+SCORE_TIE = 10.0  # fallback scores this close to the best count as best: round-robin among them
 MISSING_METRIC = 50.0  # an agent that reports no CPU/memory figure scores as half free
 
 
@@ -225,6 +225,9 @@ def compile_choice(selectors: Selectors, bound_agent_id=None) -> Choice:
     )
 
 
+CANDIDATES = "{candidates}"  # replaced by the reservation's full candidate filter
+
+
 def _order(selectors: Selectors) -> str:
     rank = [f"({DEGRADED_SQL})"]  # false (healthy) sorts first
     if not (selectors.tags or selectors.capability):
@@ -233,7 +236,14 @@ def _order(selectors: Selectors) -> str:
         )
         if selectors.wants_gpu:
             score += f" + 0.5 * {_pct('free_vram_pct', 0.0)}"
-        rank.append(f"floor(({score}) / {SCORE_BAND}) DESC")
+        # The best healthy score among the candidates (an InitPlan: computed once).
+        best = (
+            f"coalesce((SELECT max({score}) FROM agents_agent a "
+            f"WHERE {CANDIDATES} AND NOT ({DEGRADED_SQL})), -1)"
+        )
+        near_best = f"(({score}) >= {best} - {SCORE_TIE})"
+        # The agents near the best take turns; the others follow, best score first.
+        rank += [f"{near_best} DESC", f"CASE WHEN {near_best} THEN NULL ELSE {score} END DESC"]
     rank += ["a.last_selected_at ASC NULLS FIRST", "a.max_concurrency - a.in_flight DESC", "a.id"]
     return ", ".join(rank)
 
