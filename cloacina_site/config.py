@@ -128,6 +128,18 @@ SETTINGS: tuple[Setting, ...] = (
         16 * 1024 * 1024,
         1,
     ),
+    # Unfinished tasks a tenant may have before new executions get 429 (0 = unlimited);
+    # a tenant's own max_backlog, when set, wins.
+    Setting("max_backlog", "CLOACINA_MAX_BACKLOG", "max_backlog", int, 0),
+    # How long an agent drained through the API/console may take before it is evicted.
+    Setting(
+        "agent_drain_timeout_s",
+        "CLOACINA_AGENT_DRAIN_TIMEOUT_S",
+        "agent_drain_timeout_s",
+        float,
+        300.0,
+        0.1,
+    ),
     Setting("secret_key", "CLOACINA_SECRET_KEY", "secret_key", str, ""),
     # TLS (cloacina_site/tls.py): empty = plain HTTP; a client CA turns on mutual TLS.
     Setting("tls_cert", "CLOACINA_TLS_CERT", "tls_cert", str, ""),
@@ -162,6 +174,8 @@ class Config:
     outbox_retention_s: float = 3600.0
     max_package_bytes: int = 50 * 1024 * 1024
     max_context_bytes: int = 16 * 1024 * 1024
+    max_backlog: int = 0
+    agent_drain_timeout_s: float = 300.0
     secret_key: str = ""
     tls_cert: str = ""
     tls_key: str = ""

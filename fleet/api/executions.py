@@ -10,7 +10,6 @@ import uuid
 from datetime import datetime
 from typing import Any, Literal
 
-from django.db import connection
 from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
@@ -22,6 +21,7 @@ from fleet.engine import ready_queue, scheduler
 from fleet.engine.context import ContextError, validate_context
 from fleet.engine.events import TaskReadyEvent
 from fleet.models import TaskExecution, TaskStatus, Tenant, WorkflowExecution, WorkflowStatus
+from fleet.routing import fairness
 
 router = Router(tags=["executions"])
 
@@ -160,30 +160,17 @@ def _summary(execution: WorkflowExecution) -> dict:
     }
 
 
-def _backlog(tenant: Tenant) -> int:
-    """Tasks of the tenant not yet finished (NotStarted, Ready, Running)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM fleet_taskexecution WHERE tenant_id = %s AND status = ANY(%s)",
-            [tenant.pk, [TaskStatus.NOT_STARTED, TaskStatus.READY, TaskStatus.RUNNING]],
-        )
-        return cursor.fetchone()[0]
-
-
 def _check_backlog(tenant: Tenant, workflow: str) -> None:
-    if not tenant.max_backlog:
+    """429 when the execution would take the tenant past its backlog limit
+    (:mod:`fleet.routing.fairness`: the tenant's max_backlog, else the platform's)."""
+    if not fairness.max_backlog(tenant)[0]:
         return
     from artifacts.services import active_package
 
     package = active_package(tenant, workflow)
-    adding = len(package.task_ids) if package is not None else 0
-    backlog = _backlog(tenant)
-    if backlog + adding > tenant.max_backlog:
-        raise HttpError(
-            429,
-            f"tenant {tenant.name!r} has {backlog} unfinished task(s); this execution adds "
-            f"{adding}, over its max_backlog of {tenant.max_backlog}: retry later",
-        )
+    refusal = fairness.backlog_refusal(tenant, len(package.task_ids) if package else 0)
+    if refusal:
+        raise HttpError(429, refusal)
 
 
 @router.post(
@@ -207,9 +194,10 @@ def start_execution(request: HttpRequest, workflow: str, body: StartIn):
         raise HttpError(exc.status, str(exc)) from None
     roots = TaskExecution.objects.filter(
         workflow_execution=execution, status=TaskStatus.READY
-    ).values_list("id", "task_id", "attempt")
+    ).values_list("id", "task_id", "attempt", "priority")
     ready_queue.submit(
-        TaskReadyEvent(task_pk, execution.id, name, attempt + 1) for task_pk, name, attempt in roots
+        TaskReadyEvent(task_pk, execution.id, name, attempt + 1, tenant.pk, priority)
+        for task_pk, name, attempt, priority in roots
     )
     return Status(201, {"id": execution.id, "status": execution.status})
 

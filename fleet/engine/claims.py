@@ -118,13 +118,21 @@ def claim_ready_tasks(claimer: str, limit: int, deadline: bool = True) -> list[C
 
 
 def due_ready_task_events(limit: int) -> list[tuple]:
-    """(id, workflow_execution_id, task_id, attempt + 1) of due Ready tasks, oldest first, unlocked."""
+    """(id, workflow_execution_id, task_id, attempt + 1, tenant_id, priority) of due Ready
+    tasks, unlocked: each tenant's highest priority then oldest first, the tenants
+    interleaved (every tenant's first task, then every tenant's second, …), so that a
+    tenant with a huge backlog cannot fill ``limit`` and hide another tenant's work."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            SELECT id, workflow_execution_id, task_id, attempt + 1 FROM fleet_taskexecution
-            WHERE status = 'Ready' AND (ready_at IS NULL OR ready_at <= statement_timestamp())
-            ORDER BY priority DESC, ready_at NULLS FIRST LIMIT %s
+            SELECT id, workflow_execution_id, task_id, attempt + 1, tenant_id, priority FROM (
+                SELECT id, workflow_execution_id, task_id, attempt, tenant_id, priority, ready_at,
+                       row_number() OVER (PARTITION BY tenant_id
+                                          ORDER BY priority DESC, ready_at NULLS FIRST) AS turn
+                FROM fleet_taskexecution
+                WHERE status = 'Ready' AND (ready_at IS NULL OR ready_at <= statement_timestamp())
+            ) due
+            ORDER BY turn, priority DESC, ready_at NULLS FIRST LIMIT %s
             """,
             [limit],
         )

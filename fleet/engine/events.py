@@ -17,6 +17,10 @@ class TaskReadyEvent:
     workflow_execution_id: uuid.UUID
     task_name: str
     attempt: int  # the attempt this run will be (1-based)
+    # Ordering hints for the dispatch queue (fleet/engine/fair_queue.py), not identity:
+    # tenants take turns, then the higher priority goes first.  0 when unknown.
+    tenant_id: int = field(default=0, compare=False)
+    priority: int = field(default=0, compare=False)
 
 
 class ExecutionStatus(enum.Enum):

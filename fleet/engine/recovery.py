@@ -67,7 +67,8 @@ def release_orphaned_claims(instance_id: str, reason: str) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            SELECT t.id, t.assignment, t.workflow_execution_id, t.task_id, t.attempt
+            SELECT t.id, t.assignment, t.workflow_execution_id, t.task_id, t.attempt,
+                   t.tenant_id, t.priority
             FROM fleet_taskexecution t
             WHERE t.status = 'Running' AND t.claimed_by = %s
               AND NOT EXISTS (
@@ -79,10 +80,12 @@ def release_orphaned_claims(instance_id: str, reason: str) -> int:
         )
         rows = cursor.fetchall()
     events = []
-    for task_id, assignment, workflow_id, name, attempt in rows:
+    for task_id, assignment, workflow_id, name, attempt, tenant_id, priority in rows:
         if release_claim(task_id, assignment, reason):
             # release_claim gives the attempt back, so the next run is attempt `attempt` again.
-            events.append(TaskReadyEvent(task_id, workflow_id, name, max(attempt, 1)))
+            events.append(
+                TaskReadyEvent(task_id, workflow_id, name, max(attempt, 1), tenant_id, priority)
+            )
     ready_queue.submit(events)
     if events:
         log.warning("released %d claim(s) of server %s: %s", len(events), instance_id, reason)

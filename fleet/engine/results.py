@@ -298,7 +298,10 @@ class TaskResultHandler:
                 "refusals",
             ]
         )
-        event = TaskReadyEvent(task.id, task.workflow_execution_id, task.task_id, task.attempt + 1)
+        event = TaskReadyEvent(
+            task.id, task.workflow_execution_id, task.task_id, task.attempt + 1,
+            task.tenant_id, task.priority,
+        )  # fmt: skip
         return Applied(True, ExecutionStatus.REQUEUED, task.wait_reason, ready=[event])
 
     @staticmethod
@@ -340,8 +343,13 @@ class TaskResultHandler:
                 if delay > 0
                 else [
                     TaskReadyEvent(
-                        task.id, task.workflow_execution_id, task.task_id, task.attempt + 1
-                    )
+                        task.id,
+                        task.workflow_execution_id,
+                        task.task_id,
+                        task.attempt + 1,
+                        task.tenant_id,
+                        task.priority,
+                    )  # fmt: skip
                 ]
             )
             return Applied(

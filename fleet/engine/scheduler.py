@@ -105,7 +105,7 @@ def rule_outcome(rule: str, dependency_states: list[str]) -> str | None:
 
 
 _LOCK_DEPENDENTS = """
-SELECT id, task_id, trigger_rule, attempt, dependencies FROM fleet_taskexecution
+SELECT id, task_id, trigger_rule, attempt, dependencies, tenant_id, priority FROM fleet_taskexecution
 WHERE workflow_execution_id = %s AND status = 'NotStarted' AND dependencies ?| %s::text[]
 ORDER BY id FOR UPDATE
 """
@@ -135,8 +135,8 @@ def settle(task) -> tuple[list[TaskReadyEvent], int]:
         while frontier:
             cursor.execute(_LOCK_DEPENDENTS, [workflow_id, frontier])
             dependents = [
-                (dep_id, name, rule, attempt, _json_list(deps))
-                for dep_id, name, rule, attempt, deps in cursor.fetchall()
+                (dep_id, name, rule, attempt, (tenant_id, priority), _json_list(deps))
+                for dep_id, name, rule, attempt, deps, tenant_id, priority in cursor.fetchall()
             ]
             if not dependents:
                 break
@@ -146,7 +146,7 @@ def settle(task) -> tuple[list[TaskReadyEvent], int]:
             cursor.execute(_DEPENDENCY_STATES, [workflow_id, needed])
             states = dict(cursor.fetchall())
             ready_ids, skipped_ids, frontier = [], [], []
-            for dependent_id, name, rule, attempt, deps in dependents:
+            for dependent_id, name, rule, attempt, (tenant_id, priority), deps in dependents:
                 decided = (
                     TaskStatus.SKIPPED
                     if cancelled
@@ -154,7 +154,11 @@ def settle(task) -> tuple[list[TaskReadyEvent], int]:
                 )
                 if decided == TaskStatus.READY:
                     ready_ids.append(dependent_id)
-                    events.append(TaskReadyEvent(dependent_id, workflow_id, name, attempt + 1))
+                    events.append(
+                        TaskReadyEvent(
+                            dependent_id, workflow_id, name, attempt + 1, tenant_id, priority
+                        )
+                    )
                 elif decided == TaskStatus.SKIPPED:
                     skipped_ids.append(dependent_id)
                     frontier.append(name)
