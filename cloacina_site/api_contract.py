@@ -23,6 +23,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.db.utils import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.http.multipartparser import MultiPartParserError
 from ninja import NinjaAPI
@@ -49,6 +50,7 @@ SHARED = {
     403: "the key's role may not call this operation",
     413: "the request body is over the server's limit",
     422: "a parameter or the body is invalid; detail names it",
+    503: "the database is unavailable (restarting); retry",
 }
 
 
@@ -152,6 +154,17 @@ def install_error_handlers(api: NinjaAPI) -> None:
     api.add_exception_handler(MultiPartParserError, on_multipart_error)
     api.add_exception_handler(RequestDataTooBig, on_too_big)
 
+    def on_database_away(request: HttpRequest, exc: Exception) -> HttpResponse:
+        # The database restarting is not the client's fault, nor a bug: say so, and when.
+        response = api.create_response(
+            request, {"detail": "the database is unavailable; retry shortly"}, status=503
+        )
+        response["Retry-After"] = "1"
+        return response
+
+    api.add_exception_handler(OperationalError, on_database_away)
+    api.add_exception_handler(InterfaceError, on_database_away)
+
 
 def accepted_roles(auth_callbacks) -> list[str] | None:
     """The key roles an operation's authentication lets through; None when unknown."""
@@ -191,7 +204,7 @@ def document_shared_contract(schema: dict, roles: dict[str, list[str]]) -> dict:
                 codes += [401, 403]
             if operation.get("requestBody") or operation.get("parameters"):
                 codes.append(422)
-            codes.append(400)  # RejectNulInUrl answers it for any URL
+            codes += [400, 503]  # RejectNulInUrl answers 400 for any URL; a DB restart 503
             if operation.get("requestBody"):
                 codes.append(413)
             responses = operation["responses"]

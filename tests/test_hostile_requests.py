@@ -120,3 +120,22 @@ def test_an_admin_number_past_its_column_is_a_422(served):
     tenant = Tenant.objects.get(name="acme")
     assert (tenant.max_agents_override, tenant.desired_count) == (None, 0)
     served.assert_still_serving()
+
+
+@pytest.mark.django_db
+def test_a_database_restart_is_a_503_with_retry_after(read_key, monkeypatch):
+    """What a client sees while PostgreSQL is away (the chaos run restarts it for real)."""
+    from django.db.utils import OperationalError
+    from django.test import Client
+
+    from fleet.api import fleet_status
+    from tests.conftest import bearer
+
+    def away(tenant):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(fleet_status, "fleet_view", away)
+    response = Client().get("/api/v1/fleet", **bearer(read_key))
+    assert response.status_code == 503
+    assert response.json() == {"detail": "the database is unavailable; retry shortly"}
+    assert response["Retry-After"] == "1"

@@ -24,6 +24,7 @@ import time
 import uuid
 
 import psycopg
+from django.db import connection
 
 from cloacina_site.config import Config
 from fleet.delivery import db as delivery_db
@@ -90,12 +91,14 @@ class FleetExecutor(TaskExecutor):
         self._probe_task: asyncio.Task | None = None
         self._probe_wake = asyncio.Event()
         self._started_at = time.monotonic()
+        self._database_seen_at = self._started_at  # by the liveness sweep
+        self._grace_until = 0.0
         self._active = 0
         self._stats = {"completed": 0, "failed": 0, "requeued": 0, "dispatched": 0}
 
     # -- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
-        self._started_at = time.monotonic()
+        self._started_at = self._database_seen_at = time.monotonic()
         self._probe_wake = asyncio.Event()
         self.listener = NotificationListener(
             {"delivery_outbox": self.relay.on_notify, OUTCOME_CHANNEL: rendezvous.on_notify},
@@ -266,8 +269,16 @@ class FleetExecutor(TaskExecutor):
         ]
 
     def _liveness_sweep(self) -> None:
-        # A server that just started gives agents one liveness window to reach it
-        # (their beats could not land while no server was up) before evicting anyone.
-        if time.monotonic() - self._started_at < self.config.liveness_window_s:
+        # Agents' beats cannot land while no server is up, or while this one cannot reach
+        # the database (or was stalled): after a start or any such gap, agents get one
+        # liveness window to reach it again before anyone is evicted.  Without this, a
+        # database restart longer than the window evicted every live agent.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")  # raises while the database is away: not seen
+        now, window = time.monotonic(), self.config.liveness_window_s
+        if now - self._database_seen_at > window:
+            self._grace_until = now + window
+        self._database_seen_at = now
+        if now < max(self._grace_until, self._started_at + window):
             return
         sweep_dead_agents()
