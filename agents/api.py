@@ -10,24 +10,30 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import datetime
 from typing import Any, Literal
 
 from django.db import connection
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from ninja import Field, Router, Schema, Status
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
 
 from agents import roster
+from agents.models import Agent
 from agents.runtime.triples import MAX_TRIPLE_CHARS, TRIPLE_PATTERN
-from cloacina_site.auth import agent_auth
+from cloacina_site.auth import KeyAuth, agent_auth
 from cloacina_site.config import get_config
+from fleet.delivery import context_ref
 from fleet.delivery import db as delivery_db
 from fleet.delivery.rendezvous import Outcome as Wake
 from fleet.delivery.rendezvous import announce
 from fleet.engine import ready_queue
 from fleet.engine.results import TaskReport, result_handler
 from fleet.metrics import RESULTS
+from fleet.models import Role
+from fleet.routing import drain
+from fleet.routing.metrics import HEARTBEATS
 
 router = Router()
 
@@ -156,6 +162,7 @@ def agent_heartbeat(request: HttpRequest, agent_id: uuid.UUID, body: HeartbeatIn
         metrics = roster.check_metrics(body.metrics) if body.metrics else None
     except roster.RosterError as exc:
         return Status(exc.status, {"detail": exc.detail})
+    HEARTBEATS.labels(via="rest").inc()
     beat = roster.heartbeat(request.tenant.pk, agent_id, body.running, metrics, body.draining)
     if beat is None:
         return Status(404, {"detail": UNKNOWN_AGENT})
@@ -259,3 +266,65 @@ def deregister_agent(request: HttpRequest, agent_id: uuid.UUID):
     if not roster.deregister(request.tenant.pk, agent_id):
         return Status(404, {"detail": UNKNOWN_AGENT})
     return Status(200, {})
+
+
+# -- routing: drain on request, large contexts by reference (docs/routing.md) -----------
+
+# The agent's own tenant's write key, or a platform admin's.
+drain_auth = KeyAuth(Role.WRITE, Role.ADMIN)
+
+
+class DrainIn(Schema):
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=drain.MAX_DRAIN_TIMEOUT_S,
+        description="seconds the agent gets to finish its in-flight work before it is "
+        "evicted and the work moves on (default CLOACINA_AGENT_DRAIN_TIMEOUT_S)",
+    )
+
+
+class DrainOut(Schema):
+    agent_id: uuid.UUID
+    name: str
+    state: str
+    in_flight: int
+    drain_deadline: datetime
+
+
+@router.post(
+    "/agents/{agent_id}/drain",
+    auth=drain_auth,
+    response={200: DrainOut, 404: Error, 409: Error, 422: Error},
+    summary="Drain an agent: no new work, in-flight work finishes, then it exits",
+)
+def drain_agent(request: HttpRequest, agent_id: uuid.UUID, body: DrainIn | None = None):
+    agents = Agent.objects.filter(pk=agent_id)
+    if request.tenant is not None:  # an admin key may drain any tenant's agent
+        agents = agents.filter(tenant=request.tenant)
+    if not agents.exists():
+        return Status(404, {"detail": UNKNOWN_AGENT})
+    timeout_s = (body.timeout_s if body else None) or get_config().agent_drain_timeout_s
+    try:
+        done = drain.request_drain(agent_id, timeout_s, f"api:{request.api_key.lookup}")
+    except drain.DrainRefused as exc:
+        return Status(exc.status, {"detail": exc.detail})
+    return Status(200, done.__dict__)
+
+
+@router.get(
+    "/agents/{agent_id}/tasks/{task_execution_id}/context",
+    auth=agent_auth,
+    response={200: dict[str, Any], 404: Error, 413: Error},
+    summary="The input context of a work packet that carries context_ref (too large for a frame)",
+)
+def task_context(
+    request: HttpRequest, agent_id: uuid.UUID, task_execution_id: uuid.UUID, assignment: int
+):
+    status, text = context_ref.serve_context(
+        request.tenant.pk, agent_id, task_execution_id, assignment
+    )
+    if status != 200:
+        return Status(status, {"detail": text})
+    # The exact text the packet was sized for (the agent checks its sha256).
+    return HttpResponse(text, content_type="application/json; charset=utf-8")

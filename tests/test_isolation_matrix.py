@@ -298,6 +298,36 @@ def result_for_bs_packet(world: World) -> None:
     b_unchanged(world)
 
 
+def context_of_bs_task(world: World) -> None:
+    """A's agent asking for the input context of B's task (by A's agent id or B's):
+    refused like an unknown task or agent (docs/routing.md, large contexts)."""
+    client = world.api("agent")
+    b_task, missing_task = world.b_outbox.task_id, world.missing["task"]
+    for agent_id, missing_agent in ((world.a_agent.pk, world.a_agent.pk),
+                                    (world.b_agent.pk, world.missing["agent"])):  # fmt: skip
+        answers = [
+            client.get(f"{API}/agents/{a}/tasks/{t}/context?assignment=1")
+            for a, t in ((agent_id, b_task), (missing_agent, missing_task))
+        ]
+        same_as_missing(*answers, [agent_id, b_task], [missing_agent, missing_task])
+    b_unchanged(world)
+
+
+def console_drain_bs_agent(world: World) -> None:
+    """A's console writer draining B's agent, under B's tenant name or A's own."""
+    client = world.console()
+    for name, missing_name in (
+        (world.b.name, world.missing["tenant"]),
+        (world.a.name, world.a.name),
+    ):
+        answers = [
+            client.post(f"/console/tenants/{n}/agents/{a}/drain/", HTTP_HX_REQUEST="true")
+            for n, a in ((name, world.b_agent.pk), (missing_name, world.missing["agent"]))
+        ]
+        same_as_missing(*answers, [name, world.b_agent.pk], [missing_name, world.missing["agent"]])
+    b_unchanged(world)
+
+
 def public_document(path: str):
     def case(world: World) -> None:
         response = Client().get(path)
@@ -426,6 +456,9 @@ CASES: dict[str, Callable[[World], None]] = {
     ),
     "api-v1:agent_result": result_for_bs_packet,
     "api-v1:deregister_agent": _refused_like_missing("agent", "POST", "/agents/{agent}/deregister"),
+    "api-v1:drain_agent": _refused_like_missing("write", "POST", "/agents/{agent}/drain"),
+    "api-v1:task_context": context_of_bs_task,
+    "console:drain_agent": console_drain_bs_agent,
     "healthz": health_says_nothing,
     "metrics": metrics_names_tenants_only,
     "static": static_file_is_no_data,

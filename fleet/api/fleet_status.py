@@ -6,6 +6,7 @@ its effective limit; only a platform admin key can move the limit itself.
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta
 
 from django.http import HttpRequest
@@ -15,8 +16,10 @@ from ninja.errors import HttpError
 from pydantic import ConfigDict
 
 from cloacina_site.auth import admin_auth, read_auth, write_auth
+from cloacina_site.config import get_config
 from fleet.control import limits
 from fleet.models import AutoscaleDecision, FleetChange, Tenant
+from fleet.routing import health
 
 router = Router(tags=["fleet"])
 
@@ -29,8 +32,17 @@ class ErrorOut(Schema):
 
 
 class AgentOut(Schema):
+    id: uuid.UUID = Field(description="the agent id (POST /agents/{id}/drain)")
     name: str
     state: str = Field(description="live, draining or dead")
+    health: str = Field(
+        description="healthy, degraded (late heartbeat, socket open: ranked last), "
+        "unhealthy (no socket: never selected), draining or dead (docs/routing.md)"
+    )
+    tags: list[str]
+    capabilities: list[str]
+    exclusive: bool
+    version: str
     target_triple: str
     max_concurrency: int
     in_flight: int
@@ -131,8 +143,10 @@ def _agents(tenant: Tenant) -> list[dict]:
 
     cutoff = timezone.now() - RECENT_DEAD
     rows = Agent.objects.filter(tenant=tenant).exclude(state=AgentState.DEAD, dead_at__lt=cutoff)
-    return list(
+    config, now = get_config(), timezone.now()
+    agents = list(
         rows.order_by("name").values(
+            "id",
             "name",
             "state",
             "target_triple",
@@ -140,8 +154,19 @@ def _agents(tenant: Tenant) -> list[dict]:
             "in_flight",
             "last_heartbeat",
             "managed_by",
+            "connected_to",
+            "tags",
+            "capabilities",
+            "exclusive",
+            "version",
         )
     )
+    for agent in agents:
+        agent["health"] = health.classify(
+            agent["state"], agent.pop("connected_to"), agent["last_heartbeat"], now,
+            config.heartbeat_interval_s, config.liveness_window_s,
+        )  # fmt: skip
+    return agents
 
 
 def fleet_view(tenant: Tenant) -> dict:

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from fleet.console import auth, evictions, executions, outbox, overview, tenants
+from fleet.console import agents, auth, evictions, executions, outbox, overview, tenants
 
 app_name = "console"
 urlpatterns = [
@@ -13,6 +13,9 @@ urlpatterns = [
     path("tenants/<str:name>/provision/", tenants.provision, name="provision"),
     path("tenants/<str:name>/deprovision/", tenants.deprovision, name="deprovision"),
     path("tenants/<str:name>/fleet-overrides/", tenants.fleet_overrides, name="fleet_overrides"),
+    path(
+        "tenants/<str:name>/agents/<uuid:agent_id>/drain/", agents.drain_agent, name="drain_agent"
+    ),
     path("evictions/", evictions.evictions, name="evictions"),
     path("evictions/partials/table/", evictions.evictions_table, name="evictions_table"),
     path("outbox/", outbox.outbox, name="outbox"),

@@ -18,6 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
+
+from django.db import connection
+
+from cloacina_site.config import get_config
+from fleet.engine.context import build_task_context, encode_context
 
 FRAME_LIMIT_BYTES = 1024 * 1024  # the protocol's frame limit
 # Room for the rest of the packet (ids, function, digest, …) and the frame envelope.
@@ -56,3 +62,41 @@ def packet_context(payload: dict, context_json: str) -> dict:
     by_ref = {k: v for k, v in payload.items() if k != "context_json"}
     by_ref["context_ref"] = reference(context_json)
     return by_ref
+
+
+_OPEN_PACKET = """
+SELECT EXISTS (SELECT 1 FROM agents_agent WHERE id = %(agent)s AND tenant_id = %(tenant)s),
+       EXISTS (
+           SELECT 1 FROM delivery_outbox o
+           JOIN fleet_taskexecution t ON t.id = o.task_id
+           WHERE o.task_id = %(task)s AND o.assignment = %(assignment)s
+             AND o.agent_id = %(agent)s AND o.tenant_id = %(tenant)s AND o.state <> 'acked'
+             AND t.status = 'Running' AND t.assignment = o.assignment
+       )
+"""
+
+
+def serve_context(
+    tenant_id: int, agent_id: uuid.UUID, task_execution_id: uuid.UUID, assignment: int
+) -> tuple[int, str]:
+    """(200, the context text) for the agent an open packet of that run is addressed to;
+    else (404 / 413, why).  Another tenant's agent or task is answered like a missing one."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _OPEN_PACKET,
+            {"agent": agent_id, "tenant": tenant_id, "task": task_execution_id,
+             "assignment": assignment},
+        )  # fmt: skip
+        known_agent, addressed = cursor.fetchone()
+    if not known_agent:
+        return 404, "unknown agent"
+    if not addressed:
+        return 404, (
+            f"no open work packet of task {task_execution_id} (assignment {assignment}) "
+            "is addressed to this agent"
+        )
+    text = encode_context(build_task_context(task_execution_id))
+    oversize = too_large(text, get_config().max_context_bytes)
+    if oversize:
+        return 413, oversize
+    return 200, text
