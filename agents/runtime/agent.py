@@ -196,7 +196,7 @@ class Agent:
             "wire_format": wire_format,
             "tags": list(c.tags),
             "capabilities": list(c.capabilities),
-            "exclusive": False,
+            "exclusive": c.exclusive,
             "metrics": host_metrics.sample(),
         }
 

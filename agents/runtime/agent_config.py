@@ -32,6 +32,8 @@ class AgentConfig:
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     tags: tuple[str, ...] = ()
     capabilities: tuple[str, ...] = ()
+    # Take only work that names this agent, one of its tags or a capability (docs/routing.md).
+    exclusive: bool = False
     wire_format: str = "json"
     tls: AgentTLS = AgentTLS()
     protocol_version: int = PROTOCOL_VERSION

@@ -222,3 +222,16 @@ class AgentClient:
         if response.status_code != 200:
             raise self._rejected(response, f"artifact {digest}")
         return response.content
+
+    async def fetch_context(self, agent_id: str, task_execution_id: str, assignment: int) -> bytes:
+        """A packet's input context sent by reference (``context_ref``), as raw bytes;
+        404/413 → :class:`RequestRejected` with that status."""
+        response = await self._call(
+            "GET",
+            f"/agents/{agent_id}/tasks/{task_execution_id}/context",
+            params={"assignment": assignment},
+            timeout=httpx.Timeout(ARTIFACT_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+        )
+        if response.status_code != 200:
+            raise self._rejected(response, f"context of task {task_execution_id}")
+        return response.content

@@ -55,6 +55,9 @@ class WorkPacket:
     workflow_execution_id: str = ""
     package_kind: str = ""
     tenant: str = ""
+    # A context too large for a frame comes by reference ({"bytes", "sha256"}): the agent
+    # fetches it before the run (agents/runtime/context_fetch.py); context_json is then "".
+    context_ref: dict[str, Any] | None = None
 
     @property
     def key(self) -> TaskKey:
@@ -94,6 +97,14 @@ def parse_packet(raw: object) -> WorkPacket:
     if not isinstance(raw, dict):
         raise PacketError("work packet is not an object")
     ids = _ids(raw)
+    context_ref = raw.get("context_ref")
+    if context_ref is not None:
+        if not _valid_ref(context_ref):
+            raise PacketError(
+                "malformed work packet: context_ref must be {bytes: integer, sha256: hex digest}",
+                ids,
+            )
+        raw = {**raw, "context_json": raw.get("context_json", "")}
     for name, kinds in _REQUIRED.items():
         value = raw.get(name)
         if value is None:
@@ -123,6 +134,20 @@ def parse_packet(raw: object) -> WorkPacket:
         workflow_execution_id=str(raw.get("workflow_execution_id") or ""),
         package_kind=str(raw.get("package_kind") or ""),
         tenant=str(raw.get("tenant") or ""),
+        context_ref=context_ref,
+    )
+
+
+def _valid_ref(ref: object) -> bool:
+    if not isinstance(ref, dict):
+        return False
+    size, digest = ref.get("bytes"), ref.get("sha256")
+    return (
+        isinstance(size, int)
+        and not isinstance(size, bool)
+        and size >= 0
+        and isinstance(digest, str)
+        and bool(_DIGEST.match(digest))
     )
 
 

@@ -26,6 +26,7 @@ from agents.runtime.client import (
     RequestRejected,
     ServerUnavailable,
 )
+from agents.runtime.context_fetch import ContextUnavailable, fetch_context
 from agents.runtime.outcome_reporter import OutcomeReporter
 from agents.runtime.package_cache import PackageCache, PackageCacheError
 from agents.runtime.task_runner import TaskRunner
@@ -164,8 +165,16 @@ class WorkIntake:
                     log.warning("refusing %s: %s", packet.describe(), exc)
                     self._report(held, refusal(packet, str(exc)))
                     return
+                context_json = packet.context_json
+                if packet.context_ref is not None:  # too large for a frame: fetch it
+                    try:
+                        context_json = await fetch_context(self.client, held.agent_id, packet)
+                    except ContextUnavailable as exc:
+                        log.warning("%s: %s", packet.describe(), exc)
+                        self._report(held, exc.outcome(packet))
+                        return
                 run = await self.runner.run(
-                    package_dir, packet.function, packet.context_json, packet.timeout_s
+                    package_dir, packet.function, context_json, packet.timeout_s
                 )
             except asyncio.CancelledError:
                 raise

@@ -85,6 +85,11 @@ class Command(BaseCommand):
         parser.add_argument("--tags", default="", help="comma-separated")
         parser.add_argument("--capabilities", default="", help="comma-separated")
         parser.add_argument(
+            "--exclusive",
+            action="store_true",
+            help="take only tasks that name this agent, one of its tags or a capability",
+        )
+        parser.add_argument(
             "--cache-dir", help="unpacked packages (default $CLOACINA_HOME/agent-cache)"
         )
         parser.add_argument("--cache-max-mb", type=int, default=DEFAULT_CACHE_MAX_MB)
@@ -147,6 +152,7 @@ class Command(BaseCommand):
             max_concurrency=options["max_concurrency"],
             tags=split_list(options["tags"]),
             capabilities=split_list(options["capabilities"]),
+            exclusive=bool(options.get("exclusive")),
             wire_format=wire_format,
             tls=tls,
             protocol_version=_protocol_version(),

@@ -1,0 +1,94 @@
+"""Health classes (healthy / degraded / unhealthy) and the connection-generation counter,
+over real WebSockets through the ASGI application."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from channels.db import database_sync_to_async as sync_to_async
+from django.utils import timezone
+
+from agents.models import Agent
+from fleet.delivery import local_sockets
+from fleet.delivery.placement import NoAgent, Placed, place_task
+from fleet.routing.health import Health, classify
+from tests.factories import start
+from tests.fleet_support import _close_delivery_pool, make_agent  # noqa: F401
+from tests.own_loop import run_async
+from tests.routing_support import routed_package
+from tests.test_fleet_consumer import close_code, opened, socket, until
+
+NOW = timezone.now()
+
+
+@pytest.mark.parametrize(
+    "state, socket_on, age_s, expected",
+    [
+        ("live", True, 1, Health.HEALTHY),
+        ("live", True, 29, Health.HEALTHY),  # within 2 × 15 s
+        ("live", True, 31, Health.DEGRADED),  # late, socket open: still selectable
+        ("live", True, 46, Health.UNHEALTHY),  # past the 45 s liveness window
+        ("live", False, 1, Health.UNHEALTHY),  # no socket: never selectable
+        ("draining", True, 1, Health.DRAINING),
+        ("dead", False, 1, Health.DEAD),
+    ],
+)
+def test_classes(state, socket_on, age_s, expected):
+    beat = NOW - timedelta(seconds=age_s)
+    assert classify(state, "srv" if socket_on else "", beat, NOW, 15.0, 45.0) == expected
+
+
+@pytest.fixture(autouse=True)
+def _forget_sockets():
+    local_sockets.clear()
+    yield
+    local_sockets.clear()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stale_disconnect_never_marks_a_reconnected_agent_down(tenant, agent_key):
+    routed_package(tenant)
+    agent = make_agent(tenant, "w1", connected=False, max_concurrency=8)
+
+    def row():
+        return Agent.objects.get(pk=agent.pk)
+
+    def place():
+        _, tasks = start(tenant, "demo")
+        return place_task(tasks["a"].pk, "test-server")
+
+    async def scenario():
+        old = socket(agent.id, agent_key)
+        await opened(old)
+        await until(lambda: row().connection_generation == 1)
+        new = socket(agent.id, agent_key)
+        await opened(new)
+        # The newer connection supersedes the older one (4408); the older one's
+        # disconnect names generation 1 and must not clear generation 2's socket.
+        assert await close_code(old) == 4408
+        await old.disconnect()
+        await until(lambda: row().connection_generation == 2)
+        current = await sync_to_async(row)()
+        assert current.connected_to == local_sockets.server_id()
+        placed = await sync_to_async(place)()
+        assert isinstance(placed, Placed) and placed.agent_name == "w1"
+
+        # Degraded: a late heartbeat with the socket open is still selectable.
+        await sync_to_async(
+            lambda: Agent.objects.filter(pk=agent.pk).update(
+                last_heartbeat=timezone.now() - timedelta(seconds=35)
+            )
+        )()
+        assert isinstance(await sync_to_async(place)(), Placed)
+
+        # Unhealthy: the socket is gone; the agent is live but never chosen.
+        await new.disconnect()
+        await until(lambda: row().connected_to == "")
+        waiting = await sync_to_async(place)()
+        assert isinstance(waiting, NoAgent)
+        return waiting
+
+    waiting = run_async(scenario())
+    assert "is connected" in waiting.reason
+    assert row().state == "live"  # eviction stays the liveness sweep's call
