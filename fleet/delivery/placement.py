@@ -120,39 +120,75 @@ def place_task(task_execution_id: uuid.UUID, claimer: str) -> Placed | NoAgent |
         claim = claim_task(task_execution_id, claimer, deadline=False)
         if claim is None:
             return NotClaimed()
-        package, tenant_name, workflow = _executions.get(claim.workflow_execution_id)
-        triples = runnable_triples(package)
-        # Everything is ready before the reservation: the agent's row stays locked
-        # (other dispatches skip it, its results and beats wait) only for one
-        # statement and the commit.
-        context = build_task_context(task_execution_id)
-        context_json = encode_context(context)
-        oversize = context_ref.too_large(context_json, get_config().max_context_bytes)
-        if oversize:
-            return _fail(claim, "ContextTooLarge", oversize, "context_too_large")
-        try:
-            request = selection.request_for(
-                claim.tenant_id, claim.routing, claim.workflow_execution_id, workflow, context
-            )
-        except SelectorError as exc:
-            return _fail(claim, "InvalidSelector", str(exc), "invalid_selector")
-        ref = PackageRef(digest=package.digest, kind=package.kind, target_triple="")
-        payload = context_ref.packet_context(
-            work_packet(claim, context_json, ref, tenant_name), context_json
+        prepared = prepare(claim)
+        if isinstance(prepared, Unroutable):
+            return prepared
+        return place_prepared(prepared)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A claimed task with everything its packet needs, before an agent is chosen.
+
+    (Split from :func:`place_task` so that :mod:`fleet.delivery.batch_placement` can
+    place many claims in one transaction and reserve the plain ones together.)
+    """
+
+    claim: Claim
+    package: WorkflowPackage
+    triples: frozenset[str] | None
+    request: selection.Request
+    payload: dict
+    digests: dict[str, str] | None
+
+
+def prepare(claim: Claim) -> Prepared | Unroutable:
+    """Build the claimed task's context and packet (in the caller's transaction); a task
+    no agent could ever take fails here (:class:`Unroutable`)."""
+    package, tenant_name, workflow = _executions.get(claim.workflow_execution_id)
+    triples = runnable_triples(package)
+    # Everything is ready before the reservation: the agent's row stays locked
+    # (other dispatches skip it, its results and beats wait) only for one
+    # statement and the commit.
+    context = build_task_context(claim.task_execution_id)
+    context_json = encode_context(context)
+    oversize = context_ref.too_large(context_json, get_config().max_context_bytes)
+    if oversize:
+        return _fail(claim, "ContextTooLarge", oversize, "context_too_large")
+    try:
+        request = selection.request_for(
+            claim.tenant_id, claim.routing, claim.workflow_execution_id, workflow, context
         )
-        digests = _digests_by_triple(package, triples)
-        outcome = selection.select(
-            request,
-            triples,
-            lambda choice: enqueue_on_best_agent(
-                claim, payload, triples, package.digest, digests, choice=choice
-            ),
-        )
-        if isinstance(outcome, selection.NoMatchingAgent):
-            return _fail(claim, outcome.error_type, outcome.reason)
-        if isinstance(outcome, selection.NoFreeAgent):
-            release_claim(task_execution_id, claim.assignment, outcome.reason)
-            return NoAgent(claim.tenant_id, outcome.reason)
+    except SelectorError as exc:
+        return _fail(claim, "InvalidSelector", str(exc), "invalid_selector")
+    ref = PackageRef(digest=package.digest, kind=package.kind, target_triple="")
+    payload = context_ref.packet_context(
+        work_packet(claim, context_json, ref, tenant_name), context_json
+    )
+    return Prepared(claim, package, triples, request, payload, _digests_by_triple(package, triples))
+
+
+def place_prepared(prepared: Prepared) -> Placed | NoAgent | Unroutable:
+    """Choose the agent of one prepared claim and enqueue its packet (the caller's
+    transaction), or release the claim / fail the task saying why."""
+    claim = prepared.claim
+    outcome = selection.select(
+        prepared.request,
+        prepared.triples,
+        lambda choice: enqueue_on_best_agent(
+            claim,
+            prepared.payload,
+            prepared.triples,
+            prepared.package.digest,
+            prepared.digests,
+            choice=choice,
+        ),
+    )
+    if isinstance(outcome, selection.NoMatchingAgent):
+        return _fail(claim, outcome.error_type, outcome.reason)
+    if isinstance(outcome, selection.NoFreeAgent):
+        release_claim(claim.task_execution_id, claim.assignment, outcome.reason)
+        return NoAgent(claim.tenant_id, outcome.reason)
     agent = outcome.agent
     return Placed(claim.tenant_id, claim.assignment, agent.id, agent.name)
 
