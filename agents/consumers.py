@@ -38,6 +38,7 @@ from agents.runtime import wire
 from fleet.delivery import db as delivery_db
 from fleet.delivery import local_sockets, redelivery, socket_writes
 from fleet.engine.context import unstorable
+from fleet.routing.metrics import HEARTBEATS
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +264,7 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             writes.received(grant.agent_id, received)
         beats = [f for f in batch if f["type"] == "heartbeat"]
         if beats:
+            HEARTBEATS.labels(via="socket").inc(len(beats))
             beat = beats[-1]
             result = await writes.heartbeat(
                 grant.agent_id, grant.tenant_id, beat["running"], beat.get("metrics"),

@@ -19,6 +19,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+# The agent-fabric and selector metrics (agents connected, connects, state changes,
+# heartbeats, back-pressure, selection) register themselves on import.
+from fleet.routing import metrics as routing_metrics  # noqa: F401
+
 log = logging.getLogger(__name__)
 
 DISPATCH_LATENCY = Histogram(
