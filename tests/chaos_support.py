@@ -150,10 +150,13 @@ class Feeder(threading.Thread):
     (server or database down) is retried under a new run id, so a start that did go in
     before its answer was lost is simply one more execution (the database is the truth)."""
 
-    def __init__(self, url: str, key: str, workflows: list[str], seconds: float, ledger: Path):
+    def __init__(
+        self, url: str, key: str, workflows: list[str], seconds: float, ledger: Path,
+        sleep_s: float,
+    ) -> None:  # fmt: skip
         super().__init__(daemon=True, name="chaos-feeder")
         self.url, self.key, self.workflows = url, key, workflows
-        self.seconds, self.ledger = seconds, ledger
+        self.seconds, self.ledger, self.sleep_s = seconds, ledger, sleep_s
         self.refused: Counter = Counter()  # HTTP status (or "no answer") of refused starts
         self.accepted: list[str] = []
 
@@ -164,7 +167,9 @@ class Feeder(threading.Thread):
             for i, workflow in enumerate(self.workflows):
                 time.sleep(max(0.0, started + i * gap - time.monotonic()))
                 while True:
-                    context = {"run": uuid.uuid4().hex, "ledger": str(self.ledger), "sleep_s": 0.05}
+                    context = {
+                        "run": uuid.uuid4().hex, "ledger": str(self.ledger), "sleep_s": self.sleep_s
+                    }  # fmt: skip
                     try:
                         answer = client.post(
                             f"{self.url}/api/v1/workflows/{workflow}/executions",

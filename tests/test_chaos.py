@@ -50,6 +50,7 @@ FAULTS = {"kills": 8, "serve_restarts": 2, "pg_restarts": 2} if LONG else {
 AGENTS = 4
 SLOTS = 4
 SETTLE_TIMEOUT_S = 240.0 if LONG else 90.0
+TASK_SLEEP_S = 0.3  # keeps agents busy, so kills land on work in flight
 
 
 @pytest.fixture
@@ -82,7 +83,7 @@ def test_chaos_run_loses_nothing_and_completes_nothing_twice(chaos_db, tmp_path,
             for i in range(AGENTS)
         }
         workflows = plan(TASKS)
-        feeder = Feeder(server.url, write, workflows, FEED_S, ledger)
+        feeder = Feeder(server.url, write, workflows, FEED_S, ledger, TASK_SLEEP_S)
         started = time.monotonic()
         feeder.start()
         killed: set[str] = set()
@@ -92,7 +93,12 @@ def test_chaos_run_loses_nothing_and_completes_nothing_twice(chaos_db, tmp_path,
         for fault in faults:
             time.sleep(max(0.0, started + fault.at_s - time.monotonic()))
             if fault.kind == "kill_agent":
-                name = sorted(agents)[fault.pick % len(agents)]
+                # An agent holding work if there is one: the kill must cost something.
+                busy = query(
+                    url, "SELECT name FROM agents_agent WHERE state <> 'dead' AND in_flight > 0"
+                )
+                candidates = sorted({n for (n,) in busy} & set(agents)) or sorted(agents)
+                name = candidates[fault.pick % len(candidates)]
                 agents.pop(name).kill_group()  # kill -9 of the agent and its task processes
                 killed.add(name)
                 generation += 1
