@@ -160,6 +160,18 @@ def _optional_str(task: dict, key: str, where: str) -> str | None:
     return value
 
 
+def _affinity(task: dict, where: str) -> str | None:
+    """``"definition"`` or ``"payload:<context key>"`` (docs/routing.md)."""
+    value = _optional_str(task, "affinity", where)
+    if value is None or value == "definition":
+        return value
+    if value.startswith("payload:") and len(value) > len("payload:"):
+        return value
+    raise ManifestError(
+        f'{where}: affinity must be "definition" or "payload:<context key>", got {value!r}'
+    )
+
+
 def _str_list(task: dict, key: str, where: str) -> list[str]:
     value = task.get(key, [])
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
@@ -193,7 +205,7 @@ def _parse_routing(task: dict, where: str) -> dict:
         "gpu": gpu,
         "min_free_vram_pct": _percent(task, "min_free_vram_pct", where),
         "group": _optional_str(task, "group", where),
-        "affinity": _optional_str(task, "affinity", where),
+        "affinity": _affinity(task, where),
         "priority": priority,
     }
 

@@ -12,10 +12,11 @@ import pytest
 from django.test import Client
 
 from agents.models import Agent
-from fleet.delivery.placement import NoAgent, Placed, Unroutable
+from fleet.delivery.placement import NoAgent, Placed, Unroutable, place_task
 from fleet.engine.events import ExecutionStatus
 from fleet.models import TaskExecution, TaskOutcome
 from tests.conftest import bearer
+from tests.factories import start
 from tests.fleet_support import _close_delivery_pool  # noqa: F401
 from tests.routing_support import agent, place_root, placed_on, routed_package
 
@@ -246,10 +247,25 @@ def test_an_agent_past_the_window_or_without_a_socket_is_never_chosen(tenant):
 # -- bad selectors ---------------------------------------------------------------------
 
 
-def test_an_affinity_of_neither_form_fails_the_task_clearly(tenant):
-    routed_package(tenant, affinity="sticky")
+def test_an_affinity_of_neither_form_is_refused_at_upload(tenant):
+    from artifacts.services import UploadRejected
+
+    with pytest.raises(UploadRejected) as refused:
+        routed_package(tenant, affinity="sticky")
+    assert refused.value.status == 422
+    assert str(refused.value).endswith(
+        'affinity must be "definition" or "payload:<context key>", got \'sticky\''
+    )
+
+
+def test_an_unusable_stored_selector_fails_the_task_clearly(tenant):
+    # A row written before the manifest checked affinity (or edited by hand).
+    routed_package(tenant)
     agent(tenant, "w1")
-    result, task = place_root(tenant)
+    _, tasks = start(tenant, "demo")
+    TaskExecution.objects.filter(pk=tasks["a"].pk).update(routing={"affinity": "sticky"})
+    result = place_task(tasks["a"].pk, "s")
+    task = TaskExecution.objects.get(pk=tasks["a"].pk)
     assert isinstance(result, Unroutable)
     assert task.error_type == "InvalidSelector"
     assert task.error_message == (
