@@ -178,11 +178,12 @@ def register(key: ApiKey, registration: Registration) -> Agent:
             evict_agent(holder, "replaced by a new registration with the same name")
         try:
             with transaction.atomic():
-                # Registrations of one tenant take turns here, so the cap is exact.
+                # Registrations of one tenant take turns here, so both bounds are exact.
                 with connection.cursor() as cursor:
                     cursor.execute(
                         "SELECT pg_advisory_xact_lock(%s, %s)", [ROSTER_LOCK_CLASS, key.tenant_id]
                     )
+                _check_rate(key)
                 _check_cap(key, reg.name)
                 return Agent.objects.create(
                     tenant_id=key.tenant_id,

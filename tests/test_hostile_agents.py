@@ -10,6 +10,7 @@ import json
 import threading
 import time
 import uuid
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -42,13 +43,19 @@ def test_an_agent_registering_1000_times_leaves_one_live_row(served):
     from agents.models import Agent
 
     started = time.monotonic()
-    answers = [_register(served, "loop-agent").status_code for _ in range(REGISTRATIONS)]
+    with ThreadPoolExecutor(8) as pool:  # eight at a time: the bounds hold under concurrency
+        answers = list(
+            pool.map(lambda _: _register(served, "loop-agent").status_code, range(REGISTRATIONS))
+        )
     minutes = (time.monotonic() - started) / 60
     accepted = answers.count(201)
     # The per-key budget is a sliding minute: a slow machine gets one budget per minute.
     per_minute = roster.REGISTRATIONS_PER_KEY_PER_MINUTE
-    assert per_minute <= accepted <= per_minute * (1 + int(minutes)), (accepted, minutes)
-    assert answers.count(429) == REGISTRATIONS - accepted
+    assert accepted <= per_minute * (1 + int(minutes)), (accepted, minutes)
+    # The rest are refused: 429 past the budget, or 409 for a registration that lost the
+    # same-name race three times ("being registered concurrently; retry").
+    assert answers.count(429) + answers.count(409) == REGISTRATIONS - accepted, Counter(answers)
+    assert accepted >= 1
     refused = _register(served, "loop-agent")
     assert refused.status_code == 429
     assert f"agents in the last minute (at most {per_minute})" in refused.json()["detail"]
@@ -141,41 +148,41 @@ FLOODS = {
         }
     ),
 }
-FLOOD_S = 5.0
+FLOOD_S = 3.0
 FLOOD_MEMORY_MAX_MB = 256  # what one flooding socket may cost the server, at most
 
 
-@pytest.mark.parametrize("kind", sorted(FLOODS))
-def test_a_flood_on_one_socket_is_held_back_or_cut_off_with_bounded_memory(served, kind):
+def test_floods_on_one_socket_are_held_back_or_cut_off_with_bounded_memory(served):
     """Either the server reads no faster than it works (back-pressure: the socket stays
     open) or the agent passes the frame rate and is closed with 4429; never an unbounded
     queue."""
-    frame = FLOODS[kind]
-    _agent_id, sock = _agent_socket(served, f"flooder-{kind}")
-    before = served.rss_mb()
-    peak = [before]
-    stop = threading.Event()
+    for kind, frame in FLOODS.items():
+        _agent_id, sock = _agent_socket(served, f"flooder-{kind}")
+        before = served.rss_mb()
+        peak = [before]
+        stop = threading.Event()
 
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], served.rss_mb())
-            time.sleep(0.05)
+        def sample(peak=peak, stop=stop):
+            while not stop.is_set():
+                peak[0] = max(peak[0], served.rss_mb())
+                time.sleep(0.05)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    sent = _flood(sock, frame, seconds=FLOOD_S)
-    code, reason = _close_code(sock, timeout=3.0)
-    stop.set()
-    sampler.join()
-    print(f"\n{kind}: {sent} frames sent, closed {code} ({reason}); server memory "
-          f"{before:.0f} MB -> peak {peak[0]:.0f} MB")  # fmt: skip
-    assert code == 4429 or (code, reason) == (None, "still open"), (code, reason, sent)
-    if code == 4429:
-        assert "frames" in reason, reason
-    assert peak[0] - before < FLOOD_MEMORY_MAX_MB
-    served.assert_still_serving()
-    # The flooding agent may come back (a new connection), and a quiet one is served.
-    _quiet_id, quiet = _agent_socket(served, f"quiet-{kind}")
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        sent = _flood(sock, frame, seconds=FLOOD_S)
+        code, reason = _close_code(sock, timeout=2.0)
+        stop.set()
+        sampler.join()
+        print(f"\n{kind}: {sent} frames sent, closed {code} ({reason}); server memory "
+              f"{before:.0f} MB -> peak {peak[0]:.0f} MB")  # fmt: skip
+        assert code == 4429 or (code, reason) == (None, "still open"), (kind, code, reason)
+        if code == 4429:
+            assert "frames" in reason, reason
+        sock.close()
+        assert peak[0] - before < FLOOD_MEMORY_MAX_MB, kind
+        served.assert_still_serving()
+    # A quiet agent is served meanwhile, and the flooders may come back.
+    _quiet_id, quiet = _agent_socket(served, "quiet")
     quiet.send(json.dumps({"type": "heartbeat", "running": []}))
     assert _close_code(quiet, timeout=1.0) == (None, "still open")
     quiet.close()
