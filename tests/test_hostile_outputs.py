@@ -165,3 +165,20 @@ def test_an_outcome_posted_many_times_at_once_is_applied_once(agent_key, tenant)
     # The dependent was made Ready once, and the server goes on: it completes normally.
     b = TaskExecution.objects.get(workflow_execution=task.workflow_execution, task_id="b")
     assert (b.status, b.attempt) == ("Ready", 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_outcome_re_posted_in_a_loop_is_recorded_a_bounded_number_of_times(agent_key, tenant):
+    from fleet.engine.results import MAX_UNAPPLIED_OUTCOMES_PER_TASK
+
+    two_task_package(tenant)
+    agent = make_agent(tenant)
+    task, row = _delivered_task(tenant, agent)
+    body = json.dumps(result_body(task, row))
+    client = Client()
+    answers = [_post_raw(client, agent, agent_key, body).json() for _ in range(80)]
+    assert [a["applied"] for a in answers].count(True) == 1
+    assert TaskOutcome.objects.filter(task=task, applied=True).count() == 1
+    assert TaskOutcome.objects.filter(task=task, applied=False).count() == (
+        MAX_UNAPPLIED_OUTCOMES_PER_TASK
+    )

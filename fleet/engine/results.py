@@ -102,6 +102,15 @@ INSERT INTO fleet_taskoutcome (task_id, assignment, attempt, outcome, applied, i
     agent_name, error_type, error_message, received_at)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, now())
 """
+# Outcomes that are not applied (late, duplicate) are kept for the audit, but only so many
+# per task: an agent re-posting one outcome in a loop must not grow the table without end.
+MAX_UNAPPLIED_OUTCOMES_PER_TASK = 50
+_RECORD_UNAPPLIED = """
+INSERT INTO fleet_taskoutcome (task_id, assignment, attempt, outcome, applied, ignored_reason,
+    agent_name, error_type, error_message, received_at)
+SELECT %s, %s, %s, %s, false, %s, %s, %s, %s, now()
+WHERE (SELECT count(*) FROM fleet_taskoutcome WHERE task_id = %s AND NOT applied) < %s
+"""
 
 
 # The fast path of the commonest outcome: a success for the current assignment.
@@ -256,6 +265,16 @@ class TaskResultHandler:
     def _record(
         cursor, task: _TaskHead, report: TaskReport, applied: bool, reason: str = ""
     ) -> None:
+        if not applied:
+            cursor.execute(
+                _RECORD_UNAPPLIED,
+                [
+                    task.id, report.assignment, task.attempt, report.outcome, reason[:200],
+                    report.agent_name[:200], report.error_type[:200], report.error_message[:10000],
+                    task.id, MAX_UNAPPLIED_OUTCOMES_PER_TASK,
+                ],
+            )  # fmt: skip
+            return
         cursor.execute(
             _RECORD,
             [
