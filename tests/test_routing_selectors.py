@@ -71,6 +71,19 @@ def test_a_name_no_agent_is_registered_under_fails_the_task_at_once(tenant, read
     )
     assert by_id["b"]["status"] == "Skipped"
     assert body.json()["status"] == "Failed"
+    # …and so does the console's execution page.
+    from django.contrib.auth import get_user_model
+
+    from fleet.models import TenantMembership
+
+    user = get_user_model().objects.create_user("reader", "r@example.com", "x")
+    TenantMembership.objects.create(user=user, tenant=tenant, role="read")
+    console = Client()
+    console.force_login(user)
+    page = console.get(f"/console/executions/{task.workflow_execution_id}/").content.decode()
+    assert (
+        "<strong>NoMatchingAgent</strong>: no agent named &#x27;nobody&#x27; is registered" in page
+    )
 
 
 def test_a_named_agent_that_is_registered_but_silent_is_waited_for(tenant):
