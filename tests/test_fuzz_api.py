@@ -13,7 +13,7 @@ The path parameters of the document get real ids (an execution, an agent,
 a package, an artifact digest) as examples, so the generated requests reach
 past the 404s into the code behind them.
 
-``CLOACINA_FUZZ_EXAMPLES`` (default 20) bounds the fuzzing phase per
+``CLOACINA_FUZZ_EXAMPLES`` (default 12) bounds the fuzzing phase per
 operation; ``CLOACINA_FUZZ_SEED`` fixes the generation (default 7).
 """
 
@@ -45,7 +45,7 @@ CHECKS = ",".join(
         "unsupported_method",
     ]
 )
-EXAMPLES = int(os.environ.get("CLOACINA_FUZZ_EXAMPLES", "20"))
+EXAMPLES = int(os.environ.get("CLOACINA_FUZZ_EXAMPLES", "12"))
 SEED = int(os.environ.get("CLOACINA_FUZZ_SEED", "7"))
 RUN_TIMEOUT_S = 240.0
 ALLOWED = "examples,coverage,fuzzing"

@@ -27,10 +27,19 @@ pytestmark = pytest.mark.e2e
 REGISTRATIONS = 1000
 
 
+_clients = threading.local()  # one keep-alive connection per thread
+
+
 def _register(served, name: str, key: str | None = None) -> httpx.Response:
     body = {"name": name, "target_triple": host_triple(), "protocol_version": 1}
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return served.post("/agents/register", role="agent", json=body, headers=headers)
+    client = getattr(_clients, "client", None)
+    if client is None:
+        client = _clients.client = httpx.Client(timeout=60)
+    return client.post(
+        served.server.api("/agents/register"),
+        json=body,
+        headers={"Authorization": f"Bearer {key or served.keys['agent']}"},
+    )
 
 
 def _live_agents() -> int:

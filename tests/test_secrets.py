@@ -193,7 +193,12 @@ def test_the_process_actuators_keys_are_never_logged(transactional_db, tmp_path)
     from tests.e2e_support import cli_tenant_key
 
     with Processes(tmp_path, CLOACINA_LOG_LEVEL="DEBUG") as procs:
-        server = fleet_serve(procs, CLOACINA_FLEET_ACTUATOR="process")
+        server = fleet_serve(
+            procs,
+            CLOACINA_FLEET_ACTUATOR="process",
+            CLOACINA_AUTOSCALE="false",
+            CLOACINA_AUTOSCALE_INTERVAL_S="0.3",  # the control tick that starts the agents
+        )
         write = cli_tenant_key(procs)
         for _ in range(2):
             answer = httpx.post(
