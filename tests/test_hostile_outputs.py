@@ -182,3 +182,18 @@ def test_an_outcome_re_posted_in_a_loop_is_recorded_a_bounded_number_of_times(ag
     assert TaskOutcome.objects.filter(task=task, applied=False).count() == (
         MAX_UNAPPLIED_OUTCOMES_PER_TASK
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_outcome_naming_numbers_past_their_columns_is_refused_cleanly(agent_key, tenant):
+    """An outbox id or assignment no column can hold is an unknown packet (or a 422), never
+    a 500 (the API fuzzer found one)."""
+    two_task_package(tenant)
+    agent = make_agent(tenant)
+    task, row = _delivered_task(tenant, agent)
+    for extra in ({"assignment": 2**40}, {"outbox_id": 2**63}, {"outbox_id": 2**70}):
+        body = json.dumps(result_body(task, row, **extra))
+        answer = _post_raw(Client(), agent, agent_key, body)
+        assert answer.status_code in (404, 422), (extra, answer.status_code, answer.content)
+    task.refresh_from_db()
+    assert task.status == "Running" and not TaskOutcome.objects.filter(task=task).exists()
