@@ -16,7 +16,9 @@ what makes a wait transient or a failure permanent:
 Ranking among the candidates (the seed's order): a degraded agent (late heartbeat)
 after every healthy one; then, for ``tags``/``capability`` work, round-robin among the
 matches (least recently selected first); otherwise the fallback score
-``(100 − CPU%) + free-memory% [+ 0.5 × free-VRAM% for GPU work]``: the agents within
+``(100 − CPU%) + free-memory% [+ 0.5 × free-VRAM% for GPU work]`` (a CPU or memory figure an
+agent does not report counts as 50; the CPU + memory part is the stored
+``agents_agent.fallback_score``): the agents within
 ``SCORE_TIE`` points of the best healthy score take turns, the others follow by score.  A direct ``agent`` names one
 agent; floors pick "the first agent meeting them" by the same score.
 
@@ -33,7 +35,6 @@ from typing import Any
 from fleet.routing.health import DEGRADED_SQL
 
 SCORE_TIE = 10.0  # fallback scores this close to the best count as best: round-robin among them
-MISSING_METRIC = 50.0  # an agent that reports no CPU/memory figure scores as half free
 
 
 class SelectorError(ValueError):
@@ -41,15 +42,16 @@ class SelectorError(ValueError):
 
 
 def _num(key: str) -> str:
-    """A numeric metric of ``a.metrics``, NULL unless it is a JSON number."""
+    """A numeric metric of ``a.metrics``, NULL unless it is a JSON number (as numeric:
+    any JSON number converts, where a float8 cast could overflow)."""
     return (
         f"(CASE WHEN jsonb_typeof(a.metrics -> '{key}') = 'number' "
-        f"THEN (a.metrics ->> '{key}')::float8 END)"
+        f"THEN (a.metrics ->> '{key}')::numeric END)"
     )
 
 
 def _pct(key: str, missing: float) -> str:
-    return f"LEAST(100.0, GREATEST(0.0, coalesce({_num(key)}, {missing})))"
+    return f"LEAST(100.0, GREATEST(0.0, coalesce({_num(key)}, {missing})))::float8"
 
 
 _GPU_NAMED = """EXISTS (
@@ -231,9 +233,9 @@ CANDIDATES = "{candidates}"  # replaced by the reservation's full candidate filt
 def _order(selectors: Selectors) -> str:
     rank = [f"({DEGRADED_SQL})"]  # false (healthy) sorts first
     if not (selectors.tags or selectors.capability):
-        score = (
-            f"{_pct('free_cpu_pct', MISSING_METRIC)} + {_pct('memory_free_pct', MISSING_METRIC)}"
-        )
+        # Kept by the database whenever the metrics change (agents migration 0004): the
+        # sum of the free CPU and free memory percentages, each 50 when not reported.
+        score = "a.fallback_score"
         if selectors.wants_gpu:
             score += f" + 0.5 * {_pct('free_vram_pct', 0.0)}"
         # The best healthy score among the candidates (an InitPlan: computed once).
@@ -241,9 +243,10 @@ def _order(selectors: Selectors) -> str:
             f"coalesce((SELECT max({score}) FROM agents_agent a "
             f"WHERE {CANDIDATES} AND NOT ({DEGRADED_SQL})), -1)"
         )
-        near_best = f"(({score}) >= {best} - {SCORE_TIE})"
-        # The agents near the best take turns; the others follow, best score first.
-        rank += [f"{near_best} DESC", f"CASE WHEN {near_best} THEN NULL ELSE {score} END DESC"]
+        # The agents within SCORE_TIE of the best all rank as best - SCORE_TIE, so they take
+        # turns (next key); the others follow, best score first.  (One expression, with
+        # the best computed once: this statement is planned for every dispatch.)
+        rank.append(f"LEAST({score}, {best} - {SCORE_TIE}) DESC")
     rank += ["a.last_selected_at ASC NULLS FIRST", "a.max_concurrency - a.in_flight DESC", "a.id"]
     return ", ".join(rank)
 
