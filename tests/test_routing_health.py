@@ -3,6 +3,7 @@ over real WebSockets through the ASGI application."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -92,3 +93,26 @@ def test_a_stale_disconnect_never_marks_a_reconnected_agent_down(tenant, agent_k
     waiting = run_async(scenario())
     assert "is connected" in waiting.reason
     assert row().state == "live"  # eviction stays the liveness sweep's call
+
+
+@pytest.mark.django_db
+def test_the_console_roster_shows_degraded_and_unhealthy_agents(tenant):
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from fleet.models import TenantMembership
+
+    make_agent(tenant, "fresh")
+    make_agent(tenant, "late", heartbeat_age_s=35)
+    make_agent(tenant, "cut", connected=False)
+    user = get_user_model().objects.create_user("reader", "r@example.com", "x")
+    TenantMembership.objects.create(user=user, tenant=tenant, role="read")
+    client = Client()
+    client.force_login(user)
+    page = client.get("/console/tenants/acme/partials/agents/").content.decode()
+    rows = {
+        m.group(1): m.group(2) for m in re.finditer(r'data-agent="([^"]+)">(.*?)</tr>', page, re.S)
+    }
+    assert ">degraded</span>" in rows["late"]
+    assert ">unhealthy</span>" in rows["cut"]
+    assert "degraded" not in rows["fresh"] and "unhealthy" not in rows["fresh"]

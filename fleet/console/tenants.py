@@ -26,6 +26,7 @@ from fleet.console.fleet_rows import tenant_rows
 from fleet.console.responses import ConsoleError, action_done, console_view
 from fleet.control import limits
 from fleet.models import AutoscaleDecision, FleetChange, Tenant
+from fleet.routing import health
 
 # Dead agents stay listed this long, so a crash is visible after the sweeper ran.
 RECENTLY_DEAD = timedelta(hours=1)
@@ -41,6 +42,7 @@ class RosterEntry:
     heartbeat_age_s: float
     late: bool  # missed a beat
     overdue: bool  # past the liveness window: the sweeper should evict it
+    health: str = ""  # fleet.routing.health: healthy, degraded, unhealthy, draining, dead
 
 
 def actor_of(request: HttpRequest) -> str:
@@ -66,6 +68,14 @@ def roster(tenant: Tenant) -> list[RosterEntry]:
                 heartbeat_age_s=age,
                 late=alive and age > config.heartbeat_interval_s * LATE_AFTER_INTERVALS,
                 overdue=alive and age > config.liveness_window_s,
+                health=health.classify(
+                    agent.state,
+                    agent.connected_to,
+                    agent.last_heartbeat,
+                    now,
+                    config.heartbeat_interval_s,
+                    config.liveness_window_s,
+                ),
             )
         )
     entries.sort(key=lambda e: (order.get(e.agent.state, 3), e.agent.name))
