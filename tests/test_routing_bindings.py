@@ -61,15 +61,21 @@ def test_a_group_task_waits_for_its_full_agent_rather_than_going_elsewhere(tenan
     agent(tenant, "w2", max_concurrency=8)
     _, tasks = start(tenant, "demo")
     bound = place(tasks["load"]).agent_name
-    if bound == "w2":  # make the bound agent the full one
-        Agent.objects.filter(name="w2").update(in_flight=8)
+    slots = Agent.objects.get(name=bound).max_concurrency
+    Agent.objects.filter(name=bound).update(in_flight=slots)  # the bound agent is full
     result = place(tasks["train"])
     assert isinstance(result, NoAgent)
     task = TaskExecution.objects.get(pk=tasks["train"].pk)
     assert task.status == "Ready"
-    assert task.wait_reason.startswith(
-        f"NoFreeAgent: waiting for agent {bound}, bound by its group"
+    assert task.wait_reason == (
+        f"NoFreeAgent: waiting for agent {bound}, bound by its group: "
+        f"at capacity ({slots} of {slots} slots)"
     )
+    # Without its socket it still waits (not dead: the liveness sweep decides that).
+    Agent.objects.filter(name=bound).update(in_flight=0, connected_to="")
+    assert isinstance(place(tasks["train"]), NoAgent)
+    task.refresh_from_db()
+    assert task.wait_reason.endswith("bound by its group: it has no delivery socket")
 
 
 def test_a_group_rebinds_when_its_agent_dies(tenant):

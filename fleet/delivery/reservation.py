@@ -119,7 +119,7 @@ def reserve_agent(
 
 def no_capacity_reason(tenant_id: int, triples: Iterable[str] | None = None) -> str:
     """Why no agent could be reserved for a task without selectors, in words for the
-    console and the API (tasks with selectors: :func:`fleet.routing.selection.explain`)."""
+    console and the API (tasks with selectors: :mod:`fleet.routing.selection`)."""
     tenant_name = Tenant.objects.filter(pk=tenant_id).values_list("name", flat=True).first()
     with connection.cursor() as cursor:
         cursor.execute(

@@ -146,15 +146,6 @@ def _select(request, triples, reserve) -> Chosen | NoFreeAgent | NoMatchingAgent
     return _no_agent(request, triples, _census(request.tenant_id, triples, selectors), None)
 
 
-def explain(
-    tenant_id: int, triples: Iterable[str] | None, selectors: Selectors
-) -> NoFreeAgent | NoMatchingAgent:
-    """Why no agent can take a task with these selectors now (without trying to reserve)."""
-    triples = list(triples) if triples is not None else None
-    census = _census(tenant_id, triples, selectors)
-    return _no_agent(Request(tenant_id, selectors), triples, census, None)
-
-
 def _census(tenant_id, triples, selectors: Selectors, bound_agent_id=None) -> _Census:
     config = get_config()
     choice = compile_choice(selectors)
@@ -238,12 +229,11 @@ def _no_agent(
         return NoFreeAgent(reason, at_capacity="at capacity" in reason)
     if bound is not None:
         agent_id, key = bound
-        name = _agent_name(agent_id)
+        name, why = _bound_state(agent_id, selectors)
         what = "group" if key.kind == "group" else f"affinity ({key.kind})"
         return NoFreeAgent(
-            f"NoFreeAgent: waiting for agent {name}, bound by its {what}: it is at capacity, "
-            "degraded past the liveness window, without a socket, or below this task's floors",
-            at_capacity=True,
+            f"NoFreeAgent: waiting for agent {name}, bound by its {what}: {why}",
+            at_capacity=why.startswith("at capacity"),
         )
     if census.matching == 0:
         return NoFreeAgent(
@@ -266,8 +256,26 @@ def _no_agent(
     )
 
 
-def _agent_name(agent_id: uuid.UUID) -> str:
+def _bound_state(agent_id: uuid.UUID, selectors: Selectors) -> tuple[str, str]:
+    """The bound agent's name and why it cannot take the task now."""
+    config = get_config()
     with connection.cursor() as cursor:
-        cursor.execute("SELECT name FROM agents_agent WHERE id = %s", [agent_id])
+        cursor.execute(
+            """
+            SELECT name, in_flight, max_concurrency, connected_to <> '',
+                   extract(epoch FROM now() - last_heartbeat)
+            FROM agents_agent WHERE id = %s
+            """,
+            [agent_id],
+        )
         row = cursor.fetchone()
-    return row[0] if row else str(agent_id)
+    if row is None:
+        return str(agent_id), "it is gone"
+    name, in_flight, slots, connected, silent_s = row
+    if not connected:
+        return name, "it has no delivery socket"
+    if silent_s > config.liveness_window_s:
+        return name, f"it has sent no heartbeat for {silent_s:.0f}s"
+    if in_flight >= slots:
+        return name, f"at capacity ({in_flight} of {slots} slots)"
+    return name, f"it has not {selectors.floors_text() or 'the triple this package needs'} now"
