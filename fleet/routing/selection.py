@@ -33,7 +33,7 @@ from fleet.routing.metrics import (
     SELECTION_FAILURE,
     SELECTION_SUCCESS,
 )
-from fleet.routing.selectors import Choice, Selectors, compile_choice
+from fleet.routing.selectors import UNCONSTRAINED, Choice, Selectors, compile_choice
 
 AGENTS_LISTED = 5  # agents named in a NoMatchingAgent message
 
@@ -138,7 +138,7 @@ def _select(request, triples, reserve) -> Chosen | NoFreeAgent | NoMatchingAgent
         if census.bound_matches:
             return _no_agent(request, triples, census, bound=(agent_id, key))
         # The bound agent cannot run this task (its selectors differ): choose freely.
-    choice = compile_choice(selectors)
+    choice = UNCONSTRAINED if request.plain else compile_choice(selectors)
     chosen = reserve(choice)
     if chosen is not None:
         affinity.bind(request.tenant_id, keys, chosen.id)
