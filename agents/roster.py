@@ -168,23 +168,24 @@ def register(key: ApiKey, registration: Registration) -> Agent:
     _check_rate(key)
     _check_cap(key, reg.name)  # refuse before replacing anyone
     for _ in range(REGISTER_ATTEMPTS):
-        holder = (
-            Agent.objects.filter(tenant_id=key.tenant_id, name=reg.name)
-            .exclude(state=AgentState.DEAD)
-            .values_list("id", flat=True)
-            .first()
-        )
-        if holder is not None:
-            evict_agent(holder, "replaced by a new registration with the same name")
         try:
             with transaction.atomic():
-                # Registrations of one tenant take turns here, so both bounds are exact.
+                # Registrations of one tenant take turns here: both bounds are exact, and a
+                # same-name agent is replaced only by a registration that is let in.
                 with connection.cursor() as cursor:
                     cursor.execute(
                         "SELECT pg_advisory_xact_lock(%s, %s)", [ROSTER_LOCK_CLASS, key.tenant_id]
                     )
                 _check_rate(key)
                 _check_cap(key, reg.name)
+                holder = (
+                    Agent.objects.filter(tenant_id=key.tenant_id, name=reg.name)
+                    .exclude(state=AgentState.DEAD)
+                    .values_list("id", flat=True)
+                    .first()
+                )
+                if holder is not None:
+                    evict_agent(holder, "replaced by a new registration with the same name")
                 return Agent.objects.create(
                     tenant_id=key.tenant_id,
                     api_key=key,
