@@ -16,11 +16,11 @@ import asyncio
 import logging
 import sys
 
-from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connection
 
 from cloacina_site.config import Config, ConfigError, apply_overrides
+from cloacina_site.schema import migrate_with_lock
 from cloacina_site.tls import PLAINTEXT_WARNING, ServerTLS, daphne_endpoint, server_tls
 from fleet.control import jobs as control
 from fleet.control import substrate
@@ -107,17 +107,6 @@ class Command(BaseCommand):
             raise CommandError(f"--port must be 0..65535, got {options['port']}", returncode=2)
         log.debug("server heartbeat every %.1fs", heartbeat_s)
         return config
-
-
-def migrate_with_lock() -> None:
-    """Apply migrations; an advisory lock makes servers that boot together take turns."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_lock(%s)", [leader.MIGRATE_LOCK_ID])
-    try:
-        call_command("migrate", interactive=False, verbosity=0)
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_unlock(%s)", [leader.MIGRATE_LOCK_ID])
 
 
 class ServeProcess:
