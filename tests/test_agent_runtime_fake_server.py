@@ -40,9 +40,19 @@ SCENARIO_TIMEOUT_S = 30.0
 
 
 class FakeServer:
-    """Registers agents, records every REST call and frame, pushes frames on demand."""
+    """Registers agents, records every REST call and frame, pushes frames on demand.
 
-    def __init__(self) -> None:
+    With ``result_frames`` it announces at registration that it answers ``result``
+    frames; ``socket_answers`` then scripts the answer to each one, in turn: a dict
+    (the ``result_ack`` fields beyond type and outbox_id), ``"silent"`` (no answer) or
+    ``"close"`` (close the socket instead).  Once the script is used up every result
+    frame is acknowledged 200.
+    """
+
+    def __init__(self, result_frames: bool = False, socket_answers: list | None = None) -> None:
+        self.result_frames = result_frames
+        self.socket_answers = list(socket_answers or [])
+        self.socket_results: asyncio.Queue[dict] = asyncio.Queue()
         self.calls: list[tuple[str, str, dict]] = []
         self.frames: asyncio.Queue[dict] = asyncio.Queue()
         self.sockets: list[ServerConnection] = []
@@ -69,6 +79,7 @@ class FakeServer:
                     "wire_format": "json",
                     "ws_path": f"/ws/agents/{agent_id}/",
                     "server_protocol_version": 1,
+                    **({"result_frames": True} if self.result_frames else {}),
                 },
             )
         if path.endswith("/results"):
@@ -91,8 +102,22 @@ class FakeServer:
         self.sockets.append(connection)
         async for message in connection:
             frame = json.loads(message)
-            if frame["type"] != "heartbeat":
+            if frame["type"] == "result":
+                await self._answer_result(connection, frame)
+            elif frame["type"] != "heartbeat":
                 self.frames.put_nowait(frame)
+
+    async def _answer_result(self, connection: ServerConnection, frame: dict) -> None:
+        self.socket_results.put_nowait(frame)
+        answer = self.socket_answers.pop(0) if self.socket_answers else {"status": 200}
+        if answer == "close":
+            await connection.close(1011, "server going away")
+        elif answer != "silent":
+            ack = {"type": "result_ack", "outbox_id": frame["outbox_id"], **answer}
+            if answer.get("status") == 200:
+                ack.setdefault("applied", True)
+                ack.setdefault("reason", "")
+            await connection.send(json.dumps(ack))
 
     async def next_frame(self, kind: str) -> dict:
         while True:
@@ -127,11 +152,11 @@ def packet(outbox_id: int, sleep_s: float = 0.0, **changes) -> dict:
     return body
 
 
-def run_scenario(tmp_path: Path, scenario) -> None:
+def run_scenario(tmp_path: Path, scenario, **fake_options) -> None:
     """Run ``scenario(fake, agent, agent_task)`` with an agent connected to a fresh fake."""
 
     async def main() -> None:
-        fake = FakeServer()
+        fake = FakeServer(**fake_options)
         async with serve(fake.ws, "127.0.0.1", 0) as server:
             port = server.sockets[0].getsockname()[1]
             url = f"http://127.0.0.1:{port}"

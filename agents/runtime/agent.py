@@ -80,6 +80,7 @@ class Agent:
             config.max_concurrency,
             self._send,
             self._auth_rejected,
+            self._result_socket,
         )
         self.heartbeat = HeartbeatLoop(
             self.client,
@@ -314,7 +315,16 @@ class Agent:
         log.info("delivery socket open (holding %d task(s))", len(holding))
 
     def _on_session_closed(self) -> None:
-        self.session = None
+        session, self.session = self.session, None
+        if session is not None:
+            self.intake.reporter.socket_closed(session)
+
+    def _result_socket(self, agent_id: str) -> Session | None:
+        """The open session outcomes owed under ``agent_id`` may be reported through."""
+        registration, session = self.registration, self.session
+        if session is None or registration is None or not registration.result_frames:
+            return None
+        return session if registration.agent_id == agent_id else None
 
     async def _send(self, frame: dict[str, Any]) -> None:
         session = self.session
@@ -329,6 +339,8 @@ class Agent:
         kind = frame["type"]
         if kind == "work":
             await self.intake.on_work(frame.get("packet"), agent_id)
+        elif kind == "result_ack":
+            self.intake.reporter.on_result_ack(frame)
         elif kind == "drain":
             self.request_drain("the server sent a drain frame")
         else:

@@ -26,7 +26,9 @@ class Backoff:
         self.base_s = base_s
         self.cap_s = cap_s
         self.failures = 0
-        self._rng = rng or random.Random()
+        # The module's generator unless told otherwise: every outcome report makes a
+        # Backoff, and seeding a fresh Random from os.urandom each time was measurable.
+        self._rng = rng or random
 
     def next_delay(self) -> float:
         ceiling = min(self.cap_s, self.base_s * (2**self.failures))

@@ -78,6 +78,8 @@ class Registration:
     liveness_misses: int
     wire_format: str
     ws_path: str
+    # The server answers ``result`` frames on the delivery socket (older servers: REST only).
+    result_frames: bool = False
 
 
 def normalise_server_url(url: str) -> str:
@@ -185,6 +187,7 @@ class AgentClient:
             liveness_misses=int(data.get("liveness_misses", 3)),
             wire_format=data.get("wire_format", body.get("wire_format", "json")),
             ws_path=data.get("ws_path") or f"/ws/agents/{agent_id}/",
+            result_frames=data.get("result_frames") is True,
         )
 
     async def heartbeat(self, agent_id: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from agents.runtime.client import (
     ServerUnavailable,
 )
 from agents.runtime.context_fetch import ContextUnavailable, fetch_context
-from agents.runtime.outcome_reporter import OutcomeReporter
+from agents.runtime.outcome_reporter import OutcomeReporter, ResultSocket
 from agents.runtime.package_cache import PackageCache, PackageCacheError
 from agents.runtime.task_runner import TaskRunner
 from agents.runtime.work import (
@@ -65,6 +65,7 @@ class WorkIntake:
         max_concurrency: int,
         send: Callable[[dict[str, Any]], Awaitable[None]],
         on_auth_rejected: Callable[[AuthRejected], None],
+        result_socket: Callable[[str], ResultSocket | None] | None = None,
     ) -> None:
         self.client = client
         self.cache = cache
@@ -75,7 +76,7 @@ class WorkIntake:
         self.draining = False  # set by the agent: refuse every new packet
         self.idle = asyncio.Event()  # nothing held
         self.idle.set()
-        self.reporter = OutcomeReporter(client, self._settled, on_auth_rejected)
+        self.reporter = OutcomeReporter(client, self._settled, on_auth_rejected, result_socket)
         self._send = send
         self._slots = asyncio.Semaphore(max_concurrency)
         self._tasks: set[asyncio.Task] = set()
