@@ -290,6 +290,22 @@ async def test_a_no_op_round_trip_is_well_under_five_ms(runner, package):
     assert statistics.median(samples) < 0.005
 
 
+@in_own_loop
+async def test_a_cancelled_run_leaves_no_answer_behind_for_the_next_task(runner, package):
+    import asyncio
+
+    task = asyncio.ensure_future(run(runner, package, "sleepy", {"sleep_s": 0.3}))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # Both slots answer their own task (the cancelled one's child was replaced, so its
+    # late reply cannot reach the next task), and the pool kept its capacity.
+    outcomes = await asyncio.gather(*[run(runner, package, "echo", {"n": i}) for i in range(4)])
+    assert [o.output["seen"] for o in outcomes] == [{"n": i} for i in range(4)]
+    assert len(runner.child_pids()) == 2 and runner.busy == 0
+
+
 def test_close_stops_every_child_even_a_busy_one(package):
     import asyncio
 
