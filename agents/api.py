@@ -8,12 +8,10 @@ addressed to this agent of this tenant.
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
-from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Router, Schema, Status
 from ninja.errors import HttpError
@@ -21,23 +19,17 @@ from ninja.security import HttpBearer
 
 from agents import roster
 from agents.models import Agent
+from agents.result_intake import UNKNOWN_AGENT, ResultIn, apply_result
 from agents.runtime.triples import MAX_TRIPLE_CHARS, TRIPLE_PATTERN
 from cloacina_site.auth import KeyAuth, agent_auth
 from cloacina_site.config import get_config
 from fleet.delivery import context_ref
 from fleet.delivery import db as delivery_db
-from fleet.delivery.rendezvous import Outcome as Wake
-from fleet.delivery.rendezvous import announce
-from fleet.engine import ready_queue
-from fleet.engine.results import TaskReport, result_handler
-from fleet.metrics import RESULTS
 from fleet.models import Role
 from fleet.routing import drain
 from fleet.routing.metrics import HEARTBEATS
 
 router = Router()
-
-UNKNOWN_AGENT = "unknown agent"
 
 
 class Error(Schema):
@@ -77,6 +69,8 @@ class RegisterOut(Schema):
     wire_format: str
     ws_path: str
     server_protocol_version: int
+    # This server answers ``result`` frames on the delivery socket (docs/agent-protocol.md).
+    result_frames: bool
 
 
 class HeartbeatIn(Schema):
@@ -89,17 +83,6 @@ class HeartbeatIn(Schema):
 class HeartbeatOut(Schema):
     state: str
     drain: bool
-
-
-class ResultIn(Schema):
-    outbox_id: int = Field(..., strict=True)
-    task_execution_id: uuid.UUID
-    assignment: int = Field(..., ge=1, strict=True)
-    outcome: Literal["success", "failure", "refused", "timeout"]
-    output: Any = None
-    error_type: str = Field("", max_length=200)
-    error_message: str = ""
-    traceback: str = ""
 
 
 class ResultOut(Schema):
@@ -147,6 +130,7 @@ def register_agent(request: HttpRequest, body: RegisterIn):
             "wire_format": agent.wire_format,
             "ws_path": f"/ws/agents/{agent.id}/",
             "server_protocol_version": roster.PROTOCOL_VERSION,
+            "result_frames": True,
         },
     )
 
@@ -204,56 +188,6 @@ pooled_agent_auth = PooledAgentAuth()
 async def agent_result(request: HttpRequest, agent_id: uuid.UUID, body: ResultIn):
     status, answer = await delivery_db.call(apply_result, request.tenant.pk, agent_id, body)
     return Status(status, answer)
-
-
-_AGENT_AND_PACKET = """
-SELECT a.name, EXISTS (
-    SELECT 1 FROM delivery_outbox o
-    WHERE o.id = %(outbox)s AND o.tenant_id = a.tenant_id AND o.task_id = %(task)s
-      AND o.assignment = %(assignment)s
-      AND (o.agent_id = a.id OR o.former_agents @> %(former)s::jsonb)
-)
-FROM agents_agent a WHERE a.id = %(agent)s AND a.tenant_id = %(tenant)s
-"""
-
-
-def apply_result(tenant_id: int, agent_id: uuid.UUID, body: ResultIn) -> tuple[int, dict]:
-    """Check the packet was addressed to this agent of this tenant, then hand the outcome
-    to the one result handler; wake the dispatcher waiting for it."""
-    # One query for both checks: this is the hottest path of the server.
-    with connection.cursor() as cursor:
-        cursor.execute(_AGENT_AND_PACKET, {
-            "agent": agent_id, "tenant": tenant_id, "outbox": body.outbox_id,
-            "task": body.task_execution_id, "assignment": body.assignment,
-            "former": json.dumps([str(agent_id)]),
-        })  # fmt: skip
-        row = cursor.fetchone()
-    if row is None:
-        return 404, {"detail": UNKNOWN_AGENT}
-    agent_name, addressed = row
-    if not addressed:
-        return 404, {
-            "detail": f"work packet {body.outbox_id} (task {body.task_execution_id}, assignment "
-            f"{body.assignment}) was never addressed to this agent"
-        }
-    applied = result_handler.apply(
-        TaskReport(
-            task_execution_id=body.task_execution_id,
-            assignment=body.assignment,
-            outcome=body.outcome,
-            output=body.output,
-            error_type=body.error_type,
-            error_message=body.error_message,
-            traceback=body.traceback,
-            agent_id=agent_id,
-            agent_name=agent_name,
-        )
-    )
-    ready_queue.submit(applied.ready)
-    if applied.applied:
-        announce(body.task_execution_id, Wake(body.assignment, applied.status, applied.reason))
-    RESULTS.labels(outcome=body.outcome, applied=str(applied.applied).lower()).inc()
-    return 200, {"applied": applied.applied, "reason": applied.reason}
 
 
 @router.post(

@@ -32,8 +32,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
 
-from agents import roster
-from agents.api import ResultIn, apply_result
+from agents import result_batches, roster
+from agents.result_intake import ResultIn
 from agents.runtime import wire
 from fleet.delivery import db as delivery_db
 from fleet.delivery import local_sockets, redelivery, socket_writes
@@ -165,7 +165,8 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         self._worker: asyncio.Task | None = None
         self._inbound: asyncio.Queue = asyncio.Queue(maxsize=INBOUND_QUEUE)
         self._results: set[asyncio.Future] = set()
-        self._result_slots = asyncio.Semaphore(RESULTS_IN_FLIGHT)
+        self._results_pending = 0  # results of this socket taken and not yet answered
+        self._results_room = asyncio.Event()
         self._bucket = TokenBucket(FRAME_RATE_PER_S, FRAME_BURST)
         # Accept first: a close code (and its reason) can only be sent on an open socket.
         await self.accept()
@@ -275,31 +276,56 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             elif result.drain and not self._drain_sent:
                 self._drain_sent = True
                 await self._send_frame({"type": "drain"})
-        for frame in batch:
-            if frame["type"] == "result":
-                # Applied concurrently on the DB pool, at most RESULTS_IN_FLIGHT per socket.
-                # The slot is taken before the task exists: with all slots busy the reader
-                # waits, the inbound queue fills and a flood is closed (4429), instead of
-                # pending results (up to 1 MiB each) piling up in memory.
-                await self._result_slots.acquire()
-                task = asyncio.ensure_future(self._apply_result(frame))
+        results = [frame for frame in batch if frame["type"] == "result"]
+        if results:
+            # Applied on the DB pool with the results of every socket of this process,
+            # at most RESULTS_IN_FLIGHT of this socket at once.  Room is taken before the
+            # work exists: with no room the reader waits, the inbound queue fills and a
+            # flood is closed (4429), instead of pending results (up to 1 MiB each)
+            # piling up in memory.
+            for start in range(0, len(results), RESULTS_IN_FLIGHT):
+                chunk = results[start : start + RESULTS_IN_FLIGHT]
+                while self._results_pending + len(chunk) > RESULTS_IN_FLIGHT:
+                    self._results_room.clear()
+                    await self._results_room.wait()
+                self._results_pending += len(chunk)
+                task = asyncio.ensure_future(self._apply_results(chunk))
                 self._results.add(task)
                 task.add_done_callback(self._results.discard)
 
-    async def _apply_result(self, frame: dict) -> None:
+    async def _apply_results(self, frames: list[dict]) -> None:
         try:
-            if "invalid" in frame:
-                status, answer = 422, {"detail": f"invalid result: {frame['invalid']}"}
-            else:
-                grant = self.grant
-                status, answer = await delivery_db.call(
-                    apply_result, grant.tenant_id, grant.agent_id, frame["body"]
+            valid = [f for f in frames if "invalid" not in f]
+            grant = self.grant
+            # One wait for the lot: one transaction, one synchronous commit with the results
+            # of every socket of this process that arrive meanwhile (agents/result_batches.py).
+            answers = iter(
+                await result_batches.apply_many(
+                    [(grant.tenant_id, grant.agent_id, f["body"]) for f in valid]
                 )
+                if valid
+                else []
+            )
         finally:
-            self._result_slots.release()
-        if not self._closing:
+            self._results_pending -= len(frames)
+            self._results_room.set()
+        for frame in frames:
+            if "invalid" in frame:
+                answer: tuple | BaseException = (
+                    422,
+                    {"detail": f"invalid result: {frame['invalid']}"},
+                )
+            else:
+                answer = next(answers)
+            if isinstance(answer, BaseException):
+                # The database is away: no ack, the agent reports it again.
+                log.warning("result for packet %s not applied: %s", frame["outbox_id"], answer)
+                continue
+            if self._closing:
+                return
+            status, body = answer
             await self._send_frame(
-                {"type": "result_ack", "outbox_id": frame["outbox_id"], "status": status, **answer}
+                {"type": "result_ack", "outbox_id": frame["outbox_id"], "status": status, **body}
             )
 
     def _register(self) -> None:

@@ -368,3 +368,114 @@ def test_a_result_frame_without_an_outbox_id_is_closed_4400(tenant, agent_key):
         return code
 
     assert run_async(scenario()) == 4400
+
+
+def test_a_packet_placed_for_a_socket_here_is_pushed_at_once_without_the_relay(tenant, agent_key):
+    from fleet.delivery.batch_placement import Delivered, place_tasks
+
+    two_task_package(tenant)
+    agent = make_agent(tenant, connected=False)
+    _, task = ready_root(tenant, {"n": 1})
+
+    async def scenario():
+        from asgiref.sync import sync_to_async
+
+        relay = Relay(poll_s=60)  # never started: no relay round on its own
+        comm = socket(agent.id, agent_key)
+        await opened(comm)
+        await until(lambda: local_sockets.get(agent.id) is not None)
+        placed = (await sync_to_async(place_tasks)([task.pk], "s"))[task.pk]
+        assert isinstance(placed, Delivered)
+        pushed = await relay.push_delivered(
+            placed.agent_id, placed.outbox_id, placed.packet, placed.waited_s
+        )
+        frame = await comm.receive_json_from(timeout=5)
+        await comm.disconnect()
+        await relay.stop()
+        return pushed, frame
+
+    pushed, frame = run_async(scenario())
+    row = DeliveryOutbox.objects.get(task=task)
+    assert pushed and frame == {"type": "work", "packet": {**row.payload, "outbox_id": row.id}}
+    assert (row.state, row.attempts) == ("delivered", 1)
+
+
+def test_a_delivered_packet_that_cannot_be_pushed_goes_back_to_pending(tenant):
+    from fleet.delivery.batch_placement import Delivered, place_tasks
+
+    two_task_package(tenant)
+    make_agent(tenant)  # connected here per the roster, but no socket in this process
+    _, task = ready_root(tenant)
+    placed = place_tasks([task.pk], "s")[task.pk]
+    assert isinstance(placed, Delivered)
+
+    async def scenario():
+        relay = Relay(poll_s=60)
+        try:
+            return await relay.push_delivered(
+                placed.agent_id, placed.outbox_id, placed.packet, placed.waited_s
+            )
+        finally:
+            await relay.stop()
+
+    assert run_async(scenario()) is False
+    row = DeliveryOutbox.objects.get(task=task)
+    assert (row.state, row.delivered_at) == ("pending", None)  # a relay pushes it from here
+
+
+def test_a_confirmation_never_waits_for_a_locked_packet_and_lands_once_it_is_free(
+    tenant, agent_key
+):
+    import threading
+
+    from django.db import connection, transaction
+
+    two_task_package(tenant)
+    agent = make_agent(tenant, max_concurrency=4)
+    rows = []
+    for _ in range(2):
+        _, task = ready_root(tenant)
+        place_task(task.pk, "s")
+        rows.append(DeliveryOutbox.objects.get(task=task))
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_lock() -> None:  # e.g. a result batch acking that packet right now
+        try:
+            with transaction.atomic():
+                DeliveryOutbox.objects.select_for_update().get(pk=rows[0].pk)
+                locked.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_lock)
+
+    async def scenario():
+        comm = socket(agent.id, agent_key)
+        await opened(comm)
+        await until(lambda: local_sockets.get(agent.id) is not None)  # hello handled
+        await until(lambda: DeliveryOutbox.objects.update(state="delivered") == 2)
+        holder.start()
+        locked.wait(5)
+        for row in rows:
+            await comm.send_json_to({"type": "received", "outbox_id": row.id})
+        # The free packet is confirmed while the other is still locked.
+        await until(lambda: DeliveryOutbox.objects.get(pk=rows[1].pk).received_at is not None)
+        await asyncio.sleep(0.1)  # rounds of retries while it stays locked
+        assert (await _row(rows[0].pk)).received_at is None
+        release.set()
+        await until(lambda: DeliveryOutbox.objects.get(pk=rows[0].pk).received_at is not None)
+        await comm.disconnect()
+
+    try:
+        run_async(scenario())
+    finally:
+        release.set()
+        if holder.is_alive():
+            holder.join()
+
+
+async def _row(pk):
+    from asgiref.sync import sync_to_async
+
+    return await sync_to_async(lambda: DeliveryOutbox.objects.get(pk=pk))()

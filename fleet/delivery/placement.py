@@ -142,15 +142,17 @@ class Prepared:
     digests: dict[str, str] | None
 
 
-def prepare(claim: Claim) -> Prepared | Unroutable:
-    """Build the claimed task's context and packet (in the caller's transaction); a task
+def prepare(claim: Claim, context: dict | None = None) -> Prepared | Unroutable:
+    """Build the claimed task's context (unless the caller built it, e.g. with
+    ``build_task_contexts`` for a batch) and packet, in the caller's transaction; a task
     no agent could ever take fails here (:class:`Unroutable`)."""
     package, tenant_name, workflow = _executions.get(claim.workflow_execution_id)
     triples = runnable_triples(package)
     # Everything is ready before the reservation: the agent's row stays locked
     # (other dispatches skip it, its results and beats wait) only for one
     # statement and the commit.
-    context = build_task_context(claim.task_execution_id)
+    if context is None:
+        context = build_task_context(claim.task_execution_id)
     context_json = encode_context(context)
     oversize = context_ref.too_large(context_json, get_config().max_context_bytes)
     if oversize:

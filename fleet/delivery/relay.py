@@ -113,6 +113,34 @@ class Relay:
     def kick(self) -> None:
         self.wake.set()
 
+    # -- packets the placement already marked delivered -------------------------------
+    async def push_delivered(
+        self, agent_id: uuid.UUID, outbox_id: int, packet: dict, waited_s: float
+    ) -> bool:
+        """Push a packet that the placement wrote as delivered to a socket of this process
+        (fleet/delivery/batch_placement.py), right after its commit: no relay round trip.
+
+        When it cannot be pushed now (the socket is gone or not yet past its hello, its
+        queue is full) the row goes back to pending, so this relay — or the one of the
+        server the agent reconnects to — pushes it; a crash before this point is covered
+        by redelivery of unconfirmed rows and by the agent's hello.
+        """
+        socket = local_sockets.get(agent_id)
+        if socket is not None and agent_id not in self._backoff:
+            try:
+                await get_channel_layer().send(
+                    socket.channel_name, {"type": "delivery.work", "packet": packet}
+                )
+            except ChannelFull:
+                self._backoff[agent_id] = time.monotonic() + FULL_CHANNEL_BACKOFF_S
+            else:
+                self.pushed += 1
+                _observe_latency([(1, waited_s)])
+                return True
+        conn = await self._connection()
+        await conn.execute(_UNTAKE, [[outbox_id]])  # NOTIFY: a relay takes it from here
+        return False
+
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
         local_sockets.on_register(self.on_socket)

@@ -102,10 +102,36 @@ class Rendezvous:
             return
         self.wake(task_id, outcome)
 
+    def wake_many(
+        self, outcomes: list[tuple[uuid.UUID, Outcome]]
+    ) -> list[tuple[uuid.UUID, Outcome]]:
+        """Resolve the local waiters of many tasks with one hop per event loop (any thread);
+        return the outcomes whose waiter is not here."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        elsewhere = []
+        with self._lock:
+            for task_id, outcome in outcomes:
+                entry = self._waiters.get(task_id)
+                if entry is None or (entry[0] and entry[0] != outcome.assignment):
+                    elsewhere.append((task_id, outcome))
+                    continue
+                by_loop.setdefault(entry[2], []).append((entry[1], outcome))
+        for loop, resolutions in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_resolve_all, resolutions)
+            except RuntimeError:  # loop closed
+                pass
+        return elsewhere
+
 
 def _resolve(future: asyncio.Future, outcome: Outcome | None) -> None:
     if not future.done():
         future.set_result(outcome)
+
+
+def _resolve_all(resolutions: list[tuple[asyncio.Future, Outcome]]) -> None:
+    for future, outcome in resolutions:
+        _resolve(future, outcome)
 
 
 rendezvous = Rendezvous()
@@ -119,4 +145,17 @@ def announce(task_id: uuid.UUID, outcome: Outcome) -> None:
         cursor.execute(
             "SELECT pg_notify(%s, %s)",
             [CHANNEL, f"{task_id}:{outcome.assignment}:{outcome.status.value}"],
+        )
+
+
+def announce_many(outcomes: list[tuple[uuid.UUID, Outcome]]) -> None:
+    """:func:`announce` for several outcomes: local waiters in one hop, the others in one
+    NOTIFY statement."""
+    elsewhere = rendezvous.wake_many(outcomes)
+    if not elsewhere:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_notify(%s, n) FROM unnest(%s::text[]) AS n",
+            [CHANNEL, [f"{t}:{o.assignment}:{o.status.value}" for t, o in elsewhere]],
         )

@@ -21,32 +21,58 @@ from dataclasses import dataclass
 import psycopg
 
 from fleet.delivery.pg import connect_async
+from fleet.delivery.waiting import wait_event
 
 log = logging.getLogger(__name__)
 
 RECONNECT_MAX_S = 2.0
 
+# The agent rows are locked in id order first, as every writer of several agent rows
+# does (placement batches, result batches): otherwise two such statements could deadlock.
 _BEAT = """
+WITH locked AS (
+    SELECT a.id FROM agents_agent a WHERE a.id = ANY(%(ids)s::uuid[]) ORDER BY a.id FOR UPDATE
+)
 UPDATE agents_agent a SET last_heartbeat = now(),
     metrics = CASE WHEN b.has_metrics THEN b.metrics ELSE a.metrics END,
     state = CASE WHEN b.draining AND a.state = 'live' THEN 'draining' ELSE a.state END
 FROM unnest(%(ids)s::uuid[], %(tenants)s::bigint[], %(has)s::bool[], %(metrics)s::jsonb[],
-            %(draining)s::bool[]) AS b(id, tenant_id, has_metrics, metrics, draining)
-WHERE a.id = b.id AND a.tenant_id = b.tenant_id AND a.state <> 'dead'
+            %(draining)s::bool[]) AS b(id, tenant_id, has_metrics, metrics, draining), locked
+WHERE a.id = b.id AND locked.id = a.id AND a.tenant_id = b.tenant_id AND a.state <> 'dead'
 RETURNING a.id, a.state, a.drain_requested_at IS NOT NULL
 """
 
+# Confirmations never wait for a row lock: a packet being acked by a result batch
+# right now is skipped and confirmed on a later round (``received_at`` on an acked row
+# is only the late receipt it is).  Waiting instead queued every confirmation — and the
+# latency they measure — behind result batches, and two writers locking outbox rows in
+# different orders can deadlock.  The rows skipped are returned, to be tried again.
 _RECEIVED = """
-UPDATE delivery_outbox o SET received_at = now()
-FROM unnest(%(agents)s::uuid[], %(ids)s::bigint[]) AS r(agent_id, id)
-WHERE o.id = r.id AND o.agent_id = r.agent_id AND o.state = 'delivered' AND o.received_at IS NULL
+WITH r AS (
+    SELECT * FROM unnest(%(agents)s::uuid[], %(ids)s::bigint[]) AS r(agent_id, id)
+), wanted AS (
+    SELECT o.id FROM delivery_outbox o JOIN r ON o.id = r.id AND o.agent_id = r.agent_id
+    WHERE o.state <> 'pending' AND o.received_at IS NULL
+    FOR UPDATE OF o SKIP LOCKED
+), marked AS (
+    UPDATE delivery_outbox o SET received_at = now() FROM wanted w WHERE o.id = w.id
+    RETURNING o.id
+)
+SELECT r.agent_id, r.id FROM r JOIN delivery_outbox o ON o.id = r.id AND o.agent_id = r.agent_id
+WHERE o.state <> 'pending' AND o.received_at IS NULL AND r.id NOT IN (SELECT id FROM marked)
 """
+RECEIVED_TRIES = 100  # rounds a confirmation of a locked row is tried again
+RECEIVED_RETRY_S = 0.01
 
 _RUNNING = """
-UPDATE delivery_outbox o SET received_at = now()
-FROM unnest(%(agents)s::uuid[], %(tasks)s::uuid[]) AS r(agent_id, task_id)
-WHERE o.agent_id = r.agent_id AND o.task_id = r.task_id
-  AND o.state = 'delivered' AND o.received_at IS NULL
+WITH wanted AS (
+    SELECT o.id FROM delivery_outbox o
+    JOIN unnest(%(agents)s::uuid[], %(tasks)s::uuid[]) AS r(agent_id, task_id)
+      ON o.agent_id = r.agent_id AND o.task_id = r.task_id
+    WHERE o.state = 'delivered' AND o.received_at IS NULL
+    FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE delivery_outbox o SET received_at = now() FROM wanted w WHERE o.id = w.id
 """
 
 
@@ -70,6 +96,7 @@ class SocketWrites:
         self._loop = asyncio.get_running_loop()
         self._beats: dict[uuid.UUID, _Beat] = {}
         self._received: list[tuple[uuid.UUID, int]] = []
+        self._retry: dict[tuple[uuid.UUID, int], int] = {}  # skipped confirmations → tries
         self._wake = asyncio.Event()
         self._conn: psycopg.AsyncConnection | None = None
         self._task = asyncio.create_task(self._run(), name="socket-writes")
@@ -110,10 +137,14 @@ class SocketWrites:
     async def _loop_forever(self) -> None:
         delay = 0.1
         while True:
-            await self._wake.wait()
+            if self._retry:
+                await wait_event(self._wake, RECEIVED_RETRY_S)
+            else:
+                await self._wake.wait()
             self._wake.clear()
             beats, self._beats = self._beats, {}
             received, self._received = self._received, []
+            received.extend(key for key in self._retry if key not in received)
             try:
                 await self._write(beats, received)
                 delay = 0.1
@@ -145,9 +176,16 @@ class SocketWrites:
     async def _write(self, beats: dict[uuid.UUID, _Beat], received: list) -> None:
         conn = await self._connection()
         if received:
-            await conn.execute(
+            cursor = await conn.execute(
                 _RECEIVED, {"agents": [r[0] for r in received], "ids": [r[1] for r in received]}
             )
+            skipped = {(agent_id, outbox_id) for agent_id, outbox_id in await cursor.fetchall()}
+            tries = self._retry
+            self._retry = {
+                key: tries.get(key, 0) + 1
+                for key in skipped
+                if tries.get(key, 0) + 1 < RECEIVED_TRIES
+            }
         if not beats:
             return
         ids = list(beats)

@@ -88,8 +88,15 @@ _MANY_DUE = """
     ORDER BY priority DESC, ready_at NULLS FIRST
     LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 """
+_THESE_DUE = """
+    SELECT id FROM fleet_taskexecution
+    WHERE id = ANY(%(task_ids)s::uuid[]) AND status = 'Ready'
+      AND (ready_at IS NULL OR ready_at <= statement_timestamp())
+    FOR UPDATE SKIP LOCKED
+"""
 _CLAIM_ONE = _CLAIM_SQL.format(due=_ONE_DUE, columns=_CLAIM_COLUMNS)
 _CLAIM_MANY = _CLAIM_SQL.format(due=_MANY_DUE, columns=_CLAIM_COLUMNS)
+_CLAIM_THESE = _CLAIM_SQL.format(due=_THESE_DUE, columns=_CLAIM_COLUMNS)
 
 
 def _run_claim(sql: str, params: dict) -> list[Claim]:
@@ -110,6 +117,17 @@ def claim_task(task_execution_id: uuid.UUID, claimer: str, deadline: bool = True
         _CLAIM_ONE, {"task_id": task_execution_id, "claimer": claimer, "deadline": deadline}
     )
     return claims[0] if claims else None
+
+
+def claim_tasks(
+    task_execution_ids: list[uuid.UUID], claimer: str, deadline: bool = True
+) -> list[Claim]:
+    """:func:`claim_task` for several tasks in one statement: the ones still Ready and due
+    (and not locked by someone claiming them right now), in no particular order."""
+    return _run_claim(
+        _CLAIM_THESE,
+        {"task_ids": list(task_execution_ids), "claimer": claimer, "deadline": deadline},
+    )
 
 
 def claim_ready_tasks(claimer: str, limit: int, deadline: bool = True) -> list[Claim]:

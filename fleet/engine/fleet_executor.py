@@ -26,14 +26,17 @@ import uuid
 import psycopg
 from django.db import connection
 
+from agents import result_batches
 from cloacina_site.config import Config
 from fleet.delivery import db as delivery_db
 from fleet.delivery import local_sockets, socket_writes
+from fleet.delivery.batch_placement import Delivered, place_tasks
+from fleet.delivery.batcher import Batcher
 from fleet.delivery.depth import SAMPLE_INTERVAL_S, sample_outbox_depth
 from fleet.delivery.listener import NotificationListener
 from fleet.delivery.liveness import sweep_dead_agents
 from fleet.delivery.pg import connect_async
-from fleet.delivery.placement import NoAgent, NotClaimed, place_task, run_status
+from fleet.delivery.placement import NoAgent, NotClaimed, Placed, place_task, run_status
 from fleet.delivery.pruning import prune_acked, prune_depth_samples
 from fleet.delivery.redelivery import redeliver_unreceived
 from fleet.delivery.relay import Relay
@@ -50,6 +53,7 @@ EXECUTOR_KEY = "fleet"
 OUTCOME_RECHECK_S = 5.0  # a waiter re-reads its task this often (lost wake-up, deadline)
 CAPACITY_PROBE_S = 0.1  # how stale has_capacity's view of free agent slots may get
 PRUNE_INTERVAL_S = 60.0
+PLACE_BATCH = 128  # most tasks placed in one transaction
 
 _FREE_SLOTS = """
 SELECT coalesce(sum(max_concurrency - in_flight), 0) FROM agents_agent
@@ -89,6 +93,7 @@ class FleetExecutor(TaskExecutor):
         self.capacity = CapacityEstimate()
         self.listener: NotificationListener | None = None
         self._probe_task: asyncio.Task | None = None
+        self._placer: Batcher[uuid.UUID, Placed | NoAgent | NotClaimed] | None = None
         self._probe_wake = asyncio.Event()
         self._started_at = time.monotonic()
         self._database_seen_at = self._started_at  # by the liveness sweep
@@ -106,6 +111,7 @@ class FleetExecutor(TaskExecutor):
         )
         self.listener.start()
         self.relay.start()
+        self._placer = Batcher(self._place_batch, PLACE_BATCH, "fleet-placement")
         self._probe_task = asyncio.create_task(self._probe_capacity(), name="fleet-capacity")
         await wait_event(self.listener.listening, 5.0)
         log.info("fleet executor started (server %s)", self.claimer)
@@ -116,10 +122,14 @@ class FleetExecutor(TaskExecutor):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._probe_task
             self._probe_task = None
+        if self._placer is not None:
+            await self._placer.close()
+            self._placer = None
         await self.relay.stop()
         if self.listener is not None:
             await self.listener.stop()
         await socket_writes.close_writer()
+        await result_batches.close_batches()
         await asyncio.get_running_loop().run_in_executor(None, delivery_db.close)
 
     def _after_listener_reconnect(self) -> None:
@@ -184,7 +194,7 @@ class FleetExecutor(TaskExecutor):
         future = rendezvous.register(task_id)
         self.capacity.claiming += 1
         try:
-            placement = await delivery_db.call(place_task, task_id, self.claimer)
+            placement = await self._place(task_id)
         except BaseException:
             rendezvous.unregister(task_id, future)
             raise
@@ -206,6 +216,8 @@ class FleetExecutor(TaskExecutor):
         self._active += 1
         rendezvous.set_assignment(task_id, placement.assignment)
         try:
+            if isinstance(placement, Delivered):
+                await self._push(placement)
             status = await self._await_outcome(task_id, placement.assignment, future)
         finally:
             self._active -= 1
@@ -216,6 +228,26 @@ class FleetExecutor(TaskExecutor):
         elif status == ExecutionStatus.FAILED:
             self._stats["failed"] += 1
         return ExecutionResult(task_id, status, duration_s=time.monotonic() - started)
+
+    async def _place(self, task_id: uuid.UUID) -> Placed | NoAgent | NotClaimed:
+        if self._placer is None:  # not started (tests driving execute directly)
+            return await delivery_db.call(place_task, task_id, self.claimer)
+        # With every task that turns up while the previous batch is written: one
+        # transaction for them all (fleet/delivery/batch_placement.py).
+        return await self._placer.submit(task_id)
+
+    async def _push(self, placed: Delivered) -> None:
+        try:
+            await self.relay.push_delivered(
+                placed.agent_id, placed.outbox_id, placed.packet, placed.waited_s
+            )
+        except (psycopg.Error, OSError) as exc:
+            # The row stays delivered and unconfirmed: redelivery pushes it again.
+            log.warning("could not push or return packet %s: %s", placed.outbox_id, exc)
+
+    def _place_batch(self, task_ids: list[uuid.UUID]) -> list[Placed | NoAgent | NotClaimed]:
+        placed = place_tasks(task_ids, self.claimer)
+        return [placed[task_id] for task_id in task_ids]
 
     async def _await_outcome(
         self, task_id: uuid.UUID, assignment: int, future: asyncio.Future

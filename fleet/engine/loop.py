@@ -212,7 +212,10 @@ class EngineLoop:
     async def tick(self) -> int:
         """Offer due Ready tasks from the database; return how many were new to the queue."""
         room = self._tick_limit - len(self._queued)
-        if room <= 0:
+        if len(self._queued) >= self._tick_limit // 2:
+            # Plenty queued: the next scan can wait until the queue has drained half-way.
+            # (Each scan sorts every due Ready row and returns the queued ones again: under
+            # a deep backlog that was a sizeable share of the database's work.)
             return 0
         # Already-queued rows come back too (they are still Ready): ask for enough to see past them.
         limit = room + len(self._queued) + len(self._running)

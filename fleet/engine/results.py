@@ -10,7 +10,10 @@ workflow happen here, in one transaction per outcome.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import NamedTuple
@@ -154,6 +157,54 @@ WITH closed AS (
 )
 SELECT open_tasks, status FROM closed
 """
+# The same, for a caller that applies many outcomes in one transaction
+# (:func:`deferred_slot_releases`): the packet is acked, the agents it held are returned
+# instead of released here, and :func:`release_slots` frees them all at the end.
+_CLOSE_AND_ACK_HOLDING_SLOT = """
+WITH closed AS (
+    UPDATE fleet_workflowexecution SET open_tasks = GREATEST(open_tasks - %(settled)s, 0)
+    WHERE id = %(workflow)s AND %(settled)s > 0 RETURNING open_tasks, status
+), acked AS (
+    UPDATE delivery_outbox SET state = 'acked', acked_at = now(), updated_at = now()
+    WHERE task_id = %(task)s AND assignment = %(assignment)s AND state <> 'acked'
+    RETURNING agent_id
+)
+SELECT c.open_tasks, c.status, (SELECT array_agg(agent_id) FROM acked)
+FROM (SELECT 1) AS one LEFT JOIN closed c ON true
+"""
+# Every agent row once, in id order (so two such transactions never deadlock), each
+# slot counter lowered by the number of its packets acked.
+_RELEASE_SLOTS = """
+WITH n AS (
+    SELECT agent_id, count(*) AS n FROM unnest(%s::uuid[]) AS r(agent_id) GROUP BY agent_id
+), locked AS (
+    SELECT a.id FROM agents_agent a JOIN n ON n.agent_id = a.id ORDER BY a.id FOR UPDATE OF a
+)
+UPDATE agents_agent a SET in_flight = GREATEST(a.in_flight - n.n, 0)
+FROM n, locked WHERE a.id = n.agent_id AND locked.id = a.id
+"""
+_deferred = threading.local()
+
+
+@contextmanager
+def deferred_slot_releases() -> Iterator[list[uuid.UUID]]:
+    """Within this block (one thread, one transaction) outcomes ack their packets but
+    leave the agents' slot counters alone; the list collects the agents to pass to
+    :func:`release_slots` before the commit.  A batch of outcomes then locks each hot
+    agent row once, at its very end, in one order — not from its first outcome on."""
+    agents: list[uuid.UUID] = []
+    _deferred.agents = agents
+    try:
+        yield agents
+    finally:
+        _deferred.agents = None
+
+
+def release_slots(agent_ids: list[uuid.UUID]) -> None:
+    """Free one slot per entry of ``agent_ids`` (in the caller's transaction)."""
+    if agent_ids:
+        with connection.cursor() as cursor:
+            cursor.execute(_RELEASE_SLOTS, [list(agent_ids)])
 
 
 class TaskResultHandler:
@@ -225,11 +276,17 @@ class TaskResultHandler:
 
     @staticmethod
     def _close_and_ack(cursor, head: _TaskHead, settled: int) -> None:
-        cursor.execute(
-            _CLOSE_AND_ACK,
-            {"settled": settled, "workflow": head.workflow_execution_id,
-             "task": head.id, "assignment": head.assignment},
-        )  # fmt: skip
+        params = {"settled": settled, "workflow": head.workflow_execution_id,
+                  "task": head.id, "assignment": head.assignment}  # fmt: skip
+        deferred = getattr(_deferred, "agents", None)
+        if deferred is not None:
+            cursor.execute(_CLOSE_AND_ACK_HOLDING_SLOT, params)
+            open_tasks, status, agents = cursor.fetchone()
+            deferred.extend(agents or [])
+            if open_tasks is not None:
+                scheduler.finish_if_done(head.workflow_execution_id, open_tasks, status)
+            return
+        cursor.execute(_CLOSE_AND_ACK, params)
         row = cursor.fetchone()
         if row is not None:
             scheduler.finish_if_done(head.workflow_execution_id, *row)

@@ -1,0 +1,111 @@
+"""Coalescing many small database writes of the event loop into batches on the DB pool.
+
+Items are submitted from coroutines; whatever arrives while a batch is being
+written becomes the next batch (up to ``max_batch``), written by ONE call of
+``write(items) -> answers`` on a delivery pool thread.  Nothing waits for a batch
+to fill: on an idle server a lone item is written at once, so batching costs no
+latency, and under load the cost of a round trip, a statement's planning and a
+commit is shared by every item of the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from fleet.delivery import db as delivery_db
+
+log = logging.getLogger(__name__)
+
+I = TypeVar("I")  # noqa: E741 - an item
+A = TypeVar("A")  # its answer
+
+
+class Batcher(Generic[I, A]):
+    """``concurrency`` batches may be written at once (each on its own pool thread and
+    connection): only for writes whose transactions cannot deadlock one another."""
+
+    def __init__(
+        self,
+        write: Callable[[list[I]], list[A]],
+        max_batch: int,
+        name: str,
+        concurrency: int = 1,
+    ) -> None:
+        self._write_batch = write
+        self._max_batch = max_batch
+        self._name = name
+        self._loop = asyncio.get_running_loop()
+        self._pending: list[tuple[I, asyncio.Future]] = []
+        self._wake = asyncio.Event()
+        self._room = asyncio.Semaphore(concurrency)
+        self._writes: set[asyncio.Task] = set()
+        self._task = asyncio.create_task(self._run(), name=name)
+        self.batches = 0
+        self.items = 0
+
+    async def submit(self, item: I) -> A:
+        """``item``'s answer once its batch is written (its exception if the write failed)."""
+        future = self._loop.create_future()
+        self._pending.append((item, future))
+        self._wake.set()
+        return await future
+
+    async def submit_many(self, items: list[I]) -> list[A | BaseException]:
+        """Each item's answer (or the exception its batch failed with), in order: one wait
+        for a group of items that arrived together."""
+        futures = [self._loop.create_future() for _ in items]
+        self._pending.extend(zip(items, futures, strict=True))
+        self._wake.set()
+        return await asyncio.gather(*futures, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                await self._room.acquire()
+                # Taken only once there is room: what arrived meanwhile joins this batch.
+                batch = self._pending[: self._max_batch]
+                del self._pending[: self._max_batch]
+                write = asyncio.create_task(self._write(batch))
+                self._writes.add(write)
+                write.add_done_callback(self._written)
+
+    def _written(self, write: asyncio.Task) -> None:
+        self._writes.discard(write)
+        self._room.release()
+
+    async def _write(self, batch: list[tuple[I, asyncio.Future]]) -> None:
+        try:
+            answers = await delivery_db.call(self._write_batch, [item for item, _ in batch])
+        except asyncio.CancelledError:
+            for _, future in batch:
+                future.cancel()
+            raise
+        except Exception as exc:
+            log.warning("%s: a batch of %d failed: %s", self._name, len(batch), exc)
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        self.batches += 1
+        self.items += len(batch)
+        for (_, future), answer in zip(batch, answers, strict=True):
+            if not future.done():  # its submitter may have been cancelled meanwhile
+                future.set_result(answer)
+
+    async def close(self) -> None:
+        """Stop writing; items not yet taken are cancelled."""
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+        for write in list(self._writes):
+            write.cancel()
+        await asyncio.gather(*self._writes, return_exceptions=True)
+        for _, future in self._pending:
+            future.cancel()
+        self._pending = []
