@@ -60,9 +60,15 @@ def test_concurrent_reservations_never_overfill(tenant):
         thread.start()
     for thread in threads:
         thread.join()
-    granted = [r for r in results if r is not None]
     assert len(results) == 40
-    assert len(granted) == 6  # exactly the capacity: every slot used, none twice
+    # SKIP LOCKED may answer "none free" while a rival holds the row lock, so the racers
+    # need not use every slot; they must never overfill.  Sequential reservations
+    # afterwards then find exactly the slots left: every slot used once, none twice.
+    granted = [r for r in results if r is not None]
+    assert len(granted) <= 6
+    while (extra := reserve_agent(tenant.pk)) is not None:
+        granted.append(extra)
+    assert len(granted) == 6
     for agent in agents:
         agent.refresh_from_db()
         assert agent.in_flight == 3
