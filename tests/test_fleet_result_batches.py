@@ -146,3 +146,24 @@ def test_a_single_result_frees_its_slot_in_its_own_transaction(tenant, wide):
         {"applied": True, "reason": ""},
     )
     assert Agent.objects.get(pk=agent.pk).in_flight == 3
+
+
+@pytest.mark.django_db
+def test_a_result_failing_in_its_handler_sends_the_whole_batch_result_by_result(tenant, wide):
+    """No savepoint per result in a batch: a handler that hits a database error (here a
+    concurrent duplicate's unique violation) makes the batch roll back and every result go
+    through a transaction of its own, where the others apply and that one is answered."""
+    agent = make_agent(tenant, "a", max_concurrency=8)
+    placed = list(delivered(tenant, "wide").values())
+    task, row = placed[0]
+    # As if a concurrent duplicate of this outcome had just been committed.
+    TaskOutcome.objects.create(
+        task_id=task.pk, assignment=row.assignment, attempt=1, outcome="success", applied=True
+    )
+    items = [(tenant.pk, agent.id, result(t, r)) for t, r in placed]
+    answers = apply_results(items)
+    assert answers[0] == (200, {"applied": False, "reason": "duplicate outcome"})
+    assert answers[1:] == [(200, {"applied": True, "reason": ""})] * 3
+    assert TaskOutcome.objects.filter(applied=True).count() == 4
+    assert TaskExecution.objects.filter(status="Completed").count() == 3
+    assert Agent.objects.get(pk=agent.pk).in_flight == 1  # the duplicate's packet stays open

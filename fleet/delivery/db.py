@@ -49,6 +49,9 @@ def use_prepared_statements() -> None:
     if raw.cursor_factory is not ServerBindingCursor:
         raw.cursor_factory = ServerBindingCursor
         raw.prepare_threshold = PREPARE_THRESHOLD
+        # Recognisable in pg_stat_activity, like the relay's and the sockets' connections.
+        with raw.cursor() as cursor:
+            cursor.execute("SET application_name = 'cloacina-delivery'")
 
 
 def _prepared(fn: Callable[..., T], *args: Any) -> T:
