@@ -46,23 +46,26 @@ RETURNING a.id, a.state, a.drain_requested_at IS NOT NULL
 # right now is skipped and confirmed on a later round (``received_at`` on an acked row
 # is only the late receipt it is).  Waiting instead queued every confirmation — and the
 # latency they measure — behind result batches, and two writers locking outbox rows in
-# different orders can deadlock.  The rows skipped are returned, to be tried again.
+# different orders can deadlock.  A confirmation whose row was not marked is tried again
+# a few rounds (a locked row; rarely a row that no longer wants it — those just run out).
 _RECEIVED = """
-WITH r AS (
-    SELECT * FROM unnest(%(agents)s::uuid[], %(ids)s::bigint[]) AS r(agent_id, id)
-), wanted AS (
-    SELECT o.id FROM delivery_outbox o JOIN r ON o.id = r.id AND o.agent_id = r.agent_id
-    WHERE o.state <> 'pending' AND o.received_at IS NULL
-    FOR UPDATE OF o SKIP LOCKED
-), marked AS (
-    UPDATE delivery_outbox o SET received_at = now() FROM wanted w WHERE o.id = w.id
-    RETURNING o.id
-)
-SELECT r.agent_id, r.id FROM r JOIN delivery_outbox o ON o.id = r.id AND o.agent_id = r.agent_id
-WHERE o.state <> 'pending' AND o.received_at IS NULL AND r.id NOT IN (SELECT id FROM marked)
+UPDATE delivery_outbox o SET received_at = now()
+FROM (
+    SELECT w.id FROM delivery_outbox w
+    JOIN unnest(%(agents)s::uuid[], %(ids)s::bigint[]) AS r(agent_id, id)
+      ON w.id = r.id AND w.agent_id = r.agent_id
+    WHERE w.state <> 'pending' AND w.received_at IS NULL
+    FOR UPDATE OF w SKIP LOCKED
+) wanted
+WHERE o.id = wanted.id
+RETURNING o.id
 """
-RECEIVED_TRIES = 100  # rounds a confirmation of a locked row is tried again
+RECEIVED_TRIES = 20  # rounds a confirmation that was not marked is tried again
 RECEIVED_RETRY_S = 0.01
+# Under load, rounds of confirmations are at least this far apart, so each statement
+# carries several (it costs the database far more than a row does); an idle server
+# writes a lone confirmation at once.
+MIN_ROUND_GAP_S = 0.01
 
 _RUNNING = """
 WITH wanted AS (
@@ -136,11 +139,16 @@ class SocketWrites:
 
     async def _loop_forever(self) -> None:
         delay = 0.1
+        last_round = 0.0
         while True:
             if self._retry:
                 await wait_event(self._wake, RECEIVED_RETRY_S)
             else:
                 await self._wake.wait()
+            gap = last_round + MIN_ROUND_GAP_S - self._loop.time()
+            if gap > 0 and not self._beats:  # a beat never waits (liveness)
+                await asyncio.sleep(gap)
+            last_round = self._loop.time()
             self._wake.clear()
             beats, self._beats = self._beats, {}
             received, self._received = self._received, []
@@ -179,12 +187,12 @@ class SocketWrites:
             cursor = await conn.execute(
                 _RECEIVED, {"agents": [r[0] for r in received], "ids": [r[1] for r in received]}
             )
-            skipped = {(agent_id, outbox_id) for agent_id, outbox_id in await cursor.fetchall()}
+            marked = {row[0] for row in await cursor.fetchall()}
             tries = self._retry
             self._retry = {
                 key: tries.get(key, 0) + 1
-                for key in skipped
-                if tries.get(key, 0) + 1 < RECEIVED_TRIES
+                for key in received
+                if key[1] not in marked and tries.get(key, 0) + 1 < RECEIVED_TRIES
             }
         if not beats:
             return
