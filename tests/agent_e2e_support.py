@@ -11,14 +11,9 @@ import time
 from pathlib import Path
 
 from artifacts.testing import build_archive, manifest_toml
-from tests.e2e_support import READY_LINE, ManagedProcess, Processes, ServeHandle, wait_for_http
+from tests import fleet_e2e_support
+from tests.e2e_support import ManagedProcess, Processes, ServeHandle
 
-FLEET_ENV = {
-    "CLOACINA_DEFAULT_EXECUTOR": "fleet",
-    "CLOACINA_AGENT_HEARTBEAT_INTERVAL_S": "0.5",
-    "CLOACINA_AGENT_LIVENESS_MISSES": "3",
-    "CLOACINA_OUTBOX_REDELIVER_S": "2",
-}
 SOCKET_OPEN = re.compile(r"delivery socket open")
 
 STEPS_SOURCE = '''
@@ -68,19 +63,11 @@ def runs_of(context: dict) -> int:
 
 
 def fleet_serve(procs: Processes, port: int | None = None, name: str | None = None) -> ServeHandle:
-    env = procs.env(**FLEET_ENV)
-    if port is None:
-        return procs.serve(env=env)
-    process = procs.start(["serve", "--port", str(port)], name=name or f"serve-{port}", env=env)
-    url = process.wait_for_output(READY_LINE, 60).group(1)
-    wait_for_http(f"{url}/healthz", timeout=10.0, process=process)
-    return ServeHandle(process, url)
+    """The fleet helpers' server, with a short redelivery age for the agent tests."""
+    return fleet_e2e_support.fleet_serve(procs, port, name, CLOACINA_OUTBOX_REDELIVER_S="2")
 
 
-def mint_agent_key(procs: Processes, tenant: str = "acme") -> str:
-    minted = procs.manage("mintkey", "--tenant", tenant, "--role", "agent")
-    assert minted.returncode == 0, minted.stderr
-    return minted.stdout.strip()
+mint_agent_key = fleet_e2e_support.agent_key
 
 
 def start_agent(
