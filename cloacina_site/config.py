@@ -104,6 +104,8 @@ SETTINGS: tuple[Setting, ...] = (
         "autoscale_cooldown_s", "CLOACINA_AUTOSCALE_COOLDOWN_S", "autoscale_cooldown_s", float, 60.0
     ),
     Setting("worker_processes", "CLOACINA_WORKER_PROCESSES", "worker_processes", int, 4, 1),
+    # Most PostgreSQL connections one server process holds (0 = sized from worker_processes).
+    Setting("db_pool_max", "CLOACINA_DB_POOL_MAX", "db_pool_max", int, 0),
     Setting("scheduler_poll_s", "CLOACINA_SCHEDULER_POLL_S", "scheduler_poll_s", float, 1.0, 0.01),
     Setting("wire_format", "CLOACINA_WIRE_FORMAT", "wire_format", str, "json"),
     Setting(
@@ -168,6 +170,7 @@ class Config:
     autoscale_floor: int = 0
     autoscale_cooldown_s: float = 60.0
     worker_processes: int = 4
+    db_pool_max: int = 0
     scheduler_poll_s: float = 1.0
     wire_format: str = "json"
     outbox_redeliver_s: float = 10.0

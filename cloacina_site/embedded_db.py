@@ -46,8 +46,9 @@ def ensure_database_url() -> str:
     return url
 
 
-def database_settings(url: str) -> dict:
-    """Translate a ``postgresql://`` URL into Django's DATABASES entry."""
+def database_settings(url: str, pool: dict | None = None) -> dict:
+    """Translate a ``postgresql://`` URL into Django's DATABASES entry; ``pool``: the
+    connection pool's options (:mod:`cloacina_site.db_pool`), None for none."""
     parsed = urlparse(url)
     if parsed.scheme not in ("postgres", "postgresql"):
         raise ValueError(f"DATABASE_URL must be a postgresql:// URL, got scheme {parsed.scheme!r}")
@@ -60,8 +61,9 @@ def database_settings(url: str) -> dict:
         "PASSWORD": unquote(parsed.password or ""),
         "HOST": host,
         "PORT": str(parsed.port or ""),
-        "OPTIONS": query,
-        "CONN_MAX_AGE": 0,
+        "OPTIONS": {**query, "pool": pool} if pool else query,
+        "CONN_MAX_AGE": 0,  # a pool requires 0; "closing" gives the connection back
+        "CONN_HEALTH_CHECKS": bool(pool),  # a pooled connection is checked before each use
         "TEST": {"NAME": "test_cloacina"},
     }
 

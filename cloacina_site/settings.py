@@ -10,7 +10,7 @@ import os
 import secrets
 from pathlib import Path
 
-from cloacina_site import embedded_db
+from cloacina_site import db_pool, embedded_db
 from cloacina_site.config import get_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -97,7 +97,14 @@ if DB_LESS:
         }
     }
 else:
-    DATABASES = {"default": embedded_db.database_settings(embedded_db.ensure_database_url())}
+    DATABASES = {
+        "default": embedded_db.database_settings(
+            embedded_db.ensure_database_url(),
+            pool=db_pool.pool_options(
+                db_pool.pool_size(CONFIG.db_pool_max, CONFIG.worker_processes)
+            ),
+        )
+    }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -38,6 +38,7 @@ def use_bench_database(name: str = BENCH_DB) -> str:
             if cursor.fetchone() is None:
                 cursor.execute(f'CREATE DATABASE "{name}"')
         connections.close_all()
+        connection.close_pool()  # a pool keeps connecting to the database it was made for
         # The same switch Django's test runner makes for its test database.
         settings.DATABASES["default"]["NAME"] = name
         connection.settings_dict["NAME"] = name

@@ -5,12 +5,8 @@ Channels' ``database_sync_to_async`` closes the connection after every call
 paths (``received`` frames, heartbeats, dispatch) instead run on a small pool
 of threads that keep their connection (:class:`fleet.engine.db_threads.DbThreadPool`).
 
-These threads run the same few statements thousands of times a second, so their
-connections bind parameters on the server and let psycopg prepare a statement
-once it has run ``PREPARE_THRESHOLD`` times: planning was most of the database's
-CPU per task (a claim: 0.5 ms planned each time, 0.1 ms prepared).  Everything
-else in the process keeps Django's default (client-side binding, no prepared
-statements).
+Its threads run the same few statements thousands of times a second: their
+connections prepare them (``hot_path``, see :mod:`fleet.engine.db_threads`).
 """
 
 from __future__ import annotations
@@ -19,15 +15,11 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from django.db import connection
-from django.db.backends.postgresql.base import ServerBindingCursor
-
 from fleet.engine.db_threads import DbThreadPool
 
 T = TypeVar("T")
 
 POOL_THREADS = 12  # dispatch placements, result applications, socket hellos
-PREPARE_THRESHOLD = 2  # executions of one statement before psycopg prepares it
 
 _lock = threading.Lock()
 _pool: DbThreadPool | None = None
@@ -37,31 +29,13 @@ def pool() -> DbThreadPool:
     global _pool
     with _lock:
         if _pool is None:
-            _pool = DbThreadPool(POOL_THREADS, "delivery-db")
+            _pool = DbThreadPool(POOL_THREADS, "delivery-db", hot_path="cloacina-delivery")
         return _pool
-
-
-def use_prepared_statements() -> None:
-    """Switch this thread's connection to server-side binding with prepared statements
-    (opening it if needed); a reconnected connection is switched again."""
-    connection.ensure_connection()
-    raw = connection.connection
-    if raw.cursor_factory is not ServerBindingCursor:
-        raw.cursor_factory = ServerBindingCursor
-        raw.prepare_threshold = PREPARE_THRESHOLD
-        # Recognisable in pg_stat_activity, like the relay's and the sockets' connections.
-        with raw.cursor() as cursor:
-            cursor.execute("SET application_name = 'cloacina-delivery'")
-
-
-def _prepared(fn: Callable[..., T], *args: Any) -> T:
-    use_prepared_statements()
-    return fn(*args)
 
 
 async def call(fn: Callable[..., T], *args: Any) -> T:
     """Run ``fn(*args)`` on a delivery pool thread."""
-    return await pool().call(_prepared, fn, *args)
+    return await pool().call(fn, *args)
 
 
 def close() -> None:

@@ -111,7 +111,9 @@ class InProcessExecutor(TaskExecutor):
 
     async def start(self) -> None:
         await asyncio.to_thread(self.runner.start)
-        self._db = DbThreadPool(self.workers * DB_THREADS_PER_WORKER, "inprocess-db")
+        self._db = DbThreadPool(
+            self.workers * DB_THREADS_PER_WORKER, "inprocess-db", hot_path="cloacina-inprocess"
+        )
         self._stopping = False
 
     async def stop(self) -> None:

@@ -1,0 +1,97 @@
+"""The server's PostgreSQL connection pool and the hot-path threads' session switch."""
+
+from __future__ import annotations
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.db.backends.postgresql.base import Cursor, ServerBindingCursor
+
+from cloacina_site import db_pool
+from cloacina_site.embedded_db import database_settings
+from fleet.engine.db_threads import DbThreadPool
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def session() -> tuple[type, str, int | None]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('application_name')")
+        (name,) = cursor.fetchone()
+    raw = connection.connection
+    return raw.cursor_factory, name, raw.prepare_threshold
+
+
+def backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def test_the_pool_is_sized_from_the_workers_unless_configured():
+    assert db_pool.pool_size(0, 4) == 8 + db_pool.DELIVERY_THREADS + db_pool.BORROWERS
+    assert db_pool.pool_size(0, 16) == 32 + db_pool.DELIVERY_THREADS + db_pool.BORROWERS
+    assert db_pool.pool_size(7, 16) == 7
+    assert db_pool.pool_options(1)["min_size"] == 1
+
+
+def test_the_database_settings_carry_the_pool_and_its_reset():
+    entry = database_settings("postgresql://u@localhost/db", pool=db_pool.pool_options(10))
+    assert entry["OPTIONS"]["pool"]["max_size"] == 10
+    assert entry["OPTIONS"]["pool"]["reset"] is db_pool.reset_session
+    assert entry["CONN_MAX_AGE"] == 0 and entry["CONN_HEALTH_CHECKS"] is True
+    plain = database_settings("postgresql://u@localhost/db?sslmode=require")
+    assert plain["OPTIONS"] == {"sslmode": "require"}
+    assert plain["CONN_HEALTH_CHECKS"] is False
+    assert "pool" in settings.DATABASES["default"]["OPTIONS"]  # the server's own settings
+
+
+def test_a_closed_connection_goes_back_to_the_pool_and_is_reused():
+    pids = []
+    for _ in range(8):
+        connection.ensure_connection()
+        pids.append(backend_pid())
+        connection.close()
+    # Without a pool each reconnection is a new backend process: eight different pids.
+    assert len(set(pids)) < len(pids)
+
+
+def test_hot_path_threads_prepare_statements_under_their_own_name():
+    pool = DbThreadPool(1, "pool-test", hot_path="cloacina-pool-test")
+    try:
+        factory, name, threshold = pool.submit(session).result(10)
+    finally:
+        pool.close()
+    assert factory is ServerBindingCursor
+    assert name == "cloacina-pool-test"
+    assert threshold is not None
+    plain = DbThreadPool(1, "pool-test-plain")
+    try:
+        factory, name, threshold = plain.submit(session).result(10)
+    finally:
+        plain.close()
+    assert factory is Cursor and name != "cloacina-pool-test" and threshold is None
+
+
+def test_reset_gives_a_hot_path_connection_back_with_djangos_defaults():
+    raw = connection.pool.getconn()
+    try:
+        raw.cursor_factory = ServerBindingCursor
+        raw.prepare_threshold = 2
+        raw.execute("SET application_name = 'cloacina-pool-test'")
+        db_pool.reset_session(raw)
+        assert raw.cursor_factory is Cursor and raw.prepare_threshold is None
+        assert raw.execute("SHOW application_name").fetchone()[0] != "cloacina-pool-test"
+    finally:
+        connection.pool.putconn(raw)
+
+
+def test_reset_leaves_an_untouched_connection_alone():
+    raw = connection.pool.getconn()
+    try:
+        raw.execute("SET application_name = 'someone-else'")
+        db_pool.reset_session(raw)  # not a hot-path connection: no statement, nothing reset
+        assert raw.execute("SHOW application_name").fetchone()[0] == "someone-else"
+        raw.execute("RESET application_name")
+    finally:
+        connection.pool.putconn(raw)
