@@ -5,7 +5,7 @@ result), and a synchronous commit waits for a WAL flush.  One transaction per
 outcome made the flush, the commit and a round trip per statement the bulk of the
 database's work per task.  Here the results of all sockets of the process that
 arrive while one batch is being written are written together as the next batch
-(:class:`fleet.delivery.batcher.Batcher`): one transaction, one flush, each result
+(:class:`fleet.engine.batcher.Batcher`): one transaction, one flush, each result
 still checked and applied by the same code as a REST report
 (:func:`agents.result_intake.apply_results`, a savepoint per result).
 
@@ -20,7 +20,8 @@ import asyncio
 import uuid
 
 from agents.result_intake import ResultIn, apply_results
-from fleet.delivery.batcher import Batcher
+from fleet.delivery import db as delivery_db
+from fleet.engine.batcher import Batcher
 
 MAX_BATCH = 256  # results per transaction
 # Two batches may be written at once: results are applied workflow by workflow and the
@@ -40,7 +41,7 @@ def _batcher() -> Batcher[ResultItem, tuple[int, dict]]:
         for old in [lp for lp in _batchers if lp.is_closed()]:
             del _batchers[old]
         current = _batchers[loop] = Batcher(
-            apply_results, MAX_BATCH, "result-batches", CONCURRENT_BATCHES
+            apply_results, MAX_BATCH, "result-batches", delivery_db.call, CONCURRENT_BATCHES
         )
     return current
 

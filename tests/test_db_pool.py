@@ -47,13 +47,20 @@ def test_the_database_settings_carry_the_pool_and_its_reset():
 
 
 def test_a_closed_connection_goes_back_to_the_pool_and_is_reused():
-    pids = []
+    connection.ensure_connection()
+    connection.close()
+    pool = connection.pool
+    pool.wait(10)  # the pool's first min_size connections are opened in the background
+    opened_before = pool.get_stats().get("connections_num", 0)
+    pids = set()
     for _ in range(8):
         connection.ensure_connection()
-        pids.append(backend_pid())
+        pids.add(backend_pid())
         connection.close()
-    # Without a pool each reconnection is a new backend process: eight different pids.
-    assert len(set(pids)) < len(pids)
+    # Without a pool each reconnection forks a new backend; with it, all eight borrow
+    # connections the pool already had (it hands its idle ones out in turn).
+    assert pool.get_stats().get("connections_num", 0) == opened_before
+    assert len(pids) <= pool.get_stats()["pool_size"]
 
 
 def test_hot_path_threads_prepare_statements_under_their_own_name():

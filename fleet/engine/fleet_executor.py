@@ -31,7 +31,6 @@ from cloacina_site.config import Config
 from fleet.delivery import db as delivery_db
 from fleet.delivery import local_sockets, socket_writes
 from fleet.delivery.batch_placement import Delivered, place_tasks
-from fleet.delivery.batcher import Batcher
 from fleet.delivery.depth import SAMPLE_INTERVAL_S, sample_outbox_depth
 from fleet.delivery.listener import NotificationListener
 from fleet.delivery.liveness import sweep_dead_agents
@@ -44,6 +43,7 @@ from fleet.delivery.rendezvous import CHANNEL as OUTCOME_CHANNEL
 from fleet.delivery.rendezvous import rendezvous
 from fleet.delivery.wait_reasons import WAIT_REASON_INTERVAL_S, explain_waiting_tasks
 from fleet.delivery.waiting import wait_event, wait_or_none
+from fleet.engine.batcher import Batcher
 from fleet.engine.events import ExecutionResult, ExecutionStatus, ExecutorMetrics, TaskReadyEvent
 from fleet.engine.executor import PeriodicJob, TaskExecutor
 
@@ -111,7 +111,9 @@ class FleetExecutor(TaskExecutor):
         )
         self.listener.start()
         self.relay.start()
-        self._placer = Batcher(self._place_batch, PLACE_BATCH, "fleet-placement")
+        self._placer = Batcher(
+            self._place_batch, PLACE_BATCH, "fleet-placement", delivery_db.call
+        )
         self._probe_task = asyncio.create_task(self._probe_capacity(), name="fleet-capacity")
         await wait_event(self.listener.listening, 5.0)
         log.info("fleet executor started (server %s)", self.claimer)

@@ -1,8 +1,9 @@
-"""Coalescing many small database writes of the event loop into batches on the DB pool.
+"""Coalescing many small database writes of the event loop into batches on a DB thread.
 
 Items are submitted from coroutines; whatever arrives while a batch is being
 written becomes the next batch (up to ``max_batch``), written by ONE call of
-``write(items) -> answers`` on a delivery pool thread.  Nothing waits for a batch
+``write(items) -> answers`` on a database thread (``call``: the delivery pool's,
+or an executor's own :class:`~fleet.engine.db_threads.DbThreadPool`).  Nothing waits for a batch
 to fill: on an idle server a lone item is written at once, so batching costs no
 latency, and under load the cost of a round trip, a statement's planning and a
 commit is shared by every item of the batch.
@@ -13,10 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from typing import Generic, TypeVar
-
-from fleet.delivery import db as delivery_db
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +32,11 @@ class Batcher(Generic[I, A]):
         write: Callable[[list[I]], list[A]],
         max_batch: int,
         name: str,
+        call: Callable[..., Awaitable[Any]],
         concurrency: int = 1,
     ) -> None:
         self._write_batch = write
+        self._call = call
         self._max_batch = max_batch
         self._name = name
         self._loop = asyncio.get_running_loop()
@@ -81,7 +82,7 @@ class Batcher(Generic[I, A]):
 
     async def _write(self, batch: list[tuple[I, asyncio.Future]]) -> None:
         try:
-            answers = await delivery_db.call(self._write_batch, [item for item, _ in batch])
+            answers = await self._call(self._write_batch, [item for item, _ in batch])
         except asyncio.CancelledError:
             for _, future in batch:
                 future.cancel()
