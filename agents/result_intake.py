@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, Literal
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection
 from ninja import Field, Schema
 
 from fleet.delivery.rendezvous import Outcome as Wake
@@ -28,6 +26,7 @@ from fleet.engine import ready_queue
 from fleet.engine.results import (
     Applied,
     TaskReport,
+    batch_transaction,
     deferred_slot_releases,
     release_slots,
     result_handler,
@@ -142,24 +141,6 @@ def apply_result(tenant_id: int, agent_id: uuid.UUID, body: ResultIn) -> Answer:
     return status, answer
 
 
-class _BatchFailed(DatabaseError):
-    """The batch must be rolled back and its results applied one by one."""
-
-
-@contextmanager
-def _without_savepoints() -> Iterator[None]:
-    """Within one batch, the handler's own atomic blocks make no savepoint: two round trips
-    less per result (each round trip on a busy host costs far more waiting than work).  A
-    result whose handler fails then fails the whole batch — nothing of it is committed — and
-    every result is applied again in a transaction of its own, savepoints and all."""
-    features = connection.features
-    features.uses_savepoints = False  # this thread's connection only
-    try:
-        yield
-    finally:
-        del features.uses_savepoints  # back to the class's (True)
-
-
 def apply_results(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Answer]:
     """Several results in ONE transaction (see the module docstring); the answers in the
     order of ``items``, each what :func:`apply_result` would have answered.
@@ -169,7 +150,7 @@ def apply_results(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Answer]:
     transaction of its own.
     """
     try:
-        with transaction.atomic(), _without_savepoints():
+        with batch_transaction():
             checks = _check(items)
             # Workflow by workflow, task by task: every batch takes the task and workflow
             # rows in one order, so two batches (two servers) cannot deadlock on them.
@@ -180,8 +161,6 @@ def apply_results(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Answer]:
             with deferred_slot_releases() as held:
                 done = {i: _record(items[i][1], items[i][2], *checks[i][:2]) for i in order}
             release_slots(held)
-            if connection.needs_rollback:  # a result's error was caught in its handler
-                raise _BatchFailed("a result of the batch left its transaction unusable")
     except DatabaseError:
         log.warning(
             "a batch of %d results failed; applying them one by one", len(items), exc_info=True

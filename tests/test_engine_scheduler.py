@@ -210,3 +210,41 @@ def test_every_outcome_is_recorded_once(tenant):
     assert outcomes.count() == 4
     assert all(o.applied and o.outcome == "success" and o.attempt == 1 for o in outcomes)
     assert set(statuses(execution).values()) == {TaskStatus.COMPLETED}
+
+
+def test_the_task_insert_names_every_column_of_the_model():
+    from fleet.engine.scheduler import TASK_INSERT_COLUMNS
+    from fleet.models import TaskExecution
+
+    columns = {field.column for field in TaskExecution._meta.concrete_fields}
+    assert sorted(TASK_INSERT_COLUMNS) == sorted(columns)
+
+
+def test_started_tasks_carry_the_manifest_and_start_at_the_defaults(tenant):
+    from fleet.engine.scheduler import start_execution_with_roots
+    from fleet.models import TaskExecution
+
+    make_package(
+        tenant,
+        [
+            task("a", retries=2, retry_backoff_s=1.5, timeout_s=7, priority=3, tags=["gpu"]),
+            task("b", ["a"], rule="all_done"),
+        ],
+        SOURCE,
+    )
+    execution, roots = start_execution_with_roots(tenant, "demo", {"k": 1}, priority=10)
+    a = TaskExecution.objects.get(workflow_execution=execution, task_id="a")
+    b = TaskExecution.objects.get(workflow_execution=execution, task_id="b")
+    assert [(r.task_execution_id, r.task_name, r.attempt, r.priority) for r in roots] == [
+        (a.id, "a", 1, 13)
+    ]
+    assert (a.status, a.position, a.max_retries, a.retry_backoff_s, a.timeout_s) == (
+        TaskStatus.READY, 0, 2, 1.5, 7.0,
+    )  # fmt: skip
+    assert a.routing == {"tags": ["gpu"]} and a.priority == 13 and a.ready_at is not None
+    assert (a.attempt, a.assignment, a.refusals, a.claimed_by, a.agent_id) == (0, 0, 0, "", None)
+    assert (b.status, b.dependencies, b.trigger_rule, b.ready_at, b.priority) == (
+        TaskStatus.NOT_STARTED, ["a"], "all_done", None, 10,
+    )  # fmt: skip
+    assert b.output_context is None and b.error_message == "" and b.timeout_s == 300.0
+    assert reload(execution).open_tasks == 2 and reload(execution).input_context == {"k": 1}

@@ -19,8 +19,7 @@ from cloacina_site.auth import read_auth, write_auth
 from cloacina_site.config import get_config
 from fleet.engine import ready_queue, scheduler
 from fleet.engine.context import ContextError, validate_context
-from fleet.engine.events import TaskReadyEvent
-from fleet.models import TaskExecution, TaskStatus, Tenant, WorkflowExecution, WorkflowStatus
+from fleet.models import TaskExecution, Tenant, WorkflowExecution, WorkflowStatus
 from fleet.routing import fairness
 
 router = Router(tags=["executions"])
@@ -187,18 +186,12 @@ def start_execution(request: HttpRequest, workflow: str, body: StartIn):
         raise HttpError(422, str(exc)) from None
     _check_backlog(tenant, workflow)
     try:
-        execution = scheduler.start_execution(
+        execution, roots = scheduler.start_execution_with_roots(
             tenant, workflow, context, priority=body.priority or 0
         )
     except scheduler.SchedulingError as exc:
         raise HttpError(exc.status, str(exc)) from None
-    roots = TaskExecution.objects.filter(
-        workflow_execution=execution, status=TaskStatus.READY
-    ).values_list("id", "task_id", "attempt", "priority")
-    ready_queue.submit(
-        TaskReadyEvent(task_pk, execution.id, name, attempt + 1, tenant.pk, priority)
-        for task_pk, name, attempt, priority in roots
-    )
+    ready_queue.submit(roots)
     return Status(201, {"id": execution.id, "status": execution.status})
 
 

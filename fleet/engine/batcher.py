@@ -39,7 +39,7 @@ class Batcher(Generic[I, A]):
         self._call = call
         self._max_batch = max_batch
         self._name = name
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
         self._pending: list[tuple[I, asyncio.Future]] = []
         self._wake = asyncio.Event()
         self._room = asyncio.Semaphore(concurrency)
@@ -50,7 +50,7 @@ class Batcher(Generic[I, A]):
 
     async def submit(self, item: I) -> A:
         """``item``'s answer once its batch is written (its exception if the write failed)."""
-        future = self._loop.create_future()
+        future = self.loop.create_future()
         self._pending.append((item, future))
         self._wake.set()
         return await future
@@ -58,7 +58,7 @@ class Batcher(Generic[I, A]):
     async def submit_many(self, items: list[I]) -> list[A | BaseException]:
         """Each item's answer (or the exception its batch failed with), in order: one wait
         for a group of items that arrived together."""
-        futures = [self._loop.create_future() for _ in items]
+        futures = [self.loop.create_future() for _ in items]
         self._pending.extend(zip(items, futures, strict=True))
         self._wake.set()
         return await asyncio.gather(*futures, return_exceptions=True)

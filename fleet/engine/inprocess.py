@@ -6,6 +6,13 @@ it under its timeout in a child process, and hand the outcome to the one
 result handler.  Anything that goes wrong after the claim becomes a failure
 report naming the problem (it counts as an attempt), so a task never stays
 Running because of this executor.
+
+The database work is batched (:class:`~fleet.engine.batcher.Batcher`): the runs
+that start while one batch is being prepared are claimed together (one claim
+statement, one context query), and the outcomes that arrive while one batch is
+being recorded are recorded together (one transaction, one synchronous commit).
+On an idle server a batch is a single run and waits for nothing; under load the
+round trips, thread hand-offs and WAL flushes are shared by the whole batch.
 """
 
 from __future__ import annotations
@@ -25,12 +32,13 @@ from agents.runtime.archive import ArchiveError
 from agents.runtime.package_cache import PackageCache, PackageCacheError
 from agents.runtime.task_runner import RunOutcome, TaskRunner, TaskRunnerClosed
 from fleet.engine import ready_queue
-from fleet.engine.claims import Claim, claim_task, release_claim
-from fleet.engine.context import build_task_context, encode_context
+from fleet.engine.batcher import Batcher
+from fleet.engine.claims import Claim, claim_tasks, release_claim
+from fleet.engine.context import build_task_contexts, encode_context
 from fleet.engine.db_threads import DbThreadPool
 from fleet.engine.events import ExecutionResult, ExecutionStatus, ExecutorMetrics, TaskReadyEvent
 from fleet.engine.executor import TaskExecutor
-from fleet.engine.results import Applied, TaskReport, result_handler
+from fleet.engine.results import Applied, TaskReport, apply_reports
 from fleet.models import Outcome, WorkflowExecution
 
 log = logging.getLogger(__name__)
@@ -50,6 +58,11 @@ DRAIN_TIMEOUT_S = 20.0
 # Recording an outcome survives a short database outage (the handler is idempotent).
 APPLY_ATTEMPTS = 5
 APPLY_RETRY_S = 0.5
+# Outcomes recorded in one transaction, at most; two batches may be written at once
+# (apply_reports takes rows in one order, so they cannot deadlock), so one waiting for
+# its commit's WAL flush does not hold up the next.
+RESULT_BATCH = 64
+RESULT_BATCHES_AT_ONCE = 2
 _OUTCOME_BY_STATUS = {"success": Outcome.SUCCESS, "failure": Outcome.FAILURE}
 
 
@@ -99,6 +112,8 @@ class InProcessExecutor(TaskExecutor):
         self.drain_timeout_s = drain_timeout_s
         self._digests: OrderedDict[uuid.UUID, str] = OrderedDict()
         self._db: DbThreadPool | None = None
+        self._preparer: Batcher[uuid.UUID, _Prepared | None] | None = None
+        self._recorder: Batcher[tuple[uuid.UUID, TaskReport], Applied] | None = None
         self._holding = 0  # runs between claim and the child's answer: what uses a slot
         self._in_flight = 0  # runs anywhere in execute(), outcome recording included
         self._stopping = False
@@ -122,6 +137,10 @@ class InProcessExecutor(TaskExecutor):
         await self._wait_idle(self.drain_timeout_s)
         await asyncio.to_thread(self.runner.close)
         await self._wait_idle(5.0)  # killed runs record their outcome
+        for batcher in (self._preparer, self._recorder):
+            if batcher is not None and batcher.loop is asyncio.get_running_loop():
+                await batcher.close()
+        self._preparer = self._recorder = None
         if self._db is not None:
             await asyncio.to_thread(self._db.close)
 
@@ -155,12 +174,13 @@ class InProcessExecutor(TaskExecutor):
     async def execute(self, event: TaskReadyEvent) -> ExecutionResult:
         if self._db is None:
             raise RuntimeError("the in-process executor is not started")
+        preparer, _recorder = self._batchers()
         with self._lock:
             self._holding += 1
             self._in_flight += 1
         holding = True
         try:
-            prepared = await self._db.call(self._prepare, event.task_execution_id)
+            prepared = await preparer.submit(event.task_execution_id)
             if prepared is None:
                 return ExecutionResult(
                     event.task_execution_id,
@@ -181,7 +201,7 @@ class InProcessExecutor(TaskExecutor):
                 )
                 status = ExecutionStatus.REQUEUED if released else ExecutionStatus.SUPERSEDED
                 return ExecutionResult(event.task_execution_id, status, "runner closed")
-            applied = await self._record(report_for(prepared.claim, outcome))
+            applied = await self._record(prepared.claim, report_for(prepared.claim, outcome))
             ready_queue.submit(applied.ready)
             self._count(outcome)
             error = applied.reason or outcome.error_message or None
@@ -198,15 +218,61 @@ class InProcessExecutor(TaskExecutor):
 
     # -- steps ---------------------------------------------------------------------
 
-    def _prepare(self, task_execution_id: uuid.UUID) -> _Prepared | None:
-        """Claim, then resolve package and context (database thread)."""
-        claim = claim_task(task_execution_id, self.claimer)
-        if claim is None:
-            return None
-        digest = ""
+    def _batchers(self) -> tuple[Batcher, Batcher]:
+        """The prepare and result batchers of the running event loop (made on first use: a
+        server has one loop; tests drive an executor from several in turn)."""
+        loop = asyncio.get_running_loop()
+        if self._preparer is None or self._preparer.loop is not loop:
+            # A prepare batch is at most one run per child (capacity): preparing two at
+            # once would only split it.
+            self._preparer = Batcher(
+                self._prepare_batch, self.workers, "inprocess-prepare", self._db.call
+            )
+            self._recorder = Batcher(
+                apply_reports,
+                RESULT_BATCH,
+                "inprocess-results",
+                self._db.call,
+                RESULT_BATCHES_AT_ONCE,
+            )
+        return self._preparer, self._recorder
+
+    def _prepare_batch(self, task_ids: list[uuid.UUID]) -> list[_Prepared | None]:
+        """Claim these tasks in one statement, then resolve each one's package and context
+        (database thread).  None for a task not claimed (someone else got it, not due)."""
+        claims = {claim.task_execution_id: claim for claim in claim_tasks(task_ids, self.claimer)}
+        if not claims:
+            return [None] * len(task_ids)
         try:
-            digest = self._digest_of(claim.workflow_execution_id)
-            context_json = encode_context(build_task_context(claim.task_execution_id))
+            contexts = build_task_contexts(list(claims))
+            digests = self._digests_of({claim.workflow_execution_id for claim in claims.values()})
+        except Exception as exc:
+            log.exception("preparing %d claimed tasks failed", len(claims))
+            failed = {
+                task_id: _Prepared(
+                    claim,
+                    error_type=type(exc).__name__,
+                    error_message=f"could not prepare the task: {exc}",
+                )
+                for task_id, claim in claims.items()
+            }
+            return _each_once(task_ids, failed)
+        prepared = {
+            task_id: self._resolve(
+                claim, digests.get(claim.workflow_execution_id, ""), contexts.get(task_id)
+            )
+            for task_id, claim in claims.items()
+        }
+        return _each_once(task_ids, prepared)
+
+    def _resolve(self, claim: Claim, digest: str, context: dict | None) -> _Prepared:
+        """The claimed task's unpacked package (pinned until its run ends) and input."""
+        try:
+            if context is None:
+                raise LookupError(f"task execution {claim.task_execution_id} does not exist")
+            if not digest:
+                raise LookupError(f"execution {claim.workflow_execution_id} has no package")
+            context_json = encode_context(context)
             self.cache.pin(digest)
             try:
                 package_dir = self.cache.get(digest, partial(_load_blob, digest))
@@ -221,26 +287,30 @@ class InProcessExecutor(TaskExecutor):
                 error_message=f"package {digest or '?'} could not be loaded: {_describe(exc)}",
             )
         except Exception as exc:
-            log.exception("preparing task %s failed", task_execution_id)
+            log.exception("preparing task %s failed", claim.task_execution_id)
             return _Prepared(
                 claim,
                 error_type=type(exc).__name__,
                 error_message=f"could not prepare the task: {exc}",
             )
 
-    def _digest_of(self, workflow_execution_id: uuid.UUID) -> str:
-        digest = self._digests.get(workflow_execution_id)
-        if digest is None:
-            digest = (
-                WorkflowExecution.objects.filter(pk=workflow_execution_id)
-                .values_list("package__digest", flat=True)
-                .get()
+    def _digests_of(self, workflow_execution_ids: set[uuid.UUID]) -> dict[uuid.UUID, str]:
+        """Each execution's package digest (remembered: it never changes for an execution)."""
+        with self._lock:  # other database threads add and evict entries
+            known = {
+                wid: self._digests[wid] for wid in workflow_execution_ids if wid in self._digests
+            }
+        missing = workflow_execution_ids - known.keys()
+        if missing:
+            rows = WorkflowExecution.objects.filter(pk__in=missing).values_list(
+                "pk", "package__digest"
             )
             with self._lock:
-                self._digests[workflow_execution_id] = digest
+                for workflow_id, digest in rows:
+                    known[workflow_id] = self._digests[workflow_id] = digest
                 while len(self._digests) > DIGEST_MEMO_SIZE:
                     self._digests.popitem(last=False)
-        return digest
+        return known
 
     async def _run(self, prepared: _Prepared) -> RunOutcome | None:
         if prepared.error_type:
@@ -261,10 +331,10 @@ class InProcessExecutor(TaskExecutor):
             return None
         return outcome
 
-    async def _record(self, report: TaskReport) -> Applied:
+    async def _record(self, claim: Claim, report: TaskReport) -> Applied:
         for attempt in range(1, APPLY_ATTEMPTS + 1):
             try:
-                return await self._db.call(result_handler.apply, report)
+                return await self._batchers()[1].submit((claim.workflow_execution_id, report))
             except DatabaseError as exc:
                 if attempt == APPLY_ATTEMPTS:
                     # The task stays Running; the lost-run sweep reports it at its deadline.
@@ -281,6 +351,15 @@ class InProcessExecutor(TaskExecutor):
             if outcome.status != "success":
                 self._failed += 1
             self._total_duration_s += outcome.duration_s
+
+
+def _each_once(task_ids: list[uuid.UUID], prepared: dict[uuid.UUID, _Prepared]) -> list:
+    """The answers in the order of ``task_ids``: a task offered twice in one batch was claimed
+    once, so only its first offer gets the claim (the other is not claimed, None)."""
+    answers = []
+    for task_id in task_ids:
+        answers.append(prepared.pop(task_id, None))
+    return answers
 
 
 def _load_blob(digest: str) -> bytes:

@@ -117,7 +117,8 @@ class ApiKey(models.Model):
         parts = token.split("_", 2)
         if len(parts) != 3 or parts[0] != KEY_PREFIX:
             return None
-        key = cls.objects.select_related("tenant").filter(lookup=parts[1]).first()
+        # lookup is unique: at most one row, and no ORDER BY (first() would add one).
+        key = next(iter(cls.objects.select_related("tenant").filter(lookup=parts[1])[:1]), None)
         if key is None or not hmac.compare_digest(key.key_hash, hash_secret(token)):
             return None
         if not key.is_active:
