@@ -248,3 +248,15 @@ def test_started_tasks_carry_the_manifest_and_start_at_the_defaults(tenant):
     )  # fmt: skip
     assert b.output_context is None and b.error_message == "" and b.timeout_s == 300.0
     assert reload(execution).open_tasks == 2 and reload(execution).input_context == {"k": 1}
+
+
+def test_a_failed_workflow_names_its_failed_tasks_in_code_point_order(tenant):
+    make_package(tenant, [task("b"), task("B"), task("Z-1"), task("ok")], SOURCE)
+    execution, tasks = start(tenant, "demo", {"in": 0})
+    for name in ("b", "Z-1", "B"):
+        finish(tasks[name], "failure", error_type="E", error_message="x")
+    finish(tasks["ok"], output={"ok": 1, "in": 2})
+    execution = reload(execution)
+    assert execution.status == WorkflowStatus.FAILED
+    assert execution.error == "task(s) failed: B, Z-1, b"
+    assert execution.final_context == {"in": 2, "ok": 1}

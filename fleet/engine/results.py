@@ -89,6 +89,7 @@ class _TaskHead(NamedTuple):
     workflow_execution_id: uuid.UUID
     task_id: str
     has_dependents: bool = True  # unknown on the slow path: look
+    settled: bool = False  # counted settled and acked already (a leaf's fast path)
 
 
 _LOCK_TASK = """
@@ -119,8 +120,12 @@ WHERE (SELECT count(*) FROM fleet_taskoutcome WHERE task_id = %s AND NOT applied
 # The fast path of the commonest outcome: a success for the current assignment.
 # Fence, complete and record in one statement (the UPDATE takes the row lock and
 # re-checks the fence after any wait); it returns nothing when the outcome is
-# stale, and the slow path then records why.  The last column says whether any
-# dependent is still undecided, so a leaf task skips the dependents' queries.
+# stale, and the slow path then records why.  A task with no undecided dependent
+# (a leaf, the commonest kind) is also settled by the same statement: the
+# workflow's open-task counter lowered, its packet acked and its agent's slot
+# freed (or, in a batch, returned for release_slots) — the locks in the usual order,
+# task row, workflow row, packet, agent row last.  For any other task the statement
+# stops after recording and the caller decides the dependents first.
 _COMPLETE_CURRENT = """
 WITH done AS (
     UPDATE fleet_taskexecution SET status = 'Completed', output_context = %(output)s::jsonb,
@@ -132,13 +137,31 @@ WITH done AS (
     INSERT INTO fleet_taskoutcome (task_id, assignment, attempt, outcome, applied,
         ignored_reason, agent_name, error_type, error_message, received_at)
     SELECT id, assignment, attempt, 'success', true, '', %(agent_name)s, '', '', now() FROM done
-)
-SELECT d.*, EXISTS (
-    SELECT 1 FROM fleet_taskexecution n
-    WHERE n.workflow_execution_id = d.workflow_execution_id AND n.status = 'NotStarted'
-      AND n.dependencies ? d.task_id
-) FROM done d
+), head AS (
+    SELECT d.*, EXISTS (
+        SELECT 1 FROM fleet_taskexecution n
+        WHERE n.workflow_execution_id = d.workflow_execution_id AND n.status = 'NotStarted'
+          AND n.dependencies ? d.task_id
+    ) AS has_dependents FROM done d
+), closed AS (
+    UPDATE fleet_workflowexecution w SET open_tasks = GREATEST(w.open_tasks - 1, 0)
+    FROM head WHERE w.id = head.workflow_execution_id AND NOT head.has_dependents
+    RETURNING w.open_tasks, w.status
+), acked AS (
+    UPDATE delivery_outbox o SET state = 'acked', acked_at = now(), updated_at = now()
+    FROM head WHERE NOT head.has_dependents AND o.task_id = head.id
+      AND o.assignment = head.assignment AND o.state <> 'acked'
+    RETURNING o.agent_id
+){free}
+SELECT h.*, c.open_tasks, c.status, (SELECT array_agg(agent_id) FROM acked)
+FROM head h LEFT JOIN closed c ON true
 """
+_FREE_ACKED = """, freed AS (
+    UPDATE agents_agent SET in_flight = GREATEST(in_flight - 1, 0)
+    WHERE id IN (SELECT agent_id FROM acked)
+)"""
+_COMPLETE_CURRENT_FREEING = _COMPLETE_CURRENT.format(free=_FREE_ACKED)
+_COMPLETE_CURRENT_HOLDING = _COMPLETE_CURRENT.format(free="")
 # Settle the workflow's open-task counter and ack the packet (freeing its agent
 # slot) in one statement, last before the commit: those rows stay locked only
 # for the commit, and every dispatch, result and heartbeat of that agent waits on
@@ -232,8 +255,9 @@ class TaskResultHandler:
 
     @staticmethod
     def _complete_if_current(cursor, report: TaskReport, output_json: str) -> _TaskHead | None:
+        deferred = getattr(_deferred, "agents", None)
         cursor.execute(
-            _COMPLETE_CURRENT,
+            _COMPLETE_CURRENT_FREEING if deferred is None else _COMPLETE_CURRENT_HOLDING,
             {
                 "output": output_json, "task": report.task_execution_id,
                 "assignment": report.assignment, "agent": report.agent_id,
@@ -241,7 +265,15 @@ class TaskResultHandler:
             },
         )  # fmt: skip
         row = cursor.fetchone()
-        return None if row is None else _TaskHead(*row[:7], has_dependents=row[7])
+        if row is None:
+            return None
+        head = _TaskHead(*row[:7], has_dependents=row[7], settled=not row[7])
+        if head.settled:  # a leaf: the statement closed it (see _COMPLETE_CURRENT)
+            if deferred is not None:
+                deferred.extend(row[10] or [])
+            if row[8] is not None:
+                scheduler.finish_if_done(head.workflow_execution_id, row[8], row[9])
+        return head
 
     def _apply_locked(self, cursor, report: TaskReport, output_json: str) -> Applied:
         """Every case but a current success: lock the row, fence, record, apply."""
@@ -267,6 +299,8 @@ class TaskResultHandler:
 
     def _settle(self, cursor, head: _TaskHead, result: Applied) -> Applied:
         """The task reached a terminal state: decide its dependents, count it settled, ack."""
+        if head.settled:
+            return result
         skipped = 0
         if head.has_dependents:
             ready, skipped = scheduler.settle(head)

@@ -271,23 +271,37 @@ def finish_if_done(workflow_execution_id: uuid.UUID, open_tasks: int, status: st
         _finish(workflow_execution_id)
 
 
+# Finish a workflow in one statement: Failed if any task failed (naming them, in code point
+# order), else Completed; the final context is the input, then every completed task's
+# output in manifest order (a later task's key wins, as in the context builder).
+_FINISH = """
+WITH tasks AS (
+    SELECT task_id, status, output_context, position FROM fleet_taskexecution
+    WHERE workflow_execution_id = %(workflow)s
+), outcome AS (
+    SELECT
+        (SELECT array_agg(task_id ORDER BY task_id COLLATE "C") FROM tasks
+         WHERE status = 'Failed') AS failed,
+        (SELECT jsonb_object_agg(kv.key, kv.value ORDER BY t.position)
+         FROM tasks t CROSS JOIN LATERAL jsonb_each(t.output_context) AS kv
+         WHERE t.status = 'Completed' AND jsonb_typeof(t.output_context) = 'object') AS outputs
+)
+UPDATE fleet_workflowexecution e SET
+    status = CASE WHEN o.failed IS NULL THEN 'Completed' ELSE 'Failed' END,
+    final_context = CASE WHEN jsonb_typeof(e.input_context) = 'object'
+                         THEN e.input_context ELSE '{}'::jsonb END
+                    || coalesce(o.outputs, '{}'::jsonb),
+    finished_at = now(),
+    error = CASE WHEN o.failed IS NULL THEN ''
+                 ELSE 'task(s) failed: ' || array_to_string(o.failed, ', ') END
+FROM outcome o
+WHERE e.id = %(workflow)s AND e.status NOT IN ('Completed', 'Failed', 'Cancelled')
+"""
+
+
 def _finish(workflow_execution_id: uuid.UUID) -> None:
-    execution = WorkflowExecution.objects.get(pk=workflow_execution_id)
-    tasks = list(
-        TaskExecution.objects.filter(workflow_execution_id=workflow_execution_id)
-        .order_by("position")
-        .values_list("task_id", "status", "output_context")
-    )
-    failed = sorted(task_id for task_id, status, _ in tasks if status == TaskStatus.FAILED)
-    final = dict(execution.input_context or {})
-    for _task_id, status, output in tasks:
-        if status == TaskStatus.COMPLETED:
-            final.update(output or {})
-    status = WorkflowStatus.FAILED if failed else WorkflowStatus.COMPLETED
-    error = f"task(s) failed: {', '.join(failed)}" if failed else ""
-    WorkflowExecution.objects.filter(pk=workflow_execution_id).exclude(
-        status__in=WORKFLOW_TERMINAL
-    ).update(status=status, final_context=final, finished_at=timezone.now(), error=error)
+    with connection.cursor() as cursor:
+        cursor.execute(_FINISH, {"workflow": workflow_execution_id})
 
 
 def cancel_execution(tenant: Tenant, execution_id: uuid.UUID) -> WorkflowExecution:
