@@ -212,12 +212,13 @@ def test_every_outcome_is_recorded_once(tenant):
     assert set(statuses(execution).values()) == {TaskStatus.COMPLETED}
 
 
-def test_the_task_insert_names_every_column_of_the_model():
-    from fleet.engine.scheduler import TASK_INSERT_COLUMNS
+def test_the_execution_insert_names_every_column_of_both_models():
+    from fleet.engine.scheduler import TASK_INSERT_COLUMNS, WORKFLOW_INSERT_COLUMNS
     from fleet.models import TaskExecution
 
-    columns = {field.column for field in TaskExecution._meta.concrete_fields}
-    assert sorted(TASK_INSERT_COLUMNS) == sorted(columns)
+    for model, listed in ((TaskExecution, TASK_INSERT_COLUMNS), (WorkflowExecution, WORKFLOW_INSERT_COLUMNS)):  # fmt: skip
+        columns = {field.column for field in model._meta.concrete_fields}
+        assert sorted(listed) == sorted(columns)
 
 
 def test_started_tasks_carry_the_manifest_and_start_at_the_defaults(tenant):
@@ -247,7 +248,13 @@ def test_started_tasks_carry_the_manifest_and_start_at_the_defaults(tenant):
         TaskStatus.NOT_STARTED, ["a"], "all_done", None, 10,
     )  # fmt: skip
     assert b.output_context is None and b.error_message == "" and b.timeout_s == 300.0
-    assert reload(execution).open_tasks == 2 and reload(execution).input_context == {"k": 1}
+    stored = reload(execution)
+    assert (stored.open_tasks, stored.input_context, stored.status) == (2, {"k": 1}, "Pending")
+    assert (stored.priority, stored.workflow_name, stored.error) == (10, "demo", "")
+    assert stored.created_at == execution.created_at and stored.final_context is None
+    assert stored.tenant_id == tenant.pk and stored.package_id == execution.package_id
+    execution.refresh_from_db()  # the returned instance is a saved one
+    execution.save(update_fields=["priority"])
 
 
 def test_a_failed_workflow_names_its_failed_tasks_in_code_point_order(tenant):

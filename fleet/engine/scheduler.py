@@ -54,17 +54,19 @@ def start_execution_with_roots(
         )
     now = timezone.now()
     tasks = package.manifest["tasks"]
-    with transaction.atomic():
-        execution = WorkflowExecution.objects.create(
-            tenant=tenant,
-            package=package,
-            workflow_name=workflow_name,
-            input_context=context,
-            priority=priority,
-            open_tasks=len(tasks),
-        )
-        rows = [_task_values(spec, position, priority) for position, spec in enumerate(tasks)]
-        _insert_tasks(execution, rows, now)
+    execution = WorkflowExecution(
+        id=uuid.uuid4(),
+        tenant=tenant,
+        package=package,
+        workflow_name=workflow_name,
+        status=WorkflowStatus.PENDING,
+        input_context=context,
+        priority=priority,
+        open_tasks=len(tasks),
+        created_at=now,
+    )
+    rows = [_task_values(spec, position, priority) for position, spec in enumerate(tasks)]
+    _insert_execution(execution, rows)
     roots = [
         TaskReadyEvent(row["id"], execution.id, row["task_id"], 1, tenant.pk, row["priority"])
         for row in rows
@@ -91,10 +93,16 @@ def _task_values(spec: dict, position: int, execution_priority: int) -> dict:
     }
 
 
-# Every column of fleet_taskexecution, in one statement: the rows travel as ONE jsonb
-# parameter.  (The ORM's bulk_create prepared each of ~30 fields of each row in Python:
-# a fifth of the server's CPU for starting an execution.)  A column added to the model
-# must be added here too; tests/test_engine_scheduler.py compares the two lists.
+# The execution and its tasks in ONE statement (atomic on its own: no transaction
+# round trips), the task rows travelling as one jsonb parameter.  The ORM's create +
+# bulk_create prepared each of ~30 fields of each row in Python: a fifth of the
+# server's CPU for starting an execution.  Every column is named, so a column added
+# to a model must be added here too; tests/test_engine_scheduler.py compares the lists.
+WORKFLOW_INSERT_COLUMNS = (
+    "id", "tenant_id", "package_id", "workflow_name", "status", "input_context",
+    "final_context", "error", "priority", "open_tasks", "created_at", "started_at",
+    "finished_at",
+)  # fmt: skip
 TASK_INSERT_COLUMNS = (
     "id", "workflow_execution_id", "tenant_id", "task_id", "function", "dependencies",
     "trigger_rule", "position", "status", "attempt", "max_retries", "retry_backoff_s",
@@ -102,7 +110,12 @@ TASK_INSERT_COLUMNS = (
     "started_at", "finished_at", "result_deadline", "agent_id", "refusals", "wait_reason",
     "output_context", "error_type", "error_message", "traceback",
 )  # fmt: skip
-_INSERT_TASKS = f"""
+_INSERT_EXECUTION = f"""
+WITH execution AS (
+    INSERT INTO fleet_workflowexecution ({", ".join(WORKFLOW_INSERT_COLUMNS)})
+    VALUES (%(workflow)s, %(tenant)s, %(package)s, %(name)s, 'Pending', %(input)s::jsonb, NULL,
+            '', %(priority)s, %(open)s, %(now)s, NULL, NULL)
+)
 INSERT INTO fleet_taskexecution ({", ".join(TASK_INSERT_COLUMNS)})
 SELECT r.id, %(workflow)s, %(tenant)s, r.task_id, r.function, r.dependencies,
     r.trigger_rule, r.position, CASE WHEN r.root THEN 'Ready' ELSE 'NotStarted' END, 0,
@@ -116,17 +129,25 @@ FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(
 """
 
 
-def _insert_tasks(execution: WorkflowExecution, rows: list[dict], now) -> None:
+def _insert_execution(execution: WorkflowExecution, rows: list[dict]) -> None:
+    """Write ``execution`` (built, unsaved) and its task rows; it is then a saved instance."""
     with connection.cursor() as cursor:
         cursor.execute(
-            _INSERT_TASKS,
+            _INSERT_EXECUTION,
             {
                 "workflow": execution.id,
                 "tenant": execution.tenant_id,
-                "now": now,
+                "package": execution.package_id,
+                "name": execution.workflow_name,
+                "input": json.dumps(execution.input_context),
+                "priority": execution.priority,
+                "open": execution.open_tasks,
+                "now": execution.created_at,
                 "rows": json.dumps(rows, default=str),
             },
         )
+    execution._state.adding = False  # as Model.save() leaves it
+    execution._state.db = connection.alias
 
 
 def _task_row(execution: WorkflowExecution, spec: dict, position: int, now) -> TaskExecution:
