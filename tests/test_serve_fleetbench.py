@@ -33,8 +33,10 @@ def test_fleetbench_prints_a_table_and_leaves_the_test_database_alone(procs):
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("fleetbench: executor=default") and "tasks=40" in lines[0]
-    rows = {line.split()[0]: line.split() for line in lines if line.startswith(("burst", "idle"))}
+    phases = ("burst", "drain", "idle")
+    rows = {line.split()[0]: line.split() for line in lines if line.startswith(phases)}
     assert rows["burst"][1:3] == ["40", "0"]  # 40 tasks, none failed
+    assert rows["drain"][1:3] == ["40", "0"]  # the same again, queued at once
     assert rows["idle"][2:4] == ["3", "0"]
     assert "cloacina_bench" in result.stderr
     assert list(Tenant.objects.values_list("name", flat=True)) == ["untouched"]

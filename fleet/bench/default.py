@@ -1,4 +1,12 @@
-"""The in-process (``default``) executor benchmark: one real `serve` subprocess."""
+"""The in-process (``default``) executor benchmark: one real `serve` subprocess.
+
+Phases (each measured from the rows the server wrote):
+
+* burst — executions submitted over REST by a few client threads while they run: the
+  server parses and starts executions and runs their tasks on the same core;
+* drain — the same number of executions queued in one transaction: the executor's own pace;
+* idle pickup — one single-task execution at a time: Ready → started on an idle server.
+"""
 
 from __future__ import annotations
 
@@ -34,8 +42,13 @@ def run_default_bench(
             burst_ids = workload.burst(lambda: Api(server.url, key), executions)
             workload.wait_finished(burst_ids)
             burst = workload.measure("burst", burst_ids)
-            burst.cpu = meter.used(before, meter.sample())
-            phases = [burst]
+            burst.cpu = meter.used(before, before := meter.sample())
+            # The same tasks queued at once, no HTTP in the loop: the executor's own pace.
+            drain_ids = workload.queue_executions(BENCH_TENANT, workload.WIDE_WORKFLOW, executions)
+            workload.wait_finished(drain_ids)
+            drain = workload.measure_drain("drain", drain_ids)
+            drain.cpu = meter.used(before, meter.sample())
+            phases = [burst, drain]
             if idle_samples:
                 idle_ids = workload.idle_pickups(api, idle_samples)
                 phases.append(workload.measure("idle pickup", idle_ids))

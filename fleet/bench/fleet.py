@@ -148,28 +148,10 @@ def measure_fleet(name: str, execution_ids: list[str]) -> workload.PhaseResult:
     return phase
 
 
-def queue_executions(workflow: str, executions: int) -> list[str]:
-    """Start ``executions`` executions in ONE transaction (the same scheduler code the API
-    runs), so every task turns Ready at the same instant: the fleet alone sets the pace."""
-    from django.db import transaction
-
-    from fleet.engine.scheduler import start_execution
-
-    tenant = Tenant.objects.get(name=BENCH_TENANT)
-    with transaction.atomic():
-        return [str(start_execution(tenant, workflow, {}).id) for _ in range(executions)]
-
-
 def measure_drain(name: str, execution_ids: list[str]) -> workload.PhaseResult:
     """Like :func:`measure_fleet`, but the clock starts at the first claim (pre-queued work)."""
     phase = measure_fleet(name, execution_ids)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT EXTRACT(EPOCH FROM max(finished_at) - min(started_at)) FROM fleet_taskexecution "
-            "WHERE workflow_execution_id = ANY(%s::uuid[])",
-            [execution_ids],
-        )
-        phase.wall_s = float(cursor.fetchone()[0] or 0.0)
+    phase.wall_s = workload.drain_wall_s(execution_ids)
     return phase
 
 
@@ -258,7 +240,7 @@ def run_fleet_bench(
             workload.wait_finished(burst_ids)
             phases = [measure_fleet("burst (REST)", burst_ids)]
             phases[-1].cpu = meter.used(before, before := meter.sample())
-            drain_ids = queue_executions(workload.WIDE_WORKFLOW, executions)
+            drain_ids = workload.queue_executions(BENCH_TENANT, workload.WIDE_WORKFLOW, executions)
             workload.wait_finished(drain_ids)
             phases.append(measure_drain("drain (queued)", drain_ids))
             phases[-1].cpu = meter.used(before, meter.sample())

@@ -171,3 +171,34 @@ def idle_pickups(api: Api, samples: int, workflow: str = ONE_WORKFLOW) -> list[s
         wait_finished([execution_id], poll_s=0.002)
         ids.append(execution_id)
     return ids
+
+
+def queue_executions(tenant_name: str, workflow: str, executions: int) -> list[str]:
+    """Start ``executions`` executions in ONE transaction (the same scheduler code the API
+    runs), so every task turns Ready at the same instant: the executor alone sets the pace."""
+    from django.db import transaction
+
+    from fleet.engine.scheduler import start_execution
+    from fleet.models import Tenant
+
+    tenant = Tenant.objects.get(name=tenant_name)
+    with transaction.atomic():
+        return [str(start_execution(tenant, workflow, {}).id) for _ in range(executions)]
+
+
+def drain_wall_s(execution_ids: list[str]) -> float:
+    """First claim to last finish: the wall time of pre-queued work."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXTRACT(EPOCH FROM max(finished_at) - min(started_at)) FROM fleet_taskexecution "
+            "WHERE workflow_execution_id = ANY(%s::uuid[])",
+            [execution_ids],
+        )
+        return float(cursor.fetchone()[0] or 0.0)
+
+
+def measure_drain(name: str, execution_ids: list[str]) -> PhaseResult:
+    """:func:`measure`, the clock starting at the first claim (pre-queued work)."""
+    phase = measure(name, execution_ids)
+    phase.wall_s = drain_wall_s(execution_ids)
+    return phase
