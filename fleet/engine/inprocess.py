@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connection
 
 from agents.runtime.archive import ArchiveError
 from agents.runtime.package_cache import PackageCache, PackageCacheError
@@ -39,7 +39,7 @@ from fleet.engine.db_threads import DbThreadPool
 from fleet.engine.events import ExecutionResult, ExecutionStatus, ExecutorMetrics, TaskReadyEvent
 from fleet.engine.executor import TaskExecutor
 from fleet.engine.results import Applied, TaskReport, apply_reports
-from fleet.models import Outcome, WorkflowExecution
+from fleet.models import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,11 @@ APPLY_RETRY_S = 0.5
 # its commit's WAL flush does not hold up the next.
 RESULT_BATCH = 64
 RESULT_BATCHES_AT_ONCE = 2
+_DIGESTS = """
+SELECT e.id, p.digest FROM fleet_workflowexecution e
+JOIN workflow_packages p ON p.id = e.package_id
+WHERE e.id = ANY(%s::uuid[])
+"""
 _OUTCOME_BY_STATUS = {"success": Outcome.SUCCESS, "failure": Outcome.FAILURE}
 
 
@@ -302,9 +307,9 @@ class InProcessExecutor(TaskExecutor):
             }
         missing = workflow_execution_ids - known.keys()
         if missing:
-            rows = WorkflowExecution.objects.filter(pk__in=missing).values_list(
-                "pk", "package__digest"
-            )
+            with connection.cursor() as cursor:
+                cursor.execute(_DIGESTS, [list(missing)])
+                rows = cursor.fetchall()
             with self._lock:
                 for workflow_id, digest in rows:
                     known[workflow_id] = self._digests[workflow_id] = digest
