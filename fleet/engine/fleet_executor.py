@@ -111,9 +111,7 @@ class FleetExecutor(TaskExecutor):
         )
         self.listener.start()
         self.relay.start()
-        self._placer = Batcher(
-            self._place_batch, PLACE_BATCH, "fleet-placement", delivery_db.call
-        )
+        self._placer = Batcher(self._place_batch, PLACE_BATCH, "fleet-placement", delivery_db.call)
         self._probe_task = asyncio.create_task(self._probe_capacity(), name="fleet-capacity")
         await wait_event(self.listener.listening, 5.0)
         log.info("fleet executor started (server %s)", self.claimer)
