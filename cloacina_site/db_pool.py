@@ -22,7 +22,7 @@ from django.db.backends.postgresql.base import Cursor, ServerBindingCursor
 
 MIN_SIZE = 2
 # Requests, sockets' sync calls, scheduler jobs and the dispatch tick, at once.
-BORROWERS = 24
+BORROWERS = 16
 # The delivery path's threads (fleet.delivery.db.POOL_THREADS) keep theirs.
 DELIVERY_THREADS = 12
 # Waiting longer than this for a free connection is an error (the pool is too small

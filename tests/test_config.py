@@ -37,6 +37,8 @@ def test_flags_beat_everything(tmp_path, monkeypatch):
         ({"CLOACINA_DEFAULT_MAX_AGENTS": "four"}, "CLOACINA_DEFAULT_MAX_AGENTS"),
         ({"CLOACINA_AGENT_LIVENESS_MISSES": "0"}, "must be >= 1"),
         ({"CLOACINA_WIRE_FORMAT": "xml"}, "json or msgpack"),
+        ({"CLOACINA_DB_POOL_MAX": "-1"}, "CLOACINA_DB_POOL_MAX must be >= 0"),
+        ({"CLOACINA_DB_POOL_MAX": "many"}, "CLOACINA_DB_POOL_MAX must be an integer"),
     ],
 )
 def test_it_rejects_bad_values_by_name(tmp_path, env, message):
@@ -48,3 +50,9 @@ def test_it_rejects_broken_toml(tmp_path):
     (tmp_path / "config.toml").write_text("[server\n")
     with pytest.raises(ConfigError, match="invalid TOML"):
         load_config({"CLOACINA_HOME": str(tmp_path)})
+
+
+def test_the_pool_size_comes_from_the_environment(tmp_path):
+    config = load_config({"CLOACINA_HOME": str(tmp_path), "CLOACINA_DB_POOL_MAX": "12"})
+    assert config.db_pool_max == 12
+    assert load_config({"CLOACINA_HOME": str(tmp_path)}).db_pool_max == 0  # sized automatically
