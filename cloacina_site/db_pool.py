@@ -19,6 +19,7 @@ restart no request is handed a dead one.
 from __future__ import annotations
 
 from django.db.backends.postgresql.base import Cursor, ServerBindingCursor
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 MIN_SIZE = 2
 # Requests, sockets' sync calls, scheduler jobs and the dispatch tick, at once.
@@ -56,3 +57,40 @@ def reset_session(conn) -> None:
         conn.cursor_factory = Cursor
         conn.prepare_threshold = None
         conn.execute("RESET application_name")
+
+
+class PoolCollector:
+    """This process's pool on /metrics (per process, like the dispatch histogram):
+    connections open and idle, borrowers waiting now, and the totals of borrows that
+    waited, timed out, and connections opened or lost."""
+
+    _GAUGES = (
+        ("cloacina_db_pool_connections", "pool_size", "PostgreSQL connections the pool holds."),
+        ("cloacina_db_pool_idle", "pool_available", "Pooled connections idle, ready to lend."),
+        ("cloacina_db_pool_max", "pool_max", "Most connections the pool may hold."),
+        ("cloacina_db_pool_waiting", "requests_waiting", "Borrowers waiting for a connection."),
+    )
+    _COUNTERS = (
+        ("cloacina_db_pool_borrows_queued", "requests_queued", "Borrows that had to wait."),
+        ("cloacina_db_pool_borrow_errors", "requests_errors", "Borrows that failed or timed out."),
+        ("cloacina_db_pool_connections_opened", "connections_num", "Connections opened."),
+        ("cloacina_db_pool_connections_lost", "connections_lost", "Connections found broken."),
+    )
+
+    def describe(self):
+        # Without describe() the registry would call collect() at registration.
+        return [GaugeMetricFamily(name, doc) for name, _key, doc in self._GAUGES] + [
+            CounterMetricFamily(name, doc) for name, _key, doc in self._COUNTERS
+        ]
+
+    def collect(self):
+        from django.db import connection
+
+        pool = connection.pool
+        if pool is None:  # no pool configured (a DB-less agent)
+            return
+        stats = pool.get_stats()
+        for name, key, doc in self._GAUGES:
+            yield GaugeMetricFamily(name, doc, value=stats.get(key, 0))
+        for name, key, doc in self._COUNTERS:
+            yield CounterMetricFamily(name, doc, value=stats.get(key, 0))

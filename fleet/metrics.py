@@ -6,7 +6,7 @@ evictions (Eviction rows), reassigned work (their ``reassigned`` sum), open
 outbox rows (not acked) and live agents per tenant.  Per-process figures —
 dispatch latency (Ready → delivered to the agent's socket) and results by
 outcome — are ordinary prometheus_client metrics that Prometheus sums over
-the scraped processes.
+the scraped processes, like the connection pool's (``cloacina_db_pool_*``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from cloacina_site.db_pool import PoolCollector
 
 # The agent-fabric and selector metrics (agents connected, connects, state changes,
 # heartbeats, back-pressure, selection) register themselves on import.
@@ -94,6 +96,7 @@ class FleetCollector(Collector):
 
 _collector = FleetCollector()
 REGISTRY.register(_collector)
+REGISTRY.register(PoolCollector())
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:

@@ -102,3 +102,21 @@ def test_reset_leaves_an_untouched_connection_alone():
         raw.execute("RESET application_name")
     finally:
         connection.pool.putconn(raw)
+
+
+def test_the_pool_is_on_metrics(client):
+    connection.ensure_connection()
+    connection.close()
+    connection.pool.wait(10)
+    text = client.get("/metrics").content.decode()
+    values = {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith("cloacina_db_pool_")
+    }
+    assert values["cloacina_db_pool_max"] == connection.pool.max_size
+    assert values["cloacina_db_pool_connections"] >= db_pool.MIN_SIZE
+    assert 0 <= values["cloacina_db_pool_idle"] <= values["cloacina_db_pool_connections"]
+    assert values["cloacina_db_pool_waiting"] == 0
+    assert values["cloacina_db_pool_connections_opened_total"] >= db_pool.MIN_SIZE
+    assert "cloacina_db_pool_borrow_errors_total" in values
