@@ -18,6 +18,7 @@ Phases, all measured from the rows the server wrote:
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -253,6 +254,7 @@ def run_fleet_bench(
         finally:
             api.close()
             fleet.stop()
+    shutil.rmtree(home, ignore_errors=True)  # the agents' caches; kept if the run failed
     settings = {
         "agents": agents,
         "slots": slots,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -79,8 +80,10 @@ class BenchServer:
         self.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         self.stop()
+        if exc_type is None:  # kept after a failure: serve.log says what went wrong
+            shutil.rmtree(self.home, ignore_errors=True)
 
 
 class Api:
