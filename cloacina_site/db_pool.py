@@ -21,6 +21,8 @@ from __future__ import annotations
 from django.db.backends.postgresql.base import Cursor, ServerBindingCursor
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from cloacina_site.config import ConfigError
+
 MIN_SIZE = 2
 # Requests, sockets' sync calls, scheduler jobs and the dispatch tick, at once.
 BORROWERS = 16
@@ -31,12 +33,24 @@ DELIVERY_THREADS = 12
 CHECKOUT_TIMEOUT_S = 30.0
 
 
+# Fewest borrowers a configured pool must leave room for beyond the threads that keep one.
+MIN_BORROWERS = 4
+
+
 def pool_size(configured: int, worker_processes: int) -> int:
     """``configured``, or (0) room for the in-process executor's threads (two per
-    worker), the delivery threads and the borrowers."""
-    if configured:
-        return configured
-    return 2 * worker_processes + DELIVERY_THREADS + BORROWERS
+    worker), the delivery threads and the borrowers.  A configured size too small for the
+    threads that keep a connection would leave them waiting on each other: refused."""
+    held = 2 * worker_processes + DELIVERY_THREADS
+    if not configured:
+        return held + BORROWERS
+    if configured < held + MIN_BORROWERS:
+        raise ConfigError(
+            f"CLOACINA_DB_POOL_MAX must be at least {held + MIN_BORROWERS} with "
+            f"{worker_processes} worker processes (the executors' database threads keep "
+            f"{held} connections), got {configured}"
+        )
+    return configured
 
 
 def pool_options(max_size: int) -> dict:

@@ -8,6 +8,7 @@ from django.db import connection
 from django.db.backends.postgresql.base import Cursor, ServerBindingCursor
 
 from cloacina_site import db_pool
+from cloacina_site.config import ConfigError
 from cloacina_site.embedded_db import database_settings
 from fleet.engine.db_threads import DbThreadPool
 
@@ -31,7 +32,9 @@ def backend_pid() -> int:
 def test_the_pool_is_sized_from_the_workers_unless_configured():
     assert db_pool.pool_size(0, 4) == 8 + db_pool.DELIVERY_THREADS + db_pool.BORROWERS
     assert db_pool.pool_size(0, 16) == 32 + db_pool.DELIVERY_THREADS + db_pool.BORROWERS
-    assert db_pool.pool_size(7, 16) == 7
+    assert db_pool.pool_size(60, 16) == 60
+    with pytest.raises(ConfigError, match="CLOACINA_DB_POOL_MAX must be at least 48 with 16"):
+        db_pool.pool_size(7, 16)
     assert db_pool.pool_options(1)["min_size"] == 1
 
 

@@ -53,6 +53,7 @@ def procs(transactional_db, tmp_path):
         ([], {"CLOACINA_DEFAULT_EXECUTOR": "bogus"}, "valid keys: default"),
         (["--actuator", "podman"], {}, "unknown actuator 'podman'"),
         ([], {"CLOACINA_SCHEDULER_POLL_S": "fast"}, "CLOACINA_SCHEDULER_POLL_S must be a number"),
+        ([], {"CLOACINA_DB_POOL_MAX": "10"}, "CLOACINA_DB_POOL_MAX must be at least 24"),
     ],
 )
 def test_serve_refuses_bad_configuration(procs, flags, env, message):
