@@ -5,6 +5,9 @@ Phases (each measured from the rows the server wrote):
 * burst — executions submitted over REST by a few client threads while they run: the
   server parses and starts executions and runs their tasks on the same core;
 * drain — the same number of executions queued in one transaction: the executor's own pace;
+* paced — the same again, submitted at a steady rate below capacity (``--paced-rate`` tasks/s):
+  Ready → started under load without a backlog (each execution's tasks still share the
+  workers, so some wait for a sibling to finish);
 * idle pickup — one single-task execution at a time: Ready → started on an idle server.
 """
 
@@ -24,7 +27,13 @@ def bench_tenant_key() -> str:
 
 
 def run_default_bench(
-    database_url: str, tasks: int, width: int, idle_samples: int, workers: int, poll_s: float
+    database_url: str,
+    tasks: int,
+    width: int,
+    idle_samples: int,
+    workers: int,
+    poll_s: float,
+    paced_rate: float = 0.0,
 ) -> workload.BenchResult:
     key = bench_tenant_key()
     env = {"CLOACINA_WORKER_PROCESSES": str(workers), "CLOACINA_SCHEDULER_POLL_S": str(poll_s)}
@@ -49,6 +58,11 @@ def run_default_bench(
             drain = workload.measure_drain("drain", drain_ids)
             drain.cpu = meter.used(before, meter.sample())
             phases = [burst, drain]
+            if paced_rate:
+                per_second = paced_rate / width  # executions per second for that many tasks
+                paced_ids = workload.paced(api, executions, per_second)
+                workload.wait_finished(paced_ids)
+                phases.append(workload.measure(f"paced {paced_rate:g}/s", paced_ids))
             if idle_samples:
                 idle_ids = workload.idle_pickups(api, idle_samples)
                 phases.append(workload.measure("idle pickup", idle_ids))

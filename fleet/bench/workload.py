@@ -163,6 +163,19 @@ def burst(api_factory, executions: int, workflow: str = WIDE_WORKFLOW) -> list[s
     return [execution_id for batch in batches for execution_id in batch]
 
 
+def paced(api: Api, executions: int, per_second: float, workflow: str = WIDE_WORKFLOW) -> list[str]:
+    """Start ``executions`` executions at a steady ``per_second`` (one client): load below
+    capacity, so Ready → started is the dispatch path under load, not a backlog's queue."""
+    ids: list[str] = []
+    started = time.monotonic()
+    for i in range(executions):
+        delay = started + i / per_second - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        ids.append(api.start(workflow))
+    return ids
+
+
 def idle_pickups(api: Api, samples: int, workflow: str = ONE_WORKFLOW) -> list[str]:
     """One single-task execution at a time, each after the last finished: pickup on an idle server."""
     ids = []

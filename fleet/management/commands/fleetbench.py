@@ -30,6 +30,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--workers", type=int, default=None, help="in-process worker slots")
         parser.add_argument("--poll", type=float, default=1.0, help="scheduler tick seconds")
+        parser.add_argument(
+            "--paced-rate",
+            type=float,
+            default=300.0,
+            help="tasks/s offered in the paced phase (default executor; 0 skips it)",
+        )
 
     def handle(self, *args, **options) -> None:
         for name in ("tasks", "width", "agents"):
@@ -37,6 +43,8 @@ class Command(BaseCommand):
                 raise CommandError(f"--{name} must be >= 1, got {options[name]}")
         if options["idle_samples"] < 0:
             raise CommandError("--idle-samples must be >= 0")
+        if options["paced_rate"] < 0:
+            raise CommandError(f"--paced-rate must be >= 0, got {options['paced_rate']:g}")
         workers = options["workers"] or get_config().worker_processes
         url = use_bench_database()
         logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -51,6 +59,7 @@ class Command(BaseCommand):
                 idle_samples=options["idle_samples"],
                 workers=workers,
                 poll_s=options["poll"],
+                paced_rate=options["paced_rate"],
             )
         self.stdout.write(result.table())
 
