@@ -23,10 +23,10 @@ from ninja import Field, Schema
 from fleet.delivery.rendezvous import Outcome as Wake
 from fleet.delivery.rendezvous import announce_many
 from fleet.engine import ready_queue
+from fleet.engine.outcome_batches import batch_transaction
 from fleet.engine.results import (
     Applied,
     TaskReport,
-    batch_transaction,
     deferred_slot_releases,
     release_slots,
     result_handler,

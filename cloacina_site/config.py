@@ -60,6 +60,18 @@ class Setting:
     minimum: float = 0
 
 
+# How long a draining agent may take to finish its in-flight work: drained through the
+# API/console, it is evicted after this; stopped by an actuator, it is killed after this.
+# The control plane reads the same Setting (fleet/control/settings.py).
+AGENT_DRAIN_TIMEOUT = Setting(
+    "agent_drain_timeout_s",
+    "CLOACINA_AGENT_DRAIN_TIMEOUT_S",
+    "agent_drain_timeout_s",
+    float,
+    300.0,
+    0.1,
+)
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("default_executor", "CLOACINA_DEFAULT_EXECUTOR", "default_executor", str, "default"),
     Setting("fleet_actuator", "CLOACINA_FLEET_ACTUATOR", "fleet_actuator", str, "none"),
@@ -133,15 +145,7 @@ SETTINGS: tuple[Setting, ...] = (
     # Unfinished tasks a tenant may have before new executions get 429 (0 = unlimited);
     # a tenant's own max_backlog, when set, wins.
     Setting("max_backlog", "CLOACINA_MAX_BACKLOG", "max_backlog", int, 0),
-    # How long an agent drained through the API/console may take before it is evicted.
-    Setting(
-        "agent_drain_timeout_s",
-        "CLOACINA_AGENT_DRAIN_TIMEOUT_S",
-        "agent_drain_timeout_s",
-        float,
-        300.0,
-        0.1,
-    ),
+    AGENT_DRAIN_TIMEOUT,
     Setting("secret_key", "CLOACINA_SECRET_KEY", "secret_key", str, ""),
     # TLS (cloacina_site/tls.py): empty = plain HTTP; a client CA turns on mutual TLS.
     Setting("tls_cert", "CLOACINA_TLS_CERT", "tls_cert", str, ""),
@@ -222,19 +226,28 @@ def _coerce(setting: Setting, raw: Any, source: str) -> Any:
     return str(raw).strip()
 
 
-def load_config(environ: dict | None = None) -> Config:
-    """Build the configuration from env, config.toml and defaults (no flags)."""
+def read_settings(
+    settings: tuple[Setting, ...], environ: dict | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """``$CLOACINA_HOME`` and the values of ``settings`` given in the environment (first) or
+    the ``[server]`` table of its config.toml, checked; settings given in neither are left out."""
     env = os.environ if environ is None else environ
     home = Path(env.get("CLOACINA_HOME") or "~/.cloacina").expanduser()
     toml = _read_toml(home)
     values: dict[str, Any] = {}
-    for setting in SETTINGS:
+    for setting in settings:
         if env.get(setting.env) not in (None, ""):
             values[setting.attr] = _coerce(setting, env[setting.env], "environment")
         elif setting.toml_key in toml:
             values[setting.attr] = _coerce(setting, toml[setting.toml_key], "config.toml")
-        else:
-            values[setting.attr] = setting.default
+    return home, values
+
+
+def load_config(environ: dict | None = None) -> Config:
+    """Build the configuration from env, config.toml and defaults (no flags)."""
+    env = os.environ if environ is None else environ
+    home, given = read_settings(SETTINGS, env)
+    values = {setting.attr: setting.default for setting in SETTINGS} | given
     config = Config(home=home, database_url=env.get("DATABASE_URL") or None, **values)
     _validate(config)
     return config

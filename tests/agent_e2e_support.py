@@ -13,6 +13,7 @@ from pathlib import Path
 from artifacts.testing import build_archive, manifest_toml
 from tests import fleet_e2e_support
 from tests.e2e_support import ManagedProcess, Processes, ServeHandle
+from tests.e2e_support import wait_until as wait_until  # re-exported for the agent tests
 
 SOCKET_OPEN = re.compile(r"delivery socket open")
 
@@ -96,16 +97,6 @@ def start_agent(
     if wait:
         process.wait_for_output(SOCKET_OPEN, 60)
     return process
-
-
-def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not met after {timeout}s")
 
 
 def wait_exit(process: ManagedProcess, timeout: float = 30.0) -> int:

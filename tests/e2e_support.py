@@ -55,6 +55,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
+    """``predicate()``'s first truthy value, polled every 50 ms (fails after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not met after {timeout}s")
+
+
 def wait_for_http(url: str, timeout: float = 30.0, process: ManagedProcess | None = None) -> None:
     """Poll ``url`` until it answers 200; fail early (with the log) if ``process`` exits."""
     deadline = time.monotonic() + timeout

@@ -7,11 +7,11 @@ in about two seconds.
 from __future__ import annotations
 
 import re
-import time
 
 import httpx
 
 from tests.e2e_support import READY_LINE, ManagedProcess, Processes, ServeHandle, wait_for_http
+from tests.e2e_support import wait_until as wait_until  # re-exported for the fleet tests
 
 FLEET_ENV = {
     "CLOACINA_DEFAULT_EXECUTOR": "fleet",
@@ -92,13 +92,3 @@ def execution(server: ServeHandle, key: str, execution_id: str) -> dict:
         headers={"Authorization": f"Bearer {key}"},
         timeout=10,
     ).json()
-
-
-def wait_until(predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not met after {timeout}s")

@@ -123,3 +123,9 @@ def test_the_pool_is_on_metrics(client):
     assert values["cloacina_db_pool_waiting"] == 0
     assert values["cloacina_db_pool_connections_opened_total"] >= db_pool.MIN_SIZE
     assert "cloacina_db_pool_borrow_errors_total" in values
+
+
+def test_the_pool_leaves_room_for_every_delivery_thread():
+    from fleet.delivery.db import POOL_THREADS
+
+    assert db_pool.DELIVERY_THREADS == POOL_THREADS

@@ -10,7 +10,8 @@ import pytest
 from fleet.engine import ready_queue
 from fleet.engine.claims import claim_tasks
 from fleet.engine.events import ExecutionStatus
-from fleet.engine.results import TaskReport, apply_reports
+from fleet.engine.outcome_batches import apply_reports
+from fleet.engine.results import TaskReport
 from fleet.models import Outcome, TaskExecution, TaskOutcome, WorkflowExecution
 from tests.factories import make_package, start
 from tests.inprocess_driver import initial_events, running_executor

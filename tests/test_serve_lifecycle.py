@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 
 from artifacts.testing import build_archive, manifest_toml
 from fleet.models import ServerInstance, TaskExecution, TaskOutcome
-from tests.e2e_support import Processes, cli_tenant_key, start, upload, wait_terminal
+from tests.e2e_support import Processes, cli_tenant_key, start, upload, wait_terminal, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -19,16 +18,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 def procs(transactional_db, tmp_path):
     with Processes(tmp_path) as procs:
         yield procs
-
-
-def wait_for(predicate, timeout: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_sigterm_stops_cleanly_and_marks_the_instance_stopped(procs):
@@ -69,13 +58,13 @@ def test_work_of_a_killed_server_is_released_and_run_by_a_survivor(procs, tmp_pa
     marker = tmp_path / "marker"
     execution_id = start(servers[0], key, "demo", {"marker": str(marker)})
 
-    task = wait_for(
+    task = wait_until(
         lambda: TaskExecution.objects.filter(
             workflow_execution_id=execution_id, status="Running"
         ).first(),
         what="the task to be claimed",
     )
-    wait_for(marker.exists, what="the first run to start")
+    wait_until(marker.exists, what="the first run to start")
     holder = ServerInstance.objects.get(pk=task.claimed_by)
     victim = next(s for s in servers if s.process.pid == holder.pid)
     survivor = next(s for s in servers if s is not victim)

@@ -8,12 +8,11 @@ the control plane uses them.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from cloacina_site.config import ConfigError, Setting, _coerce, _read_toml
+from cloacina_site.config import AGENT_DRAIN_TIMEOUT, ConfigError, Setting, read_settings
 
 CONTROL_SETTINGS: tuple[Setting, ...] = (
     # The URL agents use to reach the server.  The process actuator defaults to
@@ -46,15 +45,9 @@ CONTROL_SETTINGS: tuple[Setting, ...] = (
         "512Mi",
     ),
     Setting("agent_memory_limit", "CLOACINA_AGENT_MEMORY_LIMIT", "agent_memory_limit", str, "2Gi"),
-    # How long a stopped agent may take to finish its in-flight work before it is killed.
-    Setting(
-        "agent_drain_timeout_s",
-        "CLOACINA_AGENT_DRAIN_TIMEOUT_S",
-        "agent_drain_timeout_s",
-        float,
-        300.0,
-        1,
-    ),
+    # How long a stopped agent may take to finish its in-flight work before it is killed:
+    # the server's own setting (the drain the API and console ask for), read once.
+    AGENT_DRAIN_TIMEOUT,
     Setting("docker_network", "CLOACINA_DOCKER_NETWORK", "docker_network", str, ""),
     Setting("network_policy", "CLOACINA_FLEET_NETWORK_POLICY", "fleet_network_policy", bool, True),
     # Where the server pods run, for the tenant NetworkPolicy's egress rule.
@@ -108,15 +101,7 @@ class ControlSettings:
 
 
 def load_control_settings(environ: dict | None = None) -> ControlSettings:
-    env = os.environ if environ is None else environ
-    home = Path(env.get("CLOACINA_HOME") or "~/.cloacina").expanduser()
-    toml = _read_toml(home)
-    values = {}
-    for setting in CONTROL_SETTINGS:
-        if env.get(setting.env) not in (None, ""):
-            values[setting.attr] = _coerce(setting, env[setting.env], "environment")
-        elif setting.toml_key in toml:
-            values[setting.attr] = _coerce(setting, toml[setting.toml_key], "config.toml")
+    _home, values = read_settings(CONTROL_SETTINGS, environ)
     settings = ControlSettings(**values)
     if settings.server_url:
         parsed = urlparse(settings.server_url)

@@ -38,7 +38,8 @@ from fleet.engine.context import build_task_contexts, encode_context
 from fleet.engine.db_threads import DbThreadPool
 from fleet.engine.events import ExecutionResult, ExecutionStatus, ExecutorMetrics, TaskReadyEvent
 from fleet.engine.executor import TaskExecutor
-from fleet.engine.results import Applied, TaskReport, apply_reports
+from fleet.engine.outcome_batches import apply_reports
+from fleet.engine.results import Applied, TaskReport
 from fleet.models import Outcome
 
 log = logging.getLogger(__name__)
@@ -361,10 +362,7 @@ class InProcessExecutor(TaskExecutor):
 def _each_once(task_ids: list[uuid.UUID], prepared: dict[uuid.UUID, _Prepared]) -> list:
     """The answers in the order of ``task_ids``: a task offered twice in one batch was claimed
     once, so only its first offer gets the claim (the other is not claimed, None)."""
-    answers = []
-    for task_id in task_ids:
-        answers.append(prepared.pop(task_id, None))
-    return answers
+    return [prepared.pop(task_id, None) for task_id in task_ids]
 
 
 def _load_blob(digest: str) -> bytes:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import NamedTuple
 
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from cloacina_site.config import get_config
@@ -165,7 +165,9 @@ _COMPLETE_CURRENT_HOLDING = _COMPLETE_CURRENT.format(free="")
 # Settle the workflow's open-task counter and ack the packet (freeing its agent
 # slot) in one statement, last before the commit: those rows stay locked only
 # for the commit, and every dispatch, result and heartbeat of that agent waits on
-# the agent row.
+# the agent row.  A caller that applies many outcomes in one transaction
+# (:func:`deferred_slot_releases`) takes the HOLDING form: the agents the packet held
+# are returned instead of freed here, and :func:`release_slots` frees them all at the end.
 _CLOSE_AND_ACK = """
 WITH closed AS (
     UPDATE fleet_workflowexecution SET open_tasks = GREATEST(open_tasks - %(settled)s, 0)
@@ -174,27 +176,12 @@ WITH closed AS (
     UPDATE delivery_outbox SET state = 'acked', acked_at = now(), updated_at = now()
     WHERE task_id = %(task)s AND assignment = %(assignment)s AND state <> 'acked'
     RETURNING agent_id
-), freed AS (
-    UPDATE agents_agent SET in_flight = GREATEST(in_flight - 1, 0)
-    WHERE id IN (SELECT agent_id FROM acked)
-)
-SELECT open_tasks, status FROM closed
-"""
-# The same, for a caller that applies many outcomes in one transaction
-# (:func:`deferred_slot_releases`): the packet is acked, the agents it held are returned
-# instead of released here, and :func:`release_slots` frees them all at the end.
-_CLOSE_AND_ACK_HOLDING_SLOT = """
-WITH closed AS (
-    UPDATE fleet_workflowexecution SET open_tasks = GREATEST(open_tasks - %(settled)s, 0)
-    WHERE id = %(workflow)s AND %(settled)s > 0 RETURNING open_tasks, status
-), acked AS (
-    UPDATE delivery_outbox SET state = 'acked', acked_at = now(), updated_at = now()
-    WHERE task_id = %(task)s AND assignment = %(assignment)s AND state <> 'acked'
-    RETURNING agent_id
-)
+){free}
 SELECT c.open_tasks, c.status, (SELECT array_agg(agent_id) FROM acked)
 FROM (SELECT 1) AS one LEFT JOIN closed c ON true
 """
+_CLOSE_AND_ACK_FREEING = _CLOSE_AND_ACK.format(free=_FREE_ACKED)
+_CLOSE_AND_ACK_HOLDING = _CLOSE_AND_ACK.format(free="")
 # Every agent row once, in id order (so two such transactions never deadlock), each
 # slot counter lowered by the number of its packets acked.
 _RELEASE_SLOTS = """
@@ -228,6 +215,21 @@ def release_slots(agent_ids: list[uuid.UUID]) -> None:
     if agent_ids:
         with connection.cursor() as cursor:
             cursor.execute(_RELEASE_SLOTS, [list(agent_ids)])
+
+
+def _closed(
+    head: _TaskHead,
+    open_tasks: int | None,
+    status: str | None,
+    agents: list[uuid.UUID] | None,
+    deferred: list[uuid.UUID] | None,
+) -> None:
+    """After a close-and-ack: hand the held agents to the batch, finish the workflow if
+    that was its last open task."""
+    if deferred is not None:
+        deferred.extend(agents or [])
+    if open_tasks is not None:
+        scheduler.finish_if_done(head.workflow_execution_id, open_tasks, status)
 
 
 class TaskResultHandler:
@@ -269,10 +271,7 @@ class TaskResultHandler:
             return None
         head = _TaskHead(*row[:7], has_dependents=row[7], settled=not row[7])
         if head.settled:  # a leaf: the statement closed it (see _COMPLETE_CURRENT)
-            if deferred is not None:
-                deferred.extend(row[10] or [])
-            if row[8] is not None:
-                scheduler.finish_if_done(head.workflow_execution_id, row[8], row[9])
+            _closed(head, *row[8:11], deferred)
         return head
 
     def _apply_locked(self, cursor, report: TaskReport, output_json: str) -> Applied:
@@ -313,17 +312,11 @@ class TaskResultHandler:
         params = {"settled": settled, "workflow": head.workflow_execution_id,
                   "task": head.id, "assignment": head.assignment}  # fmt: skip
         deferred = getattr(_deferred, "agents", None)
-        if deferred is not None:
-            cursor.execute(_CLOSE_AND_ACK_HOLDING_SLOT, params)
-            open_tasks, status, agents = cursor.fetchone()
-            deferred.extend(agents or [])
-            if open_tasks is not None:
-                scheduler.finish_if_done(head.workflow_execution_id, open_tasks, status)
-            return
-        cursor.execute(_CLOSE_AND_ACK, params)
-        row = cursor.fetchone()
-        if row is not None:
-            scheduler.finish_if_done(head.workflow_execution_id, *row)
+        cursor.execute(
+            _CLOSE_AND_ACK_FREEING if deferred is None else _CLOSE_AND_ACK_HOLDING, params
+        )
+        open_tasks, status, agents = cursor.fetchone()
+        _closed(head, open_tasks, status, agents, deferred)
 
     @staticmethod
     def _stale_reason(task: _TaskHead, report: TaskReport) -> str:
@@ -473,52 +466,3 @@ class TaskResultHandler:
 
 
 result_handler = TaskResultHandler()
-
-
-class BatchFailed(DatabaseError):
-    """A batch must be rolled back and its outcomes applied one by one."""
-
-
-@contextmanager
-def without_savepoints() -> Iterator[None]:
-    """Within one batch, the handler's own atomic blocks make no savepoint: two round trips
-    less per outcome.  An outcome whose handler fails then fails the whole batch (nothing of
-    it is committed), and every outcome is applied again in a transaction of its own."""
-    features = connection.features
-    features.uses_savepoints = False  # this thread's connection only
-    try:
-        yield
-    finally:
-        del features.uses_savepoints  # back to the class's (True)
-
-
-@contextmanager
-def batch_transaction() -> Iterator[None]:
-    """ONE transaction for a batch of outcomes (:func:`without_savepoints`): one commit, one
-    WAL flush for them all.  Raises :class:`DatabaseError` (nothing committed) if any
-    outcome failed, for the caller to apply them one by one.  Callers apply the outcomes
-    workflow by workflow, task by task: every batch, here or in another server, then takes
-    the task and workflow rows in one order, and two batches cannot deadlock."""
-    with transaction.atomic(), without_savepoints():
-        yield
-        if connection.needs_rollback:  # an outcome's error was caught in its handler
-            raise BatchFailed("an outcome of the batch left its transaction unusable")
-
-
-def apply_reports(reports: list[tuple[uuid.UUID, TaskReport]]) -> list[Applied]:
-    """:meth:`TaskResultHandler.apply` for several (workflow execution id, report) pairs in
-    one transaction (:func:`batch_transaction`); should the batch fail, each is applied in a
-    transaction of its own (a database that is away raises from there)."""
-    order = sorted(
-        range(len(reports)),
-        key=lambda i: (str(reports[i][0]), str(reports[i][1].task_execution_id)),
-    )
-    try:
-        with batch_transaction():
-            done = {i: result_handler.apply(reports[i][1]) for i in order}
-    except DatabaseError:
-        log.warning(
-            "a batch of %d outcomes failed; applying them one by one", len(reports), exc_info=True
-        )
-        return [result_handler.apply(report) for _workflow, report in reports]
-    return [done[i] for i in range(len(reports))]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import math
 
 from fleet.control.settings import ControlSettings
 
@@ -133,7 +134,7 @@ def render_deployment(namespace: str, label: str, replicas: int, s: ControlSetti
                     "automountServiceAccountToken": False,  # agents never call the cluster API
                     "enableServiceLinks": False,
                     # SIGTERM → runagent drains; this is how long it may take.
-                    "terminationGracePeriodSeconds": int(s.agent_drain_timeout_s),
+                    "terminationGracePeriodSeconds": math.ceil(s.agent_drain_timeout_s),
                     "securityContext": {
                         "runAsNonRoot": True,
                         "runAsUser": AGENT_UID,
