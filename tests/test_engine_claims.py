@@ -174,3 +174,23 @@ def test_two_claimers_racing_with_claim_task_on_the_same_ids_claim_each_exactly_
     claimers = TaskExecution.objects.filter(pk__in=ids).values_list("claimed_by", flat=True)
     assert len(set(claimers)) == 2
     assert set(TaskExecution.objects.filter(pk__in=ids).values_list("assignment", flat=True)) == {1}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("statement", ["_CLAIM_ONE", "_CLAIM_MANY", "_CLAIM_THESE"])
+def test_the_due_rows_are_picked_once_whatever_the_plan(tenant, statement):
+    """Inside ``t.id IN (…)`` the planner may re-run a LIMIT … SKIP LOCKED subquery for each
+    candidate row, each run skipping the rows the statement already updated and picking
+    others: a CI run once got three claims from ``claim_ready_tasks("s", 1)``.  The due rows
+    are a MATERIALIZED CTE, which PostgreSQL evaluates exactly once."""
+    from django.db import connection
+
+    from fleet.engine import claims as claims_module
+
+    ids = many_ready_tasks(tenant, 3)
+    params = {"task_id": ids[0], "task_ids": ids, "limit": 1, "claimer": "s",
+              "deadline": True, "relax": False, "grace": 30.0}  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + getattr(claims_module, statement), params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "CTE due" in plan and "CTE Scan on due" in plan, plan

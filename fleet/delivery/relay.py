@@ -44,7 +44,7 @@ CLOSE_UNKNOWN_AGENT = 4404
 CLOSE_SUPERSEDED = 4408
 
 _TAKE = """
-WITH due AS (
+WITH due AS MATERIALIZED (  -- picked once: a LIMIT … SKIP LOCKED subquery must not re-run
     SELECT o.id FROM delivery_outbox o
     WHERE o.state = 'pending' AND o.agent_id = ANY(%(agents)s)
     ORDER BY o.id

@@ -61,6 +61,11 @@ WITH relax AS (
     SELECT set_config('synchronous_commit',
                       CASE WHEN %(relax)s THEN 'off' ELSE current_setting('synchronous_commit') END,
                       true) AS v
+), due AS MATERIALIZED (
+    -- Evaluated exactly once: inside "t.id IN (…)" the planner may re-run a LIMIT …
+    -- SKIP LOCKED subquery for every candidate row, each run picking other rows, and
+    -- claim more tasks than the limit (seen: three claims from LIMIT 1).
+    {due}
 ), claimed AS (
     UPDATE fleet_taskexecution AS t SET
         status = 'Running', assignment = t.assignment + 1, attempt = t.attempt + 1,
@@ -68,7 +73,7 @@ WITH relax AS (
         result_deadline = CASE WHEN %(deadline)s
                                THEN now() + make_interval(secs => t.timeout_s + %(grace)s) END
     FROM relax
-    WHERE t.id IN ({due})
+    WHERE t.id IN (SELECT id FROM due)
     RETURNING {columns}
 ), running AS (
     UPDATE fleet_workflowexecution SET status = 'Running', started_at = now()
