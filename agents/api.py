@@ -59,6 +59,11 @@ class RegisterIn(Schema):
     capabilities: list[str] = Field([], json_schema_extra=ROSTER_LIST)
     exclusive: bool = Field(False, strict=True)
     metrics: dict[str, Any] = {}
+    instance_id: uuid.UUID | None = Field(
+        None,
+        description="the agent process's own id, the same across its re-registrations: an "
+        "outcome it reports under an earlier agent id counts for its current one",
+    )
 
 
 class RegisterOut(Schema):
@@ -115,6 +120,7 @@ def register_agent(request: HttpRequest, body: RegisterIn):
                 capabilities=tuple(body.capabilities),
                 exclusive=body.exclusive,
                 metrics=body.metrics,
+                instance_id=body.instance_id,
             ),
         )
     except roster.RosterError as exc:

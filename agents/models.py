@@ -47,6 +47,9 @@ class Agent(models.Model):
     # When a reservation last picked it: selection round-robins on it (fleet/routing/).
     last_selected_at = models.DateTimeField(null=True, blank=True)
     dead_at = models.DateTimeField(null=True, blank=True)
+    # The agent process's own id (sent at registration): a process that re-registers
+    # under a new agent id keeps it, so its outcomes owed under the old id still count.
+    instance_id = models.UUIDField(null=True, blank=True)
     managed_by = models.CharField(
         max_length=20, blank=True, default=""
     )  # actuator that spawned it, if any

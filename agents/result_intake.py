@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from django.db import DatabaseError, connection
 from ninja import Field, Schema
@@ -55,26 +55,37 @@ class ResultIn(Schema):
 
 Answer = tuple[int, dict]
 
-# Per result: the reporting agent's name when it is of that tenant (else NULL), and
-# whether the packet it names was addressed to it (now, or before a reclaim).
+# Per result: the reporting agent's name when it is of that tenant (else NULL); whether
+# the packet it names was addressed to it (now, or before a reclaim); the task's workflow
+# execution; and the agent now holding the task when that is the reporter's own process
+# under a newer registration (same instance_id) — the outcome it owes under its old id
+# counts for the new one: applied once, never lost to the fence.
 _AGENTS_AND_PACKETS = """
 SELECT r.i, a.name, a.id IS NOT NULL AND EXISTS (
     SELECT 1 FROM delivery_outbox o
     WHERE o.id = r.outbox AND o.tenant_id = a.tenant_id AND o.task_id = r.task
       AND o.assignment = r.assignment
       AND (o.agent_id = a.id OR o.former_agents @> jsonb_build_array(a.id::text))
-), (SELECT t.workflow_execution_id FROM fleet_taskexecution t WHERE t.id = r.task)
+), t.workflow_execution_id, h.id
 FROM unnest(%(tenants)s::bigint[], %(agents)s::uuid[], %(outboxes)s::bigint[],
             %(tasks)s::uuid[], %(assignments)s::bigint[]) WITH ORDINALITY
      AS r(tenant, agent, outbox, task, assignment, i)
 LEFT JOIN agents_agent a ON a.id = r.agent AND a.tenant_id = r.tenant
+LEFT JOIN fleet_taskexecution t ON t.id = r.task
+LEFT JOIN agents_agent h ON h.id = t.agent_id AND h.id <> a.id
+     AND h.tenant_id = a.tenant_id AND h.instance_id = a.instance_id
 """
 
 
-def _check(
-    items: list[tuple[int, uuid.UUID, ResultIn]],
-) -> list[tuple[str | None, bool, uuid.UUID | None]]:
-    """(agent name or None, addressed, the task's workflow execution) per item, one query."""
+class Check(NamedTuple):
+    agent_name: str | None  # None: not an agent of this tenant
+    addressed: bool  # the packet was addressed to the reporter (now or before a reclaim)
+    workflow_execution_id: uuid.UUID | None
+    successor_id: uuid.UUID | None  # the reporter's own process, registered anew
+
+
+def _check(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Check]:
+    """What :func:`_record` needs to know of each item, in one query."""
     with connection.cursor() as cursor:
         cursor.execute(
             _AGENTS_AND_PACKETS,
@@ -86,16 +97,17 @@ def _check(
                 "assignments": [body.assignment for *_, body in items],
             },
         )
-        rows = {int(i): (name, bool(ok), workflow) for i, name, ok, workflow in cursor.fetchall()}
+        rows = {
+            int(i): Check(name, bool(ok), workflow, successor)
+            for i, name, ok, workflow, successor in cursor.fetchall()
+        }
     return [rows[i + 1] for i in range(len(items))]
 
 
-def _record(
-    agent_id: uuid.UUID, body: ResultIn, agent_name: str | None, addressed: bool
-) -> tuple[int, dict, Applied | None]:
-    if agent_name is None:
+def _record(agent_id: uuid.UUID, body: ResultIn, check: Check) -> tuple[int, dict, Applied | None]:
+    if check.agent_name is None:
         return 404, {"detail": UNKNOWN_AGENT}, None
-    if not addressed:
+    if not check.addressed:
         detail = (
             f"work packet {body.outbox_id} (task {body.task_execution_id}, assignment "
             f"{body.assignment}) was never addressed to this agent"
@@ -110,8 +122,8 @@ def _record(
             error_type=body.error_type,
             error_message=body.error_message,
             traceback=body.traceback,
-            agent_id=agent_id,
-            agent_name=agent_name,
+            agent_id=check.successor_id or agent_id,
+            agent_name=check.agent_name,
         )
     )
     return 200, {"applied": applied.applied, "reason": applied.reason}, applied
@@ -134,8 +146,8 @@ def _after_commit(recorded: list[tuple[ResultIn, Applied]]) -> None:
 
 def apply_result(tenant_id: int, agent_id: uuid.UUID, body: ResultIn) -> Answer:
     """One result in a transaction of its own (REST); the answer the agent gets."""
-    ((name, addressed, _workflow),) = _check([(tenant_id, agent_id, body)])
-    status, answer, applied = _record(agent_id, body, name, addressed)
+    (check,) = _check([(tenant_id, agent_id, body)])
+    status, answer, applied = _record(agent_id, body, check)
     if applied is not None:
         _after_commit([(body, applied)])
     return status, answer
@@ -156,10 +168,13 @@ def apply_results(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Answer]:
             # rows in one order, so two batches (two servers) cannot deadlock on them.
             order = sorted(
                 range(len(items)),
-                key=lambda i: (str(checks[i][2] or ""), str(items[i][2].task_execution_id)),
+                key=lambda i: (
+                    str(checks[i].workflow_execution_id or ""),
+                    str(items[i][2].task_execution_id),
+                ),
             )
             with deferred_slot_releases() as held:
-                done = {i: _record(items[i][1], items[i][2], *checks[i][:2]) for i in order}
+                done = {i: _record(items[i][1], items[i][2], checks[i]) for i in order}
             release_slots(held)
     except DatabaseError:
         log.warning(

@@ -65,6 +65,8 @@ class Registration:
     capabilities: tuple[str, ...] = ()
     exclusive: bool = False
     metrics: dict | None = None
+    # The agent process's id: the same across its re-registrations (agents/result_intake.py).
+    instance_id: uuid.UUID | None = None
 
 
 def _check_strings(field: str, values) -> list[str]:
@@ -132,6 +134,7 @@ def _validate(reg: Registration) -> Registration:
         capabilities=tuple(_check_strings("capabilities", reg.capabilities)),
         exclusive=bool(reg.exclusive),
         metrics=check_metrics(reg.metrics),
+        instance_id=reg.instance_id,
     )
 
 
@@ -199,6 +202,7 @@ def register(key: ApiKey, registration: Registration) -> Agent:
                     capabilities=list(reg.capabilities),
                     exclusive=reg.exclusive,
                     metrics=reg.metrics or {},
+                    instance_id=reg.instance_id,
                 )
         except IntegrityError:
             continue  # a concurrent registration took the name first: replace that one

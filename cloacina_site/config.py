@@ -123,6 +123,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "outbox_redeliver_s", "CLOACINA_OUTBOX_REDELIVER_S", "outbox_redeliver_s", float, 10.0, 0.1
     ),
+    # Pushes of one packet to one agent that no confirmation answered before the run is
+    # declared lost (fleet/delivery/redelivery.py): a re-push is never silently endless.
+    Setting("outbox_max_pushes", "CLOACINA_OUTBOX_MAX_PUSHES", "outbox_max_pushes", int, 5, 1),
     Setting(
         "outbox_retention_s", "CLOACINA_OUTBOX_RETENTION_S", "outbox_retention_s", float, 3600.0
     ),
@@ -178,6 +181,7 @@ class Config:
     scheduler_poll_s: float = 1.0
     wire_format: str = "json"
     outbox_redeliver_s: float = 10.0
+    outbox_max_pushes: int = 5
     outbox_retention_s: float = 3600.0
     max_package_bytes: int = 50 * 1024 * 1024
     max_context_bytes: int = 16 * 1024 * 1024

@@ -38,6 +38,12 @@ RESULTS = Counter(
     ["outcome", "applied"],
 )
 
+UNCONFIRMED_LOST = Counter(
+    "cloacina_outbox_unconfirmed_lost",
+    "Work packets pushed CLOACINA_OUTBOX_MAX_PUSHES times to one agent without a "
+    "confirmation, whose run was then declared lost.",
+)
+
 
 class FleetCollector(Collector):
     """Cluster-wide fleet figures read from the database on every scrape."""

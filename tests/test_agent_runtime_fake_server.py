@@ -233,15 +233,20 @@ def test_a_missing_artifact_is_a_refusal_not_a_task_failure(tmp_path):
     run_scenario(tmp_path, scenario)
 
 
-def test_a_cached_artifact_is_not_fetched_again_and_a_repush_is_ignored(tmp_path):
+def test_a_cached_artifact_is_not_fetched_again_and_a_repush_is_not_run_again(tmp_path):
     async def scenario(fake: FakeServer, agent: Agent, agent_task) -> None:
         await fake.next_frame("hello")
         await fake.push(packet(1, sleep_s=0.5))
         await fake.push(packet(1, sleep_s=0.5))  # the same (task, assignment) again
-        assert (await fake.results.get())["outbox_id"] == 1
+        first = await fake.results.get()
+        assert first["outbox_id"] == 1
         await fake.push(packet(2))
         assert (await fake.results.get())["outbox_id"] == 2
-        await fake.push(packet(1))  # a late re-push of one already reported
+        # A late re-push of one already reported (sleep_s 0 would show in a re-run's
+        # output): answered with the outcome of its one run, never run again.
+        await fake.push(packet(1))
+        again = await fake.results.get()
+        assert again == first and again["output"] == {"napped": 0.5}
         await fake.push(packet(3))
         assert (await fake.results.get())["outbox_id"] == 3
         await asyncio.sleep(0.3)  # room for a wrongful re-run of packet 1 to report

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed
@@ -64,6 +65,9 @@ class Agent:
         self.cache = cache or PackageCache(config.cache_dir, config.cache_max_bytes)
         self.runner = runner or TaskRunner(config.max_concurrency)
         self.registration: Registration | None = None
+        # This process's id, the same in every registration it makes: an outcome it owes
+        # under an earlier agent id counts for the current one (docs/agent-protocol.md).
+        self.instance_id = str(uuid.uuid4())
         self.session: Session | None = None
         self.draining = False
         self.exit_code: int | None = None
@@ -199,6 +203,7 @@ class Agent:
             "capabilities": list(c.capabilities),
             "exclusive": c.exclusive,
             "metrics": host_metrics.sample(),
+            "instance_id": self.instance_id,
         }
 
     async def _register(self) -> bool:

@@ -51,6 +51,7 @@ class RunOutcome:
     error_message: str = ""
     traceback: str = ""
     duration_s: float = 0.0
+    output_bytes: int = 0  # the output's JSON text, as the child sent it
 
 
 class TaskRunnerClosed(RuntimeError):
@@ -370,7 +371,13 @@ class TaskRunner:
         duration = time.monotonic() - started
         reply = json.loads(raw)
         if reply["status"] == "success":
-            return RunOutcome("success", json.loads(reply["output_json"]), duration_s=duration)
+            output_json = reply["output_json"]
+            return RunOutcome(
+                "success",
+                json.loads(output_json),
+                duration_s=duration,
+                output_bytes=len(output_json),
+            )
         return RunOutcome(
             "failure",
             None,

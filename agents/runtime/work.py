@@ -173,6 +173,7 @@ class HeldTask:
     agent_id: str  # the agent id the latest push came through: the one to report under
     label: str  # for logs
     result: dict[str, Any] | None = None  # the outcome body, once known
+    result_bytes: int = 0  # its estimated size, kept with it after it is reported
 
 
 def result_body(

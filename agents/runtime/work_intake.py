@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,6 +28,7 @@ from agents.runtime.client import (
 from agents.runtime.context_fetch import ContextUnavailable, fetch_context
 from agents.runtime.outcome_reporter import OutcomeReporter, ResultSocket
 from agents.runtime.package_cache import PackageCache, PackageCacheError
+from agents.runtime.recent_outcomes import RecentOutcomes, outcome_size
 from agents.runtime.task_runner import TaskRunner
 from agents.runtime.work import (
     HeldTask,
@@ -45,8 +45,6 @@ from agents.runtime.work import (
 
 log = logging.getLogger("cloacina.agent")
 
-# Keys of outcomes already reported, so a late re-push of one is ignored, not re-run.
-RECENT_KEYS_MAX = 10_000
 # How long a fetch keeps retrying a server that does not answer before refusing the task.
 FETCH_RETRY_WINDOW_S = 60.0
 
@@ -72,7 +70,8 @@ class WorkIntake:
         self.runner = runner
         self.target_triple = target_triple
         self.held: dict[TaskKey, HeldTask] = {}
-        self.recent: OrderedDict[TaskKey, None] = OrderedDict()
+        # Outcomes the server has: a re-push of one is answered with it, never re-run.
+        self.recent = RecentOutcomes()
         self.draining = False  # set by the agent: refuse every new packet
         self.idle = asyncio.Event()  # nothing held
         self.idle.set()
@@ -110,8 +109,9 @@ class WorkIntake:
             await self._send(frames.received(packet.outbox_id))
             log.info("ignoring a repeated push of %s (already in hand)", packet.describe())
             return
-        if packet.key in self.recent:
-            log.info("ignoring a repeated push of %s (already reported)", packet.describe())
+        known, kept, size = self.recent.take(packet.key)
+        if known:
+            await self._answer_repeat(packet, via_agent_id, kept, size)
             return
         held = self._hold(packet.key, via_agent_id, packet.describe())
         await self._send(frames.received(packet.outbox_id))
@@ -141,15 +141,42 @@ class WorkIntake:
         self.idle.clear()
         return held
 
-    def _report(self, held: HeldTask, body: dict[str, Any]) -> None:
+    async def _answer_repeat(
+        self, packet: WorkPacket, via_agent_id: str, kept: dict[str, Any] | None, size: int
+    ) -> None:
+        """A push of a packet this agent already ran and reported.  It is not run again,
+        and not ignored either (the server would push it again and again, its task Running
+        all the while): the kept outcome is reported once more, under the agent id the push
+        came through — the registration the server now expects it from.  The server applies
+        it once, or records it as a duplicate.  Without a kept outcome the packet is
+        refused, and the server runs the task again."""
+        held = self._hold(packet.key, via_agent_id, packet.describe())
+        await self._send(frames.received(packet.outbox_id))
+        if kept is None:
+            log.warning(
+                "refusing a repeated push of %s: its outcome is no longer kept", packet.describe()
+            )
+            self._report(
+                held, refusal(packet, "already ran this packet; its outcome is no longer kept")
+            )
+            return
+        log.info(
+            "a repeated push of %s: reporting its outcome again as agent %s",
+            packet.describe(),
+            via_agent_id,
+        )
+        self._report(held, {**kept, "outbox_id": packet.outbox_id}, size)
+
+    def _report(self, held: HeldTask, body: dict[str, Any], size: int | None = None) -> None:
+        """Hand ``body`` to the reporter; ``size`` estimates what keeping it costs
+        (default: a body without an output)."""
         held.result = body
+        held.result_bytes = outcome_size(body) if size is None else size
         self.reporter.submit(held)
 
     def _settled(self, held: HeldTask) -> None:
         self.held.pop(held.key, None)
-        self.recent[held.key] = None
-        while len(self.recent) > RECENT_KEYS_MAX:
-            self.recent.popitem(last=False)
+        self.recent.remember(held.key, held.result, held.result_bytes)
         if not self.held:
             self.idle.set()
 
@@ -200,7 +227,8 @@ class WorkIntake:
             run.duration_s,
             f" ({run.error_type}: {run.error_message})" if run.status != "success" else "",
         )
-        self._report(held, run_result(packet, run))
+        body = run_result(packet, run)
+        self._report(held, body, outcome_size(body, run.output_bytes))
 
     async def _fetch_artifact(self, digest: str) -> bytes:
         """The artifact's bytes, retrying an unreachable server for a while."""

@@ -182,6 +182,7 @@ def _move_row(row_id: int, task_id: uuid.UUID, dead_id: uuid.UUID) -> int | None
             state=OutboxState.PENDING,
             delivered_at=None,
             received_at=None,
+            redeliveries=0,  # a new agent gets its own share of pushes
             updated_at=now,
             payload=payload,
             former_agents=[*row.former_agents, str(dead_id)],

@@ -9,32 +9,120 @@ nobody confirmed it reached the agent:
 A delivered row that the agent confirmed (``received_at``) is never pushed
 again while the agent lives, however long the task runs: if the agent dies,
 the liveness sweep moves it instead.
+
+Re-pushes are bounded: after ``outbox_max_pushes`` unconfirmed pushes to one
+agent the run is declared lost and goes through the task's retry policy, so no
+interleaving of reconnects, re-registrations and reclaims can leave a task
+Running for ever behind a packet that its agent keeps ignoring.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
+from dataclasses import dataclass
 
 from django.db import connection, transaction
 
 from cloacina_site.config import get_config
+from fleet.engine import ready_queue
+from fleet.engine.results import TaskReport, result_handler
+from fleet.metrics import UNCONFIRMED_LOST
+from fleet.models import Outcome
+
+log = logging.getLogger(__name__)
 
 
-def redeliver_unreceived(redeliver_s: float | None = None) -> int:
-    """Reset delivered-but-never-received rows of living agents older than ``redeliver_s``."""
-    seconds = get_config().outbox_redeliver_s if redeliver_s is None else redeliver_s
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE delivery_outbox o SET state = 'pending', delivered_at = NULL, updated_at = now()
-            FROM agents_agent a
-            WHERE a.id = o.agent_id AND a.state <> 'dead'
-              AND o.state = 'delivered' AND o.received_at IS NULL
-              AND o.delivered_at < now() - make_interval(secs => %s)
-            """,
-            [seconds],
-        )
-        return cursor.rowcount
+# Delivered rows of living agents that no ``received`` answered in time.  Each goes back
+# to pending for another push, unless it already had its share of pushes to this agent.
+_UNCONFIRMED = """
+SELECT o.id, o.task_id, o.assignment, o.redeliveries + 1 >= %(max_pushes)s, a.name
+FROM delivery_outbox o JOIN agents_agent a ON a.id = o.agent_id
+WHERE a.state <> 'dead' AND o.state = 'delivered' AND o.received_at IS NULL
+  AND o.delivered_at < now() - make_interval(secs => %(seconds)s)
+ORDER BY o.id
+FOR UPDATE OF o SKIP LOCKED
+"""
+_REQUEUE = """
+UPDATE delivery_outbox SET state = 'pending', delivered_at = NULL,
+    redeliveries = redeliveries + 1, updated_at = now()
+WHERE id = ANY(%s) AND state = 'delivered' AND received_at IS NULL
+"""
+# A row whose run could not be declared lost (the task moved on without it): closed,
+# and its agent's slot given back.
+_CLOSE_STALE = """
+WITH acked AS (
+    UPDATE delivery_outbox SET state = 'acked', acked_at = now(), updated_at = now()
+    WHERE id = %s AND state <> 'acked' RETURNING agent_id
+)
+UPDATE agents_agent SET in_flight = GREATEST(in_flight - 1, 0) WHERE id IN (SELECT agent_id FROM acked)
+"""
+
+
+@dataclass(frozen=True)
+class Unconfirmed:
+    outbox_id: int
+    task_execution_id: uuid.UUID
+    assignment: int
+    agent_name: str
+
+
+def redeliver_unreceived(redeliver_s: float | None = None, max_pushes: int | None = None) -> int:
+    """Push again the delivered rows of living agents not ``received`` within
+    ``redeliver_s``; a row pushed ``max_pushes`` times to its agent without a
+    confirmation has its run declared lost instead (:func:`declare_unconfirmed_lost`).
+
+    An agent that ignores a packet (a bug, or an agent that no longer knows it) would
+    otherwise get it re-pushed for ever, each push restarting the run's result clock:
+    the task would stay Running with nobody running it.  Returns the rows requeued.
+    """
+    config = get_config()
+    seconds = config.outbox_redeliver_s if redeliver_s is None else redeliver_s
+    limit = config.outbox_max_pushes if max_pushes is None else max_pushes
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_UNCONFIRMED, {"seconds": seconds, "max_pushes": limit})
+        rows = cursor.fetchall()
+        requeue = [row[0] for row in rows if not row[3]]
+        if requeue:
+            cursor.execute(_REQUEUE, [requeue])
+    exhausted = [Unconfirmed(r[0], r[1], r[2], r[4]) for r in rows if r[3]]
+    if exhausted:
+        declare_unconfirmed_lost(exhausted, limit)
+    return len(requeue)
+
+
+def declare_unconfirmed_lost(rows: list[Unconfirmed], pushes: int) -> int:
+    """Each row's run is ``lost`` (through the one result handler: its retry policy
+    applies, the packet is acked and the agent's slot freed); returns how many applied."""
+    applied = 0
+    for row in rows:
+        with transaction.atomic():
+            outcome = result_handler.apply(
+                TaskReport(
+                    row.task_execution_id,
+                    row.assignment,
+                    Outcome.LOST,
+                    error_type="PacketUnconfirmed",
+                    error_message=(
+                        f"work packet {row.outbox_id} was pushed {pushes} times to agent "
+                        f"{row.agent_name} and never confirmed"
+                    ),
+                )
+            )
+            if not outcome.applied:
+                with connection.cursor() as cursor:
+                    cursor.execute(_CLOSE_STALE, [row.outbox_id])
+        if outcome.applied:
+            applied += 1
+            ready_queue.submit(outcome.ready)
+        UNCONFIRMED_LOST.inc()
+        log.warning(
+            "work packet %s (task %s #%s) pushed %d times to agent %s without a confirmation: "
+            "%s",
+            row.outbox_id, row.task_execution_id, row.assignment, pushes, row.agent_name,
+            "run declared lost" if outcome.applied else f"closed ({outcome.reason})",
+        )  # fmt: skip
+    return applied
 
 
 def _holding_arrays(holding: list[tuple[uuid.UUID, int]]) -> tuple[list, list]:

@@ -279,7 +279,7 @@ class FleetExecutor(TaskExecutor):
             ),
             PeriodicJob(
                 "fleet_redelivery",
-                lambda: redeliver_unreceived(config.outbox_redeliver_s),
+                lambda: redeliver_unreceived(config.outbox_redeliver_s, config.outbox_max_pushes),
                 max(0.1, config.outbox_redeliver_s / 2),
                 leader_only=True,
             ),

@@ -26,6 +26,9 @@ class DeliveryOutbox(models.Model):
     )
     payload = models.JSONField()
     attempts = models.PositiveIntegerField(default=0)  # pushes so far
+    # Pushes to the current agent that went unconfirmed (reset when the row moves to
+    # another agent): past CLOACINA_OUTBOX_MAX_PUSHES the run is declared lost.
+    redeliveries = models.PositiveIntegerField(default=0, db_default=0)
     created_at = models.DateTimeField(default=timezone.now)
     delivered_at = models.DateTimeField(null=True, blank=True)
     received_at = models.DateTimeField(
