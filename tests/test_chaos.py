@@ -27,7 +27,9 @@ import pytest
 
 from tests.chaos_support import (
     SHAPES,
+    WIDE,
     Feeder,
+    Figures,
     KillablePostgres,
     check_invariants,
     package,
@@ -166,3 +168,90 @@ def test_chaos_run_loses_nothing_and_completes_nothing_twice(chaos_db, tmp_path,
     assert v["executions by status"] == {"Completed": v["executions"]}
     # While the server or the database was away, a start got no answer or a 503, never a 500.
     assert set(feeder.refused) <= {"no answer", 503}, feeder.refused
+
+
+# -- two replicas, one of them killed and restarted -------------------------------------
+
+REPLICA_SEED = int(os.environ.get("CLOACINA_CHAOS_REPLICA_SEED", "20261201"))
+REPLICA_EXECUTIONS = 40  # × 10 independent tasks
+REPLICA_FEED_S = 6.0
+REPLICA_DOWN_S = 5.0
+REPLICA_ENV = {  # the liveness of the reproduction in issue 12: 1 s × 3
+    **FLEET_ENV,
+    "CLOACINA_AGENT_HEARTBEAT_INTERVAL_S": "1.0",
+    "CLOACINA_AGENT_LIVENESS_MISSES": "3",
+}
+
+
+def test_two_replicas_one_killed_mid_run_and_restarted_lose_nothing(chaos_db, tmp_path, capsys):
+    """Two `serve` replicas on one PostgreSQL, two agents on each, executions started
+    through both; one replica is kill -9'd mid-run and started again after more than the
+    liveness window.  Its agents' registrations are evicted by the other replica (their
+    packets reclaimed onto survivors — or, later, onto the same processes' new
+    registrations), they re-register when it is back, and report outcomes owed under
+    their old ids.  Every execution must finish, no task complete twice, no packet stay
+    open."""
+    pg, url = chaos_db
+    ledger = tmp_path / "ledger.jsonl"
+    rng = random.Random(REPLICA_SEED)
+    kill_at = rng.uniform(2.0, 4.0)
+    ports = [free_port(), free_port()]
+    with Processes(tmp_path, DATABASE_URL=url, **REPLICA_ENV) as procs:
+        replicas = [
+            fleet_serve(procs, port=port, name=f"serve-{n}", **REPLICA_ENV)
+            for n, port in zip("ab", ports, strict=True)
+        ]
+        assert procs.manage("createtenant", "acme").returncode == 0
+        write = procs.manage("mintkey", "--tenant", "acme", "--role", "write").stdout.strip()
+        agent_key = procs.manage("mintkey", "--tenant", "acme", "--role", "agent").stdout.strip()
+        upload(replicas[0], write, package(WIDE))
+        agents = [
+            run_agent(procs, replica, agent_key, f"{n}{i}", slots=SLOTS)
+            for n, replica in zip("ab", replicas, strict=True)
+            for i in range(2)
+        ]
+        feeder = Feeder(
+            [r.url for r in replicas], write, [WIDE] * REPLICA_EXECUTIONS, REPLICA_FEED_S,
+            ledger, TASK_SLEEP_S,
+        )  # fmt: skip
+        started = time.monotonic()
+        feeder.start()
+        time.sleep(kill_at)
+        victim = rng.randrange(2)
+        replicas[victim].process.kill_group()
+        replicas[victim].process.popen.wait(10)
+        time.sleep(REPLICA_DOWN_S)
+        replicas[victim] = fleet_serve(
+            procs, port=ports[victim], name=f"serve-{'ab'[victim]}-2", **REPLICA_ENV
+        )
+        feeder.join(REPLICA_FEED_S + 60)
+        assert not feeder.is_alive(), "the feeder never got all executions in"
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            open_ = query(
+                url,
+                "SELECT count(*) FROM fleet_workflowexecution "
+                "WHERE status NOT IN ('Completed', 'Failed', 'Cancelled')",
+            )[0][0]
+            if open_ == 0:
+                break
+            time.sleep(0.5)
+        elapsed = time.monotonic() - started
+        figures = check_invariants(url, ledger, killed=None)
+        for agent in agents:
+            agent.signal(signal.SIGTERM)
+
+    v = {
+        "seed": REPLICA_SEED,
+        "replica kill -9'd at (s) / down for (s)": f"{'ab'[victim]} {kill_at:.1f} / {REPLICA_DOWN_S:g}",
+        "run time (s)": round(elapsed, 1),
+        **figures.values,
+    }
+    with capsys.disabled():
+        print("\ntwo-replica chaos figures:\n" + Figures(values=v).table())
+        for row in figures.evictions:
+            print("  ", row)
+    assert open_ == 0, f"{open_} executions still open after {SETTLE_TIMEOUT_S}s"
+    assert not figures.violations, "\n".join(figures.violations)
+    assert v["executions by status"] == {"Completed": REPLICA_EXECUTIONS}
+    assert v["tasks"] == REPLICA_EXECUTIONS * 10
