@@ -210,8 +210,10 @@ def deregister_agent(request: HttpRequest, agent_id: uuid.UUID):
 
 # -- routing: drain on request, large contexts by reference (docs/routing.md) -----------
 
-# The agent's own tenant's write key, or a platform admin's.
-drain_auth = KeyAuth(Role.WRITE, Role.ADMIN)
+# The agent's own tenant's write key only. The platform-wide admin key may change a
+# tenant's fleet numbers (PUT /admin/tenants/{tenant}/fleet, audited, and the control plane
+# then drains agents itself) but not reach into a fleet agent by agent (docs/threat-model.md).
+drain_auth = KeyAuth(Role.WRITE)
 
 
 class DrainIn(Schema):
@@ -239,10 +241,7 @@ class DrainOut(Schema):
     summary="Drain an agent: no new work, in-flight work finishes, then it exits",
 )
 def drain_agent(request: HttpRequest, agent_id: uuid.UUID, body: DrainIn | None = None):
-    agents = Agent.objects.filter(pk=agent_id)
-    if request.tenant is not None:  # an admin key may drain any tenant's agent
-        agents = agents.filter(tenant=request.tenant)
-    if not agents.exists():
+    if not Agent.objects.filter(pk=agent_id, tenant=request.tenant).exists():
         return Status(404, {"detail": UNKNOWN_AGENT})
     timeout_s = (body.timeout_s if body else None) or get_config().agent_drain_timeout_s
     try:

@@ -65,6 +65,10 @@ class ManifestError(ValueError):
     """cloacina.toml is missing, unparsable or breaks the schema."""
 
 
+class ManifestLimitError(ManifestError):
+    """cloacina.toml declares more than the server accepts (a configured bound)."""
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -300,10 +304,11 @@ def find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
     return None
 
 
-def parse_manifest(text: bytes | str) -> dict:
+def parse_manifest(text: bytes | str, max_tasks: int | None = None) -> dict:
     """Validate cloacina.toml and return it normalised, every task field filled with its default.
 
     Shape: ``{"package": {name, version, kind}, "workflow": {name}, "tasks": [...]}``.
+    More than ``max_tasks`` tasks (if given) raises :class:`ManifestLimitError`.
     """
     if isinstance(text, bytes):
         try:
@@ -320,6 +325,10 @@ def parse_manifest(text: bytes | str) -> dict:
     raw_tasks = data.get("tasks")
     if not isinstance(raw_tasks, list) or not raw_tasks:
         raise ManifestError("the workflow needs at least one [[tasks]] entry")
+    if max_tasks is not None and len(raw_tasks) > max_tasks:
+        raise ManifestLimitError(
+            f"the workflow has {len(raw_tasks)} tasks; the limit is {max_tasks}"
+        )
     tasks = [_parse_task(task, i) for i, task in enumerate(raw_tasks)]
     _check_graph(tasks)
     return {"package": package, "workflow": workflow, "tasks": tasks}

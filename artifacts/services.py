@@ -18,8 +18,14 @@ from agents.runtime.triples import TripleError, host_triple, parse_triple
 from artifacts.build import canonical_archive, sha256_hex
 from artifacts.models import PackageArtifact, PackageKind, WorkflowPackage
 from artifacts.queries import active_package, find_package
+from artifacts.quota import QuotaExceeded, reserve_storage
 from artifacts.storage import load_blob, store_blob
-from artifacts.validation import PackageError, ValidatedPackage, validate_package
+from artifacts.validation import (
+    PackageError,
+    PackageLimitError,
+    ValidatedPackage,
+    validate_package,
+)
 from cloacina_site.config import get_config
 
 if TYPE_CHECKING:
@@ -53,12 +59,35 @@ def _check_size(data: bytes) -> None:
         )
 
 
+def _check_built_size(built: bytes, what: str) -> None:
+    """The stored archive is bounded like the upload: links become copies and a zip may
+    compress better than the canonical tar.gz, so a small upload can rebuild much larger."""
+    limit = get_config().max_package_bytes
+    if len(built) > limit:
+        raise UploadRejected(
+            413,
+            f"{what} rebuilds to a {len(built)}-byte archive (links stored as copies); the "
+            f"limit is {limit} (CLOACINA_MAX_PACKAGE_BYTES)",
+        )
+
+
+def _store(tenant: Tenant, built: bytes) -> None:
+    """Store ``built`` within the tenant's quota (inside the publishing transaction)."""
+    try:
+        reserve_storage(tenant, len(built))
+    except QuotaExceeded as exc:
+        raise UploadRejected(413, exc.detail) from None
+    store_blob(built)
+
+
 def _validate(data: bytes) -> ValidatedPackage:
     _check_size(data)
     try:
         return validate_package(data)
     except ArchiveError as exc:
         raise UploadRejected(400, f"bad archive: {exc}") from None
+    except PackageLimitError as exc:
+        raise UploadRejected(413, f"package too large to validate: {exc}") from None
     except PackageError as exc:
         raise UploadRejected(422, f"invalid package: {exc}") from None
 
@@ -81,6 +110,7 @@ def publish_package(tenant: Tenant, data: bytes) -> tuple[WorkflowPackage, bool]
     """
     package = _validate(data)
     built = canonical_archive(package.members)
+    _check_built_size(built, f"package {package.name} {package.version}")
     digest = sha256_hex(built)
     version = Version(package.version)
     with transaction.atomic():
@@ -95,7 +125,7 @@ def publish_package(tenant: Tenant, data: bytes) -> tuple[WorkflowPackage, bool]
                 f"package {package.name} version {same.version} already exists with different "
                 "content; publish it under a new version",
             )
-        store_blob(built)
+        _store(tenant, built)
         created = WorkflowPackage.objects.create(
             tenant=tenant,
             name=package.name,
@@ -163,6 +193,7 @@ def publish_target_artifact(
             f"{package.name} {package.version}; a per-target build must declare the same DAG",
         )
     built = canonical_archive(upload.members)
+    _check_built_size(built, f"the {target_triple} build of {package.name} {package.version}")
     content_hash = sha256_hex(built)
     with transaction.atomic():
         _lock_package_name(tenant.pk, package.name)
@@ -180,7 +211,7 @@ def publish_target_artifact(
                 f"{package.name} {package.version} already has a different build for "
                 f"{target_triple}",
             )
-        store_blob(built)
+        _store(tenant, built)
         artifact = PackageArtifact.objects.create(
             tenant=tenant,
             package=package,

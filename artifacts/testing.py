@@ -110,3 +110,10 @@ def package_files(
         "workflow/demo/__init__.py": "",
         "workflow/demo/steps.py": source,
     }
+
+
+def parse_bomb(source_bytes: int = 4 * 1024 * 1024) -> bytes:
+    """A package whose task module is padded with ``x = 1`` to ``source_bytes`` of source: a
+    few KB of gzip, and ~400 bytes of memory per source byte to ``ast.parse``."""
+    source = "def a(context):\n    return None\n\n\ndef b(context):\n    return None\n\n\n"
+    return build_archive(package_files(source=source + "x = 1\n" * (source_bytes // 6)))

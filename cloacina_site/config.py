@@ -137,6 +137,44 @@ SETTINGS: tuple[Setting, ...] = (
         50 * 1024 * 1024,
         1,
     ),
+    # What validating an upload may read and spend (artifacts/validation.py): tenant input
+    # is parsed (TOML, Python's ast), and a few KB of gzip can hold megabytes of source.
+    Setting(
+        "max_manifest_bytes",
+        "CLOACINA_MAX_MANIFEST_BYTES",
+        "max_manifest_bytes",
+        int,
+        1024 * 1024,
+        1,
+    ),
+    Setting(
+        "max_module_source_bytes",
+        "CLOACINA_MAX_MODULE_SOURCE_BYTES",
+        "max_module_source_bytes",
+        int,
+        1024 * 1024,
+        1,
+    ),
+    Setting("max_tasks", "CLOACINA_MAX_TASKS", "max_tasks", int, 5000, 1),
+    # Address space of the child process that parses a package's task modules; below 64 MiB
+    # the interpreter itself may not start.
+    Setting(
+        "validation_memory_bytes",
+        "CLOACINA_VALIDATION_MEMORY_BYTES",
+        "validation_memory_bytes",
+        int,
+        256 * 1024 * 1024,
+        64 * 1024 * 1024,
+    ),
+    # Bytes of packages and per-target builds a tenant may store (0 = unlimited); a tenant's
+    # own storage_quota_bytes, when set, wins.
+    Setting(
+        "tenant_storage_bytes",
+        "CLOACINA_TENANT_STORAGE_BYTES",
+        "tenant_storage_bytes",
+        int,
+        1024 * 1024 * 1024,
+    ),
     Setting(
         "max_context_bytes",
         "CLOACINA_MAX_CONTEXT_BYTES",
@@ -184,6 +222,11 @@ class Config:
     outbox_max_pushes: int = 5
     outbox_retention_s: float = 3600.0
     max_package_bytes: int = 50 * 1024 * 1024
+    max_manifest_bytes: int = 1024 * 1024
+    max_module_source_bytes: int = 1024 * 1024
+    max_tasks: int = 5000
+    validation_memory_bytes: int = 256 * 1024 * 1024
+    tenant_storage_bytes: int = 1024 * 1024 * 1024
     max_context_bytes: int = 16 * 1024 * 1024
     max_backlog: int = 0
     agent_drain_timeout_s: float = 300.0

@@ -15,6 +15,7 @@ from django.contrib import admin, messages
 from django.db import transaction
 from django.http import HttpRequest
 
+from artifacts import quota
 from fleet.control import limits
 from fleet.management.commands.createtenant import TENANT_NAME, create_tenant
 from fleet.models import (
@@ -54,7 +55,14 @@ class _DryRun(Exception):
 class TenantAdminForm(forms.ModelForm):
     class Meta:
         model = Tenant
-        fields = ["name", "is_active", "max_agents_override", "desired_count", "max_backlog"]
+        fields = [
+            "name",
+            "is_active",
+            "max_agents_override",
+            "desired_count",
+            "max_backlog",
+            "storage_quota_bytes",
+        ]
 
     def clean_name(self) -> str:
         name = self.cleaned_data["name"]
@@ -106,8 +114,15 @@ class TenantAdmin(admin.ModelAdmin):
     list_editable = ["max_agents_override", "desired_count"]
     list_filter = ["is_active"]
     search_fields = ["name"]
-    readonly_fields = ["created_at", "last_autoscaled_at"]
+    readonly_fields = ["created_at", "last_autoscaled_at", "storage_display"]
     inlines = [MembershipInline]
+
+    @admin.display(description="storage used / quota")
+    def storage_display(self, obj: Tenant) -> str:
+        if obj.pk is None:
+            return "-"
+        limit, source = quota.storage_quota(obj)
+        return f"{quota.storage_used(obj)} / {limit or 'unlimited'} bytes ({source})"
 
     def get_changelist_form(self, request: HttpRequest, **kwargs):
         # Inline edits in the list go through the same control-plane validation and save.
@@ -131,7 +146,9 @@ class TenantAdmin(admin.ModelAdmin):
         if not change:
             tenant, _ = create_tenant(obj.name, obj.max_agents_override)
             Tenant.objects.filter(pk=tenant.pk).update(
-                is_active=obj.is_active, max_backlog=obj.max_backlog
+                is_active=obj.is_active,
+                max_backlog=obj.max_backlog,
+                storage_quota_bytes=obj.storage_quota_bytes,
             )
             obj.pk = tenant.pk
             obj.refresh_from_db()

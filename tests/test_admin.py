@@ -110,6 +110,9 @@ def _tenant_form(tenant: Tenant, **changes) -> dict:
         else tenant.max_agents_override,
         "desired_count": tenant.desired_count,
         "max_backlog": tenant.max_backlog,
+        "storage_quota_bytes": ""
+        if tenant.storage_quota_bytes is None
+        else tenant.storage_quota_bytes,
         "memberships-TOTAL_FORMS": "0",
         "memberships-INITIAL_FORMS": "0",
         "memberships-MIN_NUM_FORMS": "0",
@@ -154,6 +157,24 @@ def test_saving_a_tenant_without_fleet_changes_writes_no_audit(admin_client, ten
     tenant.refresh_from_db()
     assert tenant.max_backlog == 100
     assert not FleetChange.objects.filter(tenant=tenant).exists()
+
+
+def test_the_storage_quota_override_is_edited_in_the_admin(admin_client, tenant):
+    url = f"/admin/fleet/tenant/{tenant.pk}/change/"
+    page = admin_client.get(url).content.decode()
+    assert 'name="storage_quota_bytes"' in page
+    assert "0 / 1073741824 bytes (CLOACINA_TENANT_STORAGE_BYTES)" in page
+    response = admin_client.post(url, _tenant_form(tenant, storage_quota_bytes="5000000"))
+    assert response.status_code == 302, response.content.decode()[:3000]
+    tenant.refresh_from_db()
+    assert tenant.storage_quota_bytes == 5_000_000
+    assert not FleetChange.objects.filter(tenant=tenant).exists()
+    page = admin_client.get(url).content.decode()
+    assert "0 / 5000000 bytes (tenant acme&#x27;s storage_quota_bytes)" in page
+    # Emptied: back to the platform default.
+    assert admin_client.post(url, _tenant_form(tenant, storage_quota_bytes="")).status_code == 302
+    tenant.refresh_from_db()
+    assert tenant.storage_quota_bytes is None
 
 
 def test_inline_list_edits_use_the_control_plane_too(admin_client, tenant):

@@ -11,12 +11,22 @@ from __future__ import annotations
 
 import io
 import tarfile
+import threading
+import time
 import zipfile
 
+import psutil
 import pytest
 
-from artifacts.testing import build_archive, example_archive, manifest_toml, package_files
-from tests.hostile_support import served_fixture  # noqa: F401
+from artifacts.testing import (
+    build_archive,
+    example_archive,
+    manifest_toml,
+    package_files,
+    parse_bomb,
+)
+from tests.e2e_support import Processes
+from tests.hostile_support import Served, make_keys, served_fixture  # noqa: F401
 from tests.test_packages_api import BAD_UPLOADS
 
 pytestmark = pytest.mark.e2e
@@ -119,3 +129,77 @@ def test_hostile_packages_are_refused_and_the_server_keeps_serving(served):
     # …and a good package still goes in.
     response = served.post("/packages", files={"file": ("ok.tar.gz", example_archive())})
     assert response.status_code == 201, response.text
+
+
+PARSE_BOMB_GROWTH_MAX_MB = 100  # the bomb cost the server 1.6 GB before
+
+
+class _PeakRss:
+    """Samples the RSS of the `serve` process itself every 10 ms while in the block (the
+    parsing child is another process, capped by its own address-space limit)."""
+
+    def __init__(self, pid: int) -> None:
+        self.process = psutil.Process(pid)
+        self.baseline = self.peak = self._mb()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _mb(self) -> float:
+        return self.process.memory_info().rss / 1024 / 1024
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.01):
+            self.peak = max(self.peak, self._mb())
+
+    def __enter__(self) -> _PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._mb())
+
+
+def _parse_bomb_against(served: Served, problem: str) -> tuple[float, float]:
+    """Upload the parse bomb; returns (seconds to the answer, MB the server's peak RSS grew)."""
+    data = parse_bomb()  # 4 MB of source in ~6 KB
+    with _PeakRss(served.server.process.pid) as rss:
+        start = time.monotonic()
+        response = served.post("/packages", files={"file": ("bomb.tar.gz", data)})
+        elapsed = time.monotonic() - start
+    assert response.status_code == 413, response.text[:500]
+    assert problem in response.json()["detail"], response.json()
+    _nothing_stored()
+    served.assert_still_serving()
+    return elapsed, rss.peak - rss.baseline
+
+
+def test_a_parse_bomb_is_refused_quickly_and_the_server_barely_grows(served):
+    """Default limits: refused by CLOACINA_MAX_MODULE_SOURCE_BYTES before any parse. RSS is
+    the real `serve` process's: its peak during the request over its value before."""
+    elapsed, grown = _parse_bomb_against(
+        served, "at most 1048576 (CLOACINA_MAX_MODULE_SOURCE_BYTES)"
+    )
+    print(f"\nparse bomb, default limits: 413 in {elapsed:.2f} s, serve peak RSS {grown:+.1f} MB")
+    assert elapsed < 5 and grown < PARSE_BOMB_GROWTH_MAX_MB
+
+
+def test_a_parse_bomb_past_the_source_limit_runs_out_of_the_childs_memory(
+    transactional_db, tmp_path
+):
+    """CLOACINA_MAX_MODULE_SOURCE_BYTES raised to 8 MB, so the bomb is parsed: in the child
+    capped at CLOACINA_VALIDATION_MEMORY_BYTES (256 MiB), never in `serve`. RSS is the real
+    `serve` process's: its peak during the request over its value before."""
+    keys = make_keys()
+    with Processes(tmp_path) as procs:
+        server = procs.serve(env=procs.env(CLOACINA_MAX_MODULE_SOURCE_BYTES=str(8 * 1024 * 1024)))
+        elapsed, grown = _parse_bomb_against(
+            Served(procs, server, keys),
+            "parsing it needs more than 268435456 bytes of memory "
+            "(CLOACINA_VALIDATION_MEMORY_BYTES)",
+        )
+    print(
+        f"\nparse bomb, parsed in the child: 413 in {elapsed:.2f} s, serve peak RSS {grown:+.1f} MB"
+    )
+    assert elapsed < 30 and grown < PARSE_BOMB_GROWTH_MAX_MB

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import random
+import re
 import tarfile
 import zipfile
 
@@ -16,7 +18,13 @@ from agents.runtime.triples import host_triple
 from artifacts.models import ArtifactBlob, PackageArtifact, WorkflowPackage
 from artifacts.queries import active_package
 from artifacts.storage import load_blob
-from artifacts.testing import build_archive, example_archive, manifest_toml, package_files
+from artifacts.testing import (
+    build_archive,
+    example_archive,
+    manifest_toml,
+    package_files,
+    parse_bomb,
+)
 from tests.conftest import bearer
 
 pytestmark = pytest.mark.django_db
@@ -242,6 +250,12 @@ BAD_UPLOADS = {
         422,
         "tasks[0] (id 'a'): retries must be an integer >= 0, got -2",
     ),
+    # 4 MB of source in ~6 KB: refused before ast.parse (it cost the server 1.6 GB).
+    "parse-bomb": (
+        parse_bomb,
+        413,
+        "a task module may have at most 1048576 (CLOACINA_MAX_MODULE_SOURCE_BYTES)",
+    ),
 }
 
 
@@ -271,6 +285,116 @@ def test_an_oversized_upload_is_refused(client, write_key, settings, monkeypatch
     assert response.status_code == 413
     assert "limit is 100" in response.json()["detail"]
     assert_nothing_stored()
+
+
+def set_config(monkeypatch, **values) -> None:
+    from dataclasses import replace
+
+    from cloacina_site import config
+
+    monkeypatch.setattr(config, "_config", replace(config.get_config(), **values))
+
+
+def hardlink_farm(copies: int, size: int = 64 * 1024) -> bytes:
+    """A valid package plus ``size`` random bytes and ``copies`` hard links to them: the
+    upload carries the bytes once, the canonical archive stores every link as a copy."""
+    blob = random.Random(13).randbytes(size)
+    links = [(f"vendor/copy{i}.bin", b"", "hard:vendor/blob.bin") for i in range(copies)]
+    return with_valid(("vendor/blob.bin", blob, ""), *links)
+
+
+def test_an_archive_that_rebuilds_past_the_package_limit_is_refused(client, write_key, monkeypatch):
+    data = hardlink_farm(40)  # ~65 KB uploaded, ~2.6 MB rebuilt
+    set_config(monkeypatch, max_package_bytes=1024 * 1024)
+    assert len(data) < 100 * 1024
+    response = upload(client, write_key, data)
+    assert response.status_code == 413, response.content
+    assert re.fullmatch(
+        r"package demo 1\.0\.0 rebuilds to a 26\d{5}-byte archive \(links stored as copies\); "
+        r"the limit is 1048576 \(CLOACINA_MAX_PACKAGE_BYTES\)",
+        response.json()["detail"],
+    ), response.json()
+    assert_nothing_stored()
+
+
+def test_a_per_target_build_that_rebuilds_past_the_package_limit_is_refused(
+    client, write_key, monkeypatch
+):
+    assert upload(client, write_key, native()).status_code == 201
+    farm = package_files(kind="native")
+    farm["workflow/demo/native.txt"] = ""
+    blob = random.Random(9).randbytes(64 * 1024)
+    links = [(f"vendor/copy{i}.bin", b"", "hard:vendor/blob.bin") for i in range(40)]
+    data = bad_tar(
+        *[(k, v.encode(), "") for k, v in farm.items()], ("vendor/blob.bin", blob, ""), *links
+    )
+    set_config(monkeypatch, max_package_bytes=1024 * 1024)
+    response = upload_target(client, write_key, data)
+    assert response.status_code == 413, response.content
+    assert f"the {ARM} build of demo 1.0.0 rebuilds to a" in response.json()["detail"]
+    assert "CLOACINA_MAX_PACKAGE_BYTES" in response.json()["detail"]
+    assert PackageArtifact.objects.count() == 0
+
+
+# --- storage quota --------------------------------------------------------------------
+
+
+def stored_bytes(tenant) -> int:
+    rows = [*WorkflowPackage.objects.filter(tenant=tenant)]
+    rows += [*PackageArtifact.objects.filter(tenant=tenant)]
+    return sum(row.size for row in rows)
+
+
+def test_uploads_past_the_platform_storage_quota_are_refused(
+    client, write_key, tenant, monkeypatch
+):
+    first = native("1.0.0")
+    assert upload(client, write_key, first).status_code == 201
+    used = stored_bytes(tenant)
+    set_config(monkeypatch, tenant_storage_bytes=used + 100)
+    # The same content again stores nothing: still fine.
+    assert upload(client, write_key, first).status_code == 200
+    blobs = ArtifactBlob.objects.count()
+    response = upload(client, write_key, native("2.0.0"))
+    assert response.status_code == 413, response.content
+    detail = response.json()["detail"]
+    assert re.fullmatch(
+        rf"storage quota exceeded: tenant acme stores {used} bytes of packages and builds, this "
+        rf"upload adds \d+, the quota is {used + 100} bytes \(CLOACINA_TENANT_STORAGE_BYTES\)",
+        detail,
+    ), detail
+    # Per-target builds count too.
+    target = upload_target(client, write_key, native("1.0.0", marker="arm"))
+    assert target.status_code == 413 and "storage quota exceeded" in target.json()["detail"]
+    assert WorkflowPackage.objects.count() == 1 and PackageArtifact.objects.count() == 0
+    assert ArtifactBlob.objects.count() == blobs
+    # 0 means unlimited.
+    set_config(monkeypatch, tenant_storage_bytes=0)
+    assert upload(client, write_key, native("2.0.0")).status_code == 201
+
+
+def test_a_tenants_own_quota_wins_and_other_tenants_do_not_count(
+    client, write_key, other_write_key, tenant, other_tenant, monkeypatch
+):
+    set_config(monkeypatch, tenant_storage_bytes=1)  # the platform default would refuse all
+    tenant.storage_quota_bytes = 10 * 1024 * 1024
+    tenant.save(update_fields=["storage_quota_bytes"])
+    assert upload(client, write_key, native("1.0.0")).status_code == 201
+    refused = upload(client, other_write_key, native("1.0.0"))
+    assert refused.status_code == 413
+    assert "tenant globex stores 0 bytes" in refused.json()["detail"]
+    assert "the quota is 1 bytes (CLOACINA_TENANT_STORAGE_BYTES)" in refused.json()["detail"]
+    tenant.storage_quota_bytes = stored_bytes(tenant) + 10
+    tenant.save(update_fields=["storage_quota_bytes"])
+    response = upload(client, write_key, native("2.0.0"))
+    assert response.status_code == 413
+    assert (
+        f"the quota is {stored_bytes(tenant) + 10} bytes (tenant acme's storage_quota_bytes)"
+        in (response.json()["detail"])
+    )
+    tenant.storage_quota_bytes = 0  # unlimited, whatever the platform says
+    tenant.save(update_fields=["storage_quota_bytes"])
+    assert upload(client, write_key, native("2.0.0")).status_code == 201
 
 
 def test_a_missing_file_field_is_a_422(client, write_key):

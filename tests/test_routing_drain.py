@@ -67,9 +67,16 @@ def test_a_second_drain_keeps_the_earlier_deadline(tenant, write_key):
     assert again.status_code == 200 and again.json()["drain_deadline"] == first
 
 
-def test_an_admin_key_drains_any_tenants_agent(tenant, admin_key):
+def test_an_admin_key_may_not_drain_an_agent(tenant, admin_key):
+    """The admin key is platform-wide and may change a tenant's fleet numbers only
+    (docs/threat-model.md): draining one agent of a tenant is its write key's call."""
     w1 = agent(tenant, "w1")
-    assert drain(admin_key, w1.pk).status_code == 200
+    response = drain(admin_key, w1.pk, {"timeout_s": 5})
+    assert (response.status_code, response.json()) == (
+        403, {"detail": "a admin key may not call this endpoint (needs write)"},
+    )  # fmt: skip
+    w1.refresh_from_db()
+    assert (w1.state, w1.drain_requested_at, w1.drain_deadline) == ("live", None, None)
 
 
 def test_refusals(tenant, other_tenant, read_key, agent_key, other_write_key, write_key):

@@ -23,6 +23,14 @@ class Tenant(models.Model):
     last_autoscaled_at = models.DateTimeField(null=True, blank=True)
     # Overflow protection: 0 means unlimited Ready/NotStarted backlog.
     max_backlog = models.PositiveIntegerField(default=0)
+    # Bytes of packages and per-target builds it may store: null = the platform's
+    # CLOACINA_TENANT_STORAGE_BYTES, 0 = unlimited (artifacts/quota.py).
+    storage_quota_bytes = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text="bytes of packages and per-target builds this tenant may store; empty: the "
+        "platform default (CLOACINA_TENANT_STORAGE_BYTES), 0: unlimited",
+    )
 
     class Meta:
         ordering = ["name"]
