@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('fleet', '0006_routing'),
+        ('fleet', '0007_outbox_redeliveries'),
     ]
 
     operations = [
