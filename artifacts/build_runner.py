@@ -70,6 +70,7 @@ class BuildRunner:
         try:
             run_build(job, self._stop)
         finally:
+            connection.close()  # back to the pool until this thread's next build
             with self._lock:
                 self._busy -= 1
 
@@ -106,16 +107,16 @@ def run_build(job: BuildJob, stop: threading.Event | None = None) -> None:
         artifact, created = publish_target_artifact(
             job.tenant, build.package.name, build.package.version, job.target_triple, built
         )
-        build_jobs.succeed_build(job, artifact.content_hash, created, meter.peak_bytes)
+        build_jobs.succeed_build(job, artifact.content_hash, created, meter.bytes)
         log.info("build %s succeeded: %s", job.pk, artifact.content_hash)
     except wheels.BuildInterrupted as exc:
         build_jobs.requeue_build(job, str(exc))
     except UploadRejected as exc:
-        build_jobs.fail_build(job, exc.status, exc.detail, meter.peak_bytes)
+        build_jobs.fail_build(job, exc.status, exc.detail, meter.bytes)
         log.info("build %s failed (%d): %s", job.pk, exc.status, exc.detail)
     except Exception as exc:
         log.exception("build %s crashed", job.pk)
         detail = f"the build failed unexpectedly ({type(exc).__name__}); see the server log"
-        build_jobs.fail_build(job, 500, detail, meter.peak_bytes)
+        build_jobs.fail_build(job, 500, detail, meter.bytes)
     finally:
         close_old_connections()

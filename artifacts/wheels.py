@@ -212,9 +212,10 @@ def _pip_failure(stderr: str, target_triple: str, tags: list[str]) -> UploadReje
 
 @dataclass
 class DownloadMeter:
-    """What one build's pip has written so far (its download and temporary directories)."""
+    """What one build's pip downloaded: the wheels' bytes once it is done; if it was killed,
+    the most seen on disk (finished wheels and downloads in progress)."""
 
-    peak_bytes: int = 0
+    bytes: int = 0
 
 
 class BuildInterrupted(Exception):
@@ -258,17 +259,19 @@ def _over_cap(size: int, limit: int, target_triple: str) -> UploadRejected:
 
 def _run_pip(
     command: list[str],
-    workdir: Path,
+    dest: Path,
     target_triple: str,
     max_bytes: int,
     meter: DownloadMeter,
     stop: threading.Event | None,
 ) -> str:
-    """Run pip, watching the bytes under ``workdir`` (where its TMPDIR points, so downloads
-    in progress count too): past ``max_bytes``, past the timeout or on ``stop`` it is
-    killed. Returns the tail of its stderr; raises :class:`UploadRejected` on a kill."""
-    env = {**os.environ, "TMPDIR": str(workdir / "tmp")}
-    (workdir / "tmp").mkdir(exist_ok=True)
+    """Run pip, watching the bytes in ``dest`` and in its TMPDIR (where pip streams a
+    download before moving it to ``dest``): past ``max_bytes``, past the timeout or on
+    ``stop`` it is killed. Returns the tail of its stderr; raises on a kill."""
+    workdir = dest.parent
+    tmp = workdir / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(tmp)}
     deadline = time.monotonic() + PIP_TIMEOUT_S
     # stderr to a file: a full pipe would block pip while we only watch the disk.
     with tempfile.TemporaryFile(dir=workdir) as stderr:
@@ -288,9 +291,9 @@ def _run_pip(
                     break
                 except subprocess.TimeoutExpired:
                     pass
-                meter.peak_bytes = max(meter.peak_bytes, _tree_bytes(workdir))
-                if meter.peak_bytes > max_bytes:
-                    raise _over_cap(meter.peak_bytes, max_bytes, target_triple)
+                meter.bytes = max(meter.bytes, _tree_bytes(dest) + _tree_bytes(tmp))
+                if meter.bytes > max_bytes:
+                    raise _over_cap(meter.bytes, max_bytes, target_triple)
                 if time.monotonic() > deadline:
                     raise UploadRejected(
                         504,
@@ -353,13 +356,12 @@ def download_wheels(
         "-r",
         str(requirements_path),
     ]
-    _run_pip(command, dest.parent, target_triple, limit, meter, stop)
+    _run_pip(command, dest, target_triple, limit, meter, stop)
     # A local or fast download can finish between two looks: count what it left.
     wheels = sorted(dest.glob("*.whl"))
-    downloaded = sum(path.stat().st_size for path in wheels)
-    meter.peak_bytes = max(meter.peak_bytes, downloaded)
-    if downloaded > limit:
-        raise _over_cap(downloaded, limit, target_triple)
+    meter.bytes = sum(path.stat().st_size for path in wheels)
+    if meter.bytes > limit:
+        raise _over_cap(meter.bytes, limit, target_triple)
     return wheels
 
 
