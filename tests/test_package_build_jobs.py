@@ -56,9 +56,17 @@ CHUNK_PAUSE_S = 0.01  # ~6 MB/s: the whole wheel would take ~10 s
 
 
 class SlowIndex(ThreadingHTTPServer):
+    """Serves ``bigext`` 1.0: ``payload`` (default: 64 MiB of zeros, not a valid wheel)
+    in chunks with a pause after each; counts what it sent over all downloads."""
+
     daemon_threads = True
     sent = 0
     aborted = False
+    payload: bytes | None = None
+    pause_s = CHUNK_PAUSE_S
+
+    def size(self) -> int:
+        return BIG_WHEEL_BYTES if self.payload is None else len(self.payload)
 
 
 class _SlowIndexHandler(BaseHTTPRequestHandler):
@@ -74,7 +82,7 @@ class _SlowIndexHandler(BaseHTTPRequestHandler):
         elif self.path == f"/files/{BIG_WHEEL}":
             self.send_response(200)
             self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(BIG_WHEEL_BYTES))
+            self.send_header("Content-Length", str(self.server.size()))
             self.end_headers()
             self._stream()
         else:
@@ -88,25 +96,40 @@ class _SlowIndexHandler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _stream(self) -> None:
-        chunk = b"\0" * CHUNK
+        server = self.server
+        data = server.payload
+        size = server.size()
         try:
-            while self.server.sent < BIG_WHEEL_BYTES:
-                self.wfile.write(chunk)
-                self.server.sent += CHUNK
-                time.sleep(CHUNK_PAUSE_S)
+            for offset in range(0, size, CHUNK):
+                chunk = b"\0" * CHUNK if data is None else data[offset : offset + CHUNK]
+                self.wfile.write(chunk[: size - offset])
+                server.sent += len(chunk)
+                time.sleep(server.pause_s)
         except (BrokenPipeError, ConnectionResetError):
-            self.server.aborted = True
+            server.aborted = True
+
+
+def start_slow_index() -> SlowIndex:
+    server = SlowIndex(("127.0.0.1", 0), _SlowIndexHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def slow_index_env(server: SlowIndex) -> dict[str, str]:
+    """pip's environment for ``server`` as the only index (no operator config)."""
+    return {
+        "PIP_CONFIG_FILE": "/dev/null",
+        "PIP_INDEX_URL": f"http://127.0.0.1:{server.server_address[1]}/simple/",
+    }
 
 
 @pytest.fixture
 def slow_index(monkeypatch):
-    server = SlowIndex(("127.0.0.1", 0), _SlowIndexHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    server = start_slow_index()
     monkeypatch.delenv("PIP_NO_INDEX", raising=False)
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
-    monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{server.server_address[1]}/simple/")
+    for name, value in slow_index_env(server).items():
+        monkeypatch.setenv(name, value)
     yield server
     server.shutdown()
     server.server_close()
