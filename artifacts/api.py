@@ -220,6 +220,7 @@ def build_target_artifact(request: HttpRequest, name: str, version: str, body: T
     tenant at a time: the same build again joins the queued or running one (202, same
     ``id``), another build is a 409 until it finishes."""
     try:
+        build_jobs.refuse_if_busy(request.tenant, name, version, body.target_triple)
         build = wheels.prepare_build(request.tenant, name, version, body.target_triple)
         job, _ = build_jobs.enqueue_build(request.tenant, build.package, body.target_triple)
     except services.UploadRejected as exc:

@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from artifacts import wheels
 from artifacts.models import ACTIVE_BUILD_STATES, BuildJob, BuildState, WorkflowPackage
+from artifacts.queries import find_package
 from artifacts.services import UploadRejected
 from fleet.engine import server_registry
 from fleet.models import ServerInstance
@@ -74,6 +75,17 @@ def _busy(job: BuildJob) -> UploadRejected:
         f"{job.target_triple} ({status_url(job)}); one build per tenant at a time — "
         "wait for it to finish, then ask again",
     )
+
+
+def refuse_if_busy(tenant: Tenant, name: str, version: str, target_triple: str) -> None:
+    """409 at once when the tenant has another build queued or running (before the request
+    reads the package's archive; :func:`enqueue_build` decides again under the index)."""
+    active = _active_job(tenant)
+    if active is None:
+        return
+    package = find_package(tenant, name, version)
+    if package is not None and not _same_build(active, package, target_triple):
+        raise _busy(active)
 
 
 def enqueue_build(

@@ -174,7 +174,7 @@ def test_serves_threads_run_the_build_holding_no_connection_while_pip_runs(
 
 
 def test_a_tenant_has_one_build_at_a_time_others_are_not_blocked(
-    client, write_key, other_write_key, local_index
+    client, write_key, other_write_key, local_index, monkeypatch
 ):
     upload(client, write_key, native_with_requirements("fakeext==1.0\n"))
     upload(client, other_write_key, native_with_requirements("fakeext==1.0\n"))
@@ -183,8 +183,16 @@ def test_a_tenant_has_one_build_at_a_time_others_are_not_blocked(
     # The same build again joins the queued one.
     again = build(client, write_key)
     assert again.status_code == 202 and again.json()["id"] == first.json()["id"]
-    # Another build of the same tenant: 409 naming the active one.
+    # Another build of the same tenant: 409 naming the active one, before the request
+    # reads the package's archive.
+    real_prepare = wheels.prepare_build
+
+    def unread(*args):
+        raise AssertionError("the archive was read for a refused build")
+
+    monkeypatch.setattr(wheels, "prepare_build", unread)
     other_triple = build(client, write_key, triple=X86)
+    monkeypatch.setattr(wheels, "prepare_build", real_prepare)
     assert other_triple.status_code == 409
     detail = other_triple.json()["detail"]
     assert first.json()["status_url"] in detail and "one build per tenant at a time" in detail
