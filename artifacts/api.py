@@ -6,16 +6,17 @@ service or query scoped by that tenant, and shapes the answer.
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, File, Form, Router, Schema, Status, UploadedFile
 from ninja.errors import HttpError
 
 from agents.runtime.triples import MAX_TRIPLE_CHARS, TRIPLE_PATTERN
-from artifacts import queries, services, wheels
-from artifacts.models import PackageArtifact, WorkflowPackage
+from artifacts import build_jobs, queries, services, wheels
+from artifacts.models import BuildJob, PackageArtifact, WorkflowPackage
 from cloacina_site.auth import agent_auth, read_auth, write_auth
 
 router = Router(tags=["packages"])
@@ -63,14 +64,34 @@ class TargetArtifactOut(Schema):
     digest: str
 
 
+class BuildJobOut(Schema):
+    id: uuid.UUID
+    status_url: str
+    state: Literal["queued", "running", "succeeded", "failed"]
+    package: str
+    version: str
+    target_triple: str
+    digest: str | None = Field(None, description="the built artifact, once succeeded")
+    new_artifact: bool | None = Field(
+        None, description="false: identical to the build already stored for the triple"
+    )
+    detail: str | None = Field(None, description="why it failed (or was queued again)")
+    error_status: int | None = Field(
+        None, description="the HTTP status that fits the failure (422, 413, 502, 504, …)"
+    )
+    bytes_downloaded: int
+    attempts: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
 class TargetBuildIn(Schema):
     target_triple: str = Field(..., json_schema_extra=TRIPLE_SCHEMA)
 
 
 ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut}
 UPLOAD_ERRORS = {**ERRORS, 413: ErrorOut, 422: ErrorOut}
-# The build step depends on the package index: unreachable (502), no pip (503), too slow (504).
-BUILD_ERRORS = {**UPLOAD_ERRORS, 502: ErrorOut, 503: ErrorOut, 504: ErrorOut}
 
 
 def _read_upload(file: UploadedFile) -> bytes:
@@ -166,21 +187,58 @@ def upload_target_artifact(
     return Status(201 if created else 200, _artifact_out(artifact))
 
 
+def _build_out(job: BuildJob) -> dict:
+    return {
+        "id": job.pk,
+        "status_url": build_jobs.status_url(job),
+        "state": job.state,
+        "package": job.package_name,
+        "version": job.version,
+        "target_triple": job.target_triple,
+        "digest": job.digest or None,
+        "new_artifact": job.new_artifact,
+        "detail": job.detail or None,
+        "error_status": job.error_status,
+        "bytes_downloaded": job.bytes_downloaded,
+        "attempts": job.attempts,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+    }
+
+
 @router.post(
     "/packages/{name}/{version}/builds",
     auth=write_auth,
-    response={200: TargetArtifactOut, 201: TargetArtifactOut, **BUILD_ERRORS},
-    summary="Build a per-target artifact of a native package by vendoring platform wheels",
+    response={202: BuildJobOut, **UPLOAD_ERRORS},
+    summary="Queue a per-target build of a native package (vendored platform wheels)",
 )
 def build_target_artifact(request: HttpRequest, name: str, version: str, body: TargetBuildIn):
-    """Runs ``pip download`` for the target's platform tags over the package's
-    requirements.txt (see docs/packages.md); 201 when new, 200 when identical to the stored
-    build for that triple."""
+    """Checks the request at once (404/422), then queues the build and answers 202 with its
+    ``status_url``; the server runs ``pip download`` for the target's platform tags over the
+    package's requirements.txt in the background (see docs/packages.md). One build per
+    tenant at a time: the same build again joins the queued or running one (202, same
+    ``id``), another build is a 409 until it finishes."""
     try:
-        artifact, created = wheels.build_target(request.tenant, name, version, body.target_triple)
+        build_jobs.refuse_if_busy(request.tenant, name, version, body.target_triple)
+        build = wheels.prepare_build(request.tenant, name, version, body.target_triple)
+        job, _ = build_jobs.enqueue_build(request.tenant, build.package, body.target_triple)
     except services.UploadRejected as exc:
         raise HttpError(exc.status, exc.detail) from None
-    return Status(201 if created else 200, _artifact_out(artifact))
+    return Status(202, _build_out(job))
+
+
+@router.get(
+    "/builds/{build_id}",
+    auth=read_auth,
+    response={200: BuildJobOut, **ERRORS},
+    summary="A build's state: queued, running, succeeded (with the digest) or failed (why)",
+)
+def get_build(request: HttpRequest, build_id: uuid.UUID):
+    job = build_jobs.job_for(request.tenant, build_id)
+    if job is None:
+        raise HttpError(404, f"no build {build_id} in this tenant")
+    return _build_out(job)
 
 
 @router.get(

@@ -82,3 +82,70 @@ class PackageArtifact(models.Model):
         indexes = [
             models.Index(fields=["tenant", "content_hash"], name="artifact_tenant_digest_idx"),
         ]
+
+
+class BuildState(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+ACTIVE_BUILD_STATES = (BuildState.QUEUED, BuildState.RUNNING)
+
+
+class BuildJob(models.Model):
+    """A server-side per-target build (``POST .../builds``), run in the background by
+    :mod:`artifacts.build_runner` (table ``package_build_jobs``).
+
+    Durable so a server restart loses none: a job left ``running`` by a dead server is
+    queued again (or failed once it has had its attempts). At most one queued or running
+    job per tenant, enforced by a partial unique index.
+    """
+
+    id = models.UUIDField(primary_key=True)
+    tenant = models.ForeignKey("fleet.Tenant", on_delete=models.CASCADE, related_name="build_jobs")
+    package = models.ForeignKey(
+        WorkflowPackage, on_delete=models.CASCADE, related_name="build_jobs"
+    )
+    package_name = models.CharField(max_length=100)
+    version = models.CharField(max_length=64)
+    target_triple = models.CharField(max_length=100)
+    state = models.CharField(max_length=10, choices=BuildState.choices, default=BuildState.QUEUED)
+    detail = models.TextField(blank=True, default="")  # why it failed, in the API's words
+    error_status = models.PositiveSmallIntegerField(null=True)  # the HTTP status that fits
+    digest = models.CharField(max_length=64, blank=True, default="")  # the built artifact
+    new_artifact = models.BooleanField(null=True)  # False: identical to the stored build
+    bytes_downloaded = models.PositiveBigIntegerField(default=0)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    claimed_by = models.CharField(max_length=100, blank=True, default="")  # server instance
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True)
+    finished_at = models.DateTimeField(null=True)
+
+    class Meta:
+        db_table = "package_build_jobs"
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant"],
+                condition=models.Q(state__in=["queued", "running"]),
+                name="one_active_build_per_tenant",
+            )
+        ]
+        indexes = [
+            # The claim: the oldest queued jobs; the recovery sweep: running ones.
+            models.Index(
+                fields=["state", "created_at"],
+                name="build_job_state_idx",
+                condition=models.Q(state__in=["queued", "running"]),
+            ),
+            models.Index(fields=["tenant", "-created_at"], name="build_job_tenant_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"build {self.package_name}=={self.version} for {self.target_triple}: {self.state}"
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_BUILD_STATES

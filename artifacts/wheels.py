@@ -15,12 +15,17 @@ the tenant chooses.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
 import posixpath
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,7 +36,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from agents.runtime import archive
 from agents.runtime.triples import TripleError, parse_triple
 from artifacts.build import canonical_archive
-from artifacts.models import PackageArtifact, PackageKind
+from artifacts.models import PackageArtifact, PackageKind, WorkflowPackage
 from artifacts.queries import find_package
 from artifacts.services import UploadRejected, publish_target_artifact
 from artifacts.storage import load_blob
@@ -43,8 +48,11 @@ if TYPE_CHECKING:
 
 REQUIREMENTS_FILE = "requirements.txt"
 VENDOR_DIR = "vendor"
-PIP_TIMEOUT_S = 300.0  # the whole download; the request waits for it
+PIP_TIMEOUT_S = 300.0  # the whole download (a background job: no request waits for it)
 PIP_SOCKET_TIMEOUT_S = 30  # one stalled connection to the index
+PIP_RETRIES = 2
+PIP_WATCH_INTERVAL_S = 0.1  # how often the download directory is measured while pip runs
+MAX_PIP_STDERR_BYTES = 64 * 1024  # the tail of pip's stderr kept for the error message
 # The newest glibc a vendored manylinux wheel may need. Triples do not say which glibc
 # an agent has; 2.28 (RHEL 8, Debian 10, Ubuntu 18.10) is the manylinux_2_28 baseline.
 MANYLINUX_MAX_GLIBC_MINOR = 28
@@ -202,15 +210,131 @@ def _pip_failure(stderr: str, target_triple: str, tags: list[str]) -> UploadReje
     )
 
 
-def download_wheels(requirements: list[str], target_triple: str, dest: Path) -> list[Path]:
+@dataclass
+class DownloadMeter:
+    """What one build's pip downloaded: the wheels' bytes once it is done; if it was killed,
+    the most seen on disk (finished wheels and downloads in progress)."""
+
+    bytes: int = 0
+
+
+class BuildInterrupted(Exception):
+    """The server is stopping: pip was killed and the build should be queued again."""
+
+
+def _tree_bytes(root: Path) -> int:
+    """Bytes of the files under ``root``; files pip removes while we look are skipped."""
+    total = 0
+    stack = [root]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+            except FileNotFoundError:
+                continue
+    return total
+
+
+def _kill(process: subprocess.Popen) -> None:
+    # pip runs in a session of its own, so its whole process group goes.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _over_cap(size: int, limit: int, target_triple: str) -> UploadRejected:
+    return UploadRejected(
+        413,
+        f"pip download for {target_triple} wrote more than {limit} bytes (at least {size}); "
+        "the limit is CLOACINA_MAX_BUILD_DOWNLOAD_BYTES",
+    )
+
+
+def _run_pip(
+    command: list[str],
+    dest: Path,
+    target_triple: str,
+    max_bytes: int,
+    meter: DownloadMeter,
+    stop: threading.Event | None,
+) -> str:
+    """Run pip, watching the bytes in ``dest`` and in its TMPDIR (where pip streams a
+    download before moving it to ``dest``): past ``max_bytes``, past the timeout or on
+    ``stop`` it is killed. Returns the tail of its stderr; raises on a kill."""
+    workdir = dest.parent
+    tmp = workdir / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    deadline = time.monotonic() + PIP_TIMEOUT_S
+    # stderr to a file: a full pipe would block pip while we only watch the disk.
+    with tempfile.TemporaryFile(dir=workdir) as stderr:
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            cwd=workdir,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            while True:
+                try:
+                    returncode = process.wait(timeout=PIP_WATCH_INTERVAL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                meter.bytes = max(meter.bytes, _tree_bytes(dest) + _tree_bytes(tmp))
+                if meter.bytes > max_bytes:
+                    raise _over_cap(meter.bytes, max_bytes, target_triple)
+                if time.monotonic() > deadline:
+                    raise UploadRejected(
+                        504,
+                        f"pip download for {target_triple} did not finish within "
+                        f"{PIP_TIMEOUT_S:g} s",
+                    )
+                if stop is not None and stop.is_set():
+                    raise BuildInterrupted(f"pip download for {target_triple} interrupted")
+        finally:
+            if process.poll() is None:
+                _kill(process)
+        stderr.seek(0, os.SEEK_END)
+        stderr.seek(max(0, stderr.tell() - MAX_PIP_STDERR_BYTES))
+        text = stderr.read().decode("utf-8", errors="replace")
+    if returncode != 0:
+        raise _pip_failure(text, target_triple, platform_tags(target_triple))
+    return text
+
+
+def download_wheels(
+    requirements: list[str],
+    target_triple: str,
+    dest: Path,
+    *,
+    max_bytes: int | None = None,
+    meter: DownloadMeter | None = None,
+    stop: threading.Event | None = None,
+) -> list[Path]:
     """Run ``pip download`` (binary only, dependencies resolved for the platform) into ``dest``.
 
     Honours the operator's pip configuration (index, mirror, certificates); the
-    tenant's requirements cannot change it (see :func:`parse_requirements`).
+    tenant's requirements cannot change it (see :func:`parse_requirements`). pip has no
+    byte limit of its own, so :func:`_run_pip` watches the disk and kills it past
+    ``max_bytes`` (default CLOACINA_MAX_BUILD_DOWNLOAD_BYTES); ``--no-cache-dir`` keeps
+    it from filling the server's pip cache as well.
     """
     tags = platform_tags(target_triple)
     if importlib.util.find_spec("pip") is None:
         raise UploadRejected(503, "pip is not installed on this server; the build step needs it")
+    limit = get_config().max_build_download_bytes if max_bytes is None else max_bytes
+    meter = meter if meter is not None else DownloadMeter()
     requirements_path = dest.parent / "requirements.checked.txt"
     requirements_path.write_text("\n".join(requirements) + "\n")
     command = [
@@ -220,9 +344,11 @@ def download_wheels(requirements: list[str], target_triple: str, dest: Path) -> 
         "download",
         "--only-binary=:all:",
         "--no-input",
+        "--no-cache-dir",
         "--disable-pip-version-check",
         "--progress-bar=off",
         f"--timeout={PIP_SOCKET_TIMEOUT_S}",
+        f"--retries={PIP_RETRIES}",
         "--implementation=cp",
         f"--python-version={_python_version()}",
         *(f"--platform={tag}" for tag in tags),
@@ -230,17 +356,13 @@ def download_wheels(requirements: list[str], target_triple: str, dest: Path) -> 
         "-r",
         str(requirements_path),
     ]
-    try:
-        run = subprocess.run(
-            command, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, cwd=dest.parent
-        )
-    except subprocess.TimeoutExpired:
-        raise UploadRejected(
-            504, f"pip download for {target_triple} did not finish within {PIP_TIMEOUT_S:g} s"
-        ) from None
-    if run.returncode != 0:
-        raise _pip_failure(run.stderr, target_triple, tags)
-    return sorted(dest.glob("*.whl"))
+    _run_pip(command, dest, target_triple, limit, meter, stop)
+    # A local or fast download can finish between two looks: count what it left.
+    wheels = sorted(dest.glob("*.whl"))
+    meter.bytes = sum(path.stat().st_size for path in wheels)
+    if meter.bytes > limit:
+        raise _over_cap(meter.bytes, limit, target_triple)
+    return wheels
 
 
 @dataclass(frozen=True)
@@ -323,11 +445,18 @@ def vendor_wheels(members: dict[str, bytes], wheels: list[Wheel]) -> dict[str, b
     return kept
 
 
-def build_target(
-    tenant: Tenant, name: str, version: str, target_triple: str
-) -> tuple[PackageArtifact, bool]:
-    """Build and publish the per-target artifact of ``name`` ``version`` for ``target_triple``
-    by vendoring wheels from its requirements.txt; returns ``(artifact, created)``."""
+@dataclass(frozen=True)
+class BuildInput:
+    """What a build needs from the database, read before pip runs (so none is held then)."""
+
+    package: WorkflowPackage
+    members: dict[str, bytes]
+    requirements: list[str]
+
+
+def prepare_build(tenant: Tenant, name: str, version: str, target_triple: str) -> BuildInput:
+    """Check that ``name`` ``version`` can be built for ``target_triple`` and read its
+    primary build; raises :class:`UploadRejected` (404/422) naming the problem."""
     platform_tags(target_triple)  # refuses a bad or unsupported triple before any lookup
     package = find_package(tenant, name, version)
     if package is None:
@@ -350,20 +479,44 @@ def build_target(
         text = members[REQUIREMENTS_FILE].decode("utf-8")
     except UnicodeDecodeError:
         raise UploadRejected(422, f"{REQUIREMENTS_FILE} is not UTF-8 text") from None
-    requirements = parse_requirements(text)
+    return BuildInput(package, members, parse_requirements(text))
+
+
+def vendored_archive(
+    build: BuildInput,
+    target_triple: str,
+    *,
+    meter: DownloadMeter | None = None,
+    stop: threading.Event | None = None,
+) -> bytes:
+    """The canonical archive of ``build`` with its wheels for ``target_triple`` vendored.
+    Touches no database; raises :class:`UploadRejected` or :class:`BuildInterrupted`."""
     with tempfile.TemporaryDirectory(prefix="cloacina-wheels-") as tmp:
         dest = Path(tmp) / "wheels"
         dest.mkdir()
-        paths = download_wheels(requirements, target_triple, dest)
+        paths = download_wheels(build.requirements, target_triple, dest, meter=meter, stop=stop)
         wheels = [read_wheel(path, target_triple) for path in paths]
-    built = canonical_archive(vendor_wheels(members, wheels))
+    built = canonical_archive(vendor_wheels(build.members, wheels))
     limit = get_config().max_package_bytes
     if len(built) > limit:
+        package = build.package
         raise UploadRejected(
             413,
-            f"the vendored build of {name} {package.version} for {target_triple} is "
+            f"the vendored build of {package.name} {package.version} for {target_triple} is "
             f"{len(built)} bytes; the limit is {limit} (CLOACINA_MAX_PACKAGE_BYTES)",
         )
+    return built
+
+
+def build_target(
+    tenant: Tenant, name: str, version: str, target_triple: str
+) -> tuple[PackageArtifact, bool]:
+    """Build and publish the per-target artifact of ``name`` ``version`` for ``target_triple``
+    in the calling thread (the REST endpoint queues a job instead: artifacts/build_jobs.py);
+    returns ``(artifact, created)``."""
+    build = prepare_build(tenant, name, version, target_triple)
+    built = vendored_archive(build, target_triple)
+    package = build.package
     return publish_target_artifact(tenant, package.name, package.version, target_triple, built)
 
 

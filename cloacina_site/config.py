@@ -183,6 +183,17 @@ SETTINGS: tuple[Setting, ...] = (
         16 * 1024 * 1024,
         1,
     ),
+    # Server-side builds (POST .../builds, artifacts/build_runner.py): most running at once
+    # over every server, and the most bytes one build's pip may download.
+    Setting("build_concurrency", "CLOACINA_BUILD_CONCURRENCY", "build_concurrency", int, 2, 1),
+    Setting(
+        "max_build_download_bytes",
+        "CLOACINA_MAX_BUILD_DOWNLOAD_BYTES",
+        "max_build_download_bytes",
+        int,
+        100 * 1024 * 1024,
+        1,
+    ),
     # Unfinished tasks a tenant may have before new executions get 429 (0 = unlimited);
     # a tenant's own max_backlog, when set, wins.
     Setting("max_backlog", "CLOACINA_MAX_BACKLOG", "max_backlog", int, 0),
@@ -228,6 +239,8 @@ class Config:
     validation_memory_bytes: int = 256 * 1024 * 1024
     tenant_storage_bytes: int = 1024 * 1024 * 1024
     max_context_bytes: int = 16 * 1024 * 1024
+    build_concurrency: int = 2
+    max_build_download_bytes: int = 100 * 1024 * 1024
     max_backlog: int = 0
     agent_drain_timeout_s: float = 300.0
     secret_key: str = ""

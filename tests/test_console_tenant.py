@@ -216,3 +216,40 @@ def test_a_tenant_writer_may_not_override(writer_client, tenant):
     assert json.loads(response.content)["detail"] == "only a platform admin may do this"
     tenant.refresh_from_db()
     assert tenant.max_agents_override is None
+
+
+def _build_job(tenant, triple: str, **fields):
+    import uuid
+
+    from artifacts.models import BuildJob
+    from artifacts.services import publish_package
+    from artifacts.testing import build_archive, package_files
+
+    files = {**package_files(kind="native"), "requirements.txt": "fakeext==1.0\n"}
+    package, _ = publish_package(tenant, build_archive(files))
+    return BuildJob.objects.create(
+        id=uuid.uuid4(), tenant=tenant, package=package, package_name=package.name,
+        version=package.version, target_triple=triple, **fields,
+    )  # fmt: skip
+
+
+def test_the_page_shows_builds_and_polls_only_while_one_is_active(reader_client, tenant):
+    now = timezone.now()
+    ok = _build_job(
+        tenant, "aarch64-unknown-linux-gnu", state="succeeded", digest="ab" * 32,
+        new_artifact=True, bytes_downloaded=2_500_000, started_at=now, finished_at=now,
+    )  # fmt: skip
+    failed = _build_job(
+        tenant, "x86_64-unknown-linux-gnu", state="failed", error_status=413,
+        detail="pip download wrote more than 1048576 bytes", started_at=now, finished_at=now,
+    )  # fmt: skip
+    page = reader_client.get("/console/tenants/acme/").content.decode()
+    assert 'id="tenant-builds"' in page and f'data-build="{ok.pk}"' in page
+    part = reader_client.get("/console/tenants/acme/partials/builds/").content.decode()
+    assert 'data-active="false"' in part and "hx-trigger" not in part.split("<table")[0]
+    assert "build-succeeded" in part and "abababab" in part and "2.4\xa0MB" in part
+    assert f'data-build="{failed.pk}"' in part and "413: pip download wrote more" in part
+    _build_job(tenant, "aarch64-unknown-linux-musl", state="running", started_at=now)
+    part = reader_client.get("/console/tenants/acme/partials/builds/").content.decode()
+    assert 'data-active="true"' in part and 'hx-trigger="every 2s"' in part
+    assert "build-running" in part

@@ -51,6 +51,7 @@ class World:
     b_outbox: object
     missing: dict = field(default_factory=dict)
     b_snapshot: dict = field(default_factory=dict)
+    b_build: object = None
 
     def api(self, role: str) -> Client:
         return Client(HTTP_AUTHORIZATION=f"Bearer {self.keys[role]}")
@@ -67,6 +68,7 @@ class World:
             self.b_package.digest,
             str(self.b_execution.pk),
             str(self.b_agent.pk),
+            str(self.b_build.pk),
             GLOBEX_AGENT,
         ]
 
@@ -77,6 +79,7 @@ def world(transactional_db) -> World:
 
     from agents import roster
     from agents.runtime.triples import host_triple
+    from artifacts.models import BuildJob
     from artifacts.services import publish_package
     from artifacts.testing import build_archive, example_files
     from fleet.engine.claims import claim_task
@@ -124,7 +127,13 @@ def world(transactional_db) -> World:
             "digest": MISSING_DIGEST,
             "outbox": 2_000_000_000,
             "task": str(uuid.uuid4()),
+            "build": str(uuid.uuid4()),
         },
+    )  # fmt: skip
+    world.b_build = BuildJob.objects.create(
+        id=uuid.uuid4(), tenant=b, package=b_package, package_name=b_package.name,
+        version=b_package.version, target_triple="aarch64-unknown-linux-gnu", state="failed",
+        detail="globex build detail", error_status=422,
     )  # fmt: skip
     world.b_snapshot = snapshot_of_b(world)
     return world
@@ -161,7 +170,7 @@ def nothing_of_b(response, world: World) -> None:
 def snapshot_of_b(world: World) -> dict:
     """Everything of B an endpoint could change."""
     from agents.models import Agent
-    from artifacts.models import WorkflowPackage
+    from artifacts.models import BuildJob, WorkflowPackage
     from fleet.models import DeliveryOutbox, TaskExecution, Tenant, WorkflowExecution
 
     b = world.b.pk
@@ -172,6 +181,7 @@ def snapshot_of_b(world: World) -> dict:
         "tasks": list(TaskExecution.objects.filter(tenant=b).order_by("id").values()),
         "agents": list(Agent.objects.filter(tenant=b).order_by("id").values()),
         "outbox": list(DeliveryOutbox.objects.filter(tenant=b).values()),
+        "builds": list(BuildJob.objects.filter(tenant=b).values()),
     }
 
 
@@ -200,6 +210,7 @@ def _refused_like_missing(role: str, method: str, template: str, body=None, mult
             "execution": world.b_execution.pk,
             "agent": world.b_agent.pk,
             "digest": world.b_package.digest,
+            "build": world.b_build.pk,
         }
         missing = {**world.missing, "version": "9.9.9"}
         client = world.api(role)
@@ -433,6 +444,7 @@ CASES: dict[str, Callable[[World], None]] = {
         "/packages/{package}/{version}/builds",
         lambda w: {"target_triple": "aarch64-unknown-linux-gnu"},
     ),  # fmt: skip
+    "api-v1:get_build": _refused_like_missing("read", "GET", "/builds/{build}"),
     "api-v1:download_artifact": _refused_like_missing("agent", "GET", "/artifacts/{digest}"),
     "api-v1:start_execution": _refused_like_missing(
         "write", "POST", "/workflows/{workflow}/executions", lambda w: {"context": {}}

@@ -1,4 +1,5 @@
-"""The build step that vendors platform wheels (artifacts/wheels.py, POST .../builds).
+"""The build step that vendors platform wheels (artifacts/wheels.py, POST .../builds,
+run as a background job: artifacts/build_jobs.py, artifacts/build_runner.py).
 
 Most tests run the real ``pip download`` against a local find-links directory of
 wheels built here (no index, no operator pip config), so they are fast and offline;
@@ -12,6 +13,7 @@ import json
 import re
 import subprocess
 import sys
+import uuid
 import zipfile
 from pathlib import Path
 
@@ -21,7 +23,8 @@ from django.test import Client
 from agents.runtime import archive
 from agents.runtime.triples import host_triple
 from artifacts import services, wheels
-from artifacts.models import ArtifactBlob, PackageArtifact, WorkflowPackage
+from artifacts.build_runner import BuildRunner
+from artifacts.models import ArtifactBlob, BuildJob, PackageArtifact, WorkflowPackage
 from artifacts.queries import resolve_artifact
 from artifacts.services import UploadRejected
 from artifacts.storage import load_blob
@@ -192,7 +195,11 @@ def test_vendoring_replaces_host_copies_and_keeps_the_rest():
     }
 
 
-# --- the build endpoint ------------------------------------------------------------
+# --- the build endpoint: 202, then the job runs in the background --------------------
+# The jobs run with BuildRunner.run_pending() (serve's code, in the test's thread). It
+# closes the thread's connection while pip runs, so these tests commit (transaction=True).
+
+BUILDS = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
@@ -200,24 +207,51 @@ def client() -> Client:
     return Client()
 
 
-@pytest.mark.django_db
+def run_builds() -> int:
+    return BuildRunner("test-server").run_pending()
+
+
+def status(client: Client, key: str, queued) -> dict:
+    url = queued.json()["status_url"] if hasattr(queued, "json") else queued
+    response = client.get(url, **bearer(key))
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def build_and_wait(client: Client, key: str, **kwargs) -> dict:
+    """POST the build (202), run the queued jobs, return the finished job's status."""
+    queued = build(client, key, **kwargs)
+    assert queued.status_code == 202, queued.content
+    assert queued.json()["state"] == "queued"
+    assert run_builds() == 1
+    return status(client, key, queued)
+
+
+@BUILDS
 def test_it_builds_a_target_artifact_from_a_local_index(client, write_key, tenant, local_index):
     primary = native_with_requirements(
         "fakeext==1.0\n", **{f"vendor/{HOST_SO}": b"x86 build", "vendor/mylib.py": b"mine"}
     )
     assert upload(client, write_key, primary).status_code == 201
-    response = build(client, write_key)
-    assert response.status_code == 201, response.content
-    body = response.json()
-    assert body == {
-        "package": "demo",
-        "version": "1.0.0",
-        "target_triple": ARM,
-        "digest": body["digest"],
-    }
+    queued = build(client, write_key)
+    assert queued.status_code == 202, queued.content
+    body = queued.json()
+    assert body["status_url"] == f"/api/v1/builds/{body['id']}"
+    assert (body["state"], body["package"], body["version"], body["target_triple"]) == (
+        "queued", "demo", "1.0.0", ARM
+    )  # fmt: skip
+    assert body["digest"] is None and body["started_at"] is None
+    assert PackageArtifact.objects.count() == 0  # nothing is built inside the request
+    assert run_builds() == 1
+    done = status(client, write_key, queued)
+    assert done["state"] == "succeeded" and done["detail"] is None, done
+    assert done["new_artifact"] is True and done["attempts"] == 1
+    wheel_bytes = sum(p.stat().st_size for p in local_index.glob("*.whl"))
+    assert done["bytes_downloaded"] == wheel_bytes
+    assert done["created_at"] <= done["started_at"] <= done["finished_at"]
     package = WorkflowPackage.objects.get()
-    assert resolve_artifact(package, ARM).digest == body["digest"] != package.digest
-    members = archive.read_members(load_blob(body["digest"]))
+    assert resolve_artifact(package, ARM).digest == done["digest"] != package.digest
+    members = archive.read_members(load_blob(done["digest"]))
     assert members[f"vendor/{ARM_SO}"] == b"\x7fELF arm"
     assert members["vendor/fakedep.py"] == b"X = 1\n"  # the dependency, resolved by pip
     assert f"vendor/{HOST_SO}" not in members and members["vendor/mylib.py"] == b"mine"
@@ -225,27 +259,29 @@ def test_it_builds_a_target_artifact_from_a_local_index(client, write_key, tenan
         members["workflow/demo/steps.py"] == archive.read_members(primary)["workflow/demo/steps.py"]
     )
     assert not any("/scripts/" in name or ".data/" in name for name in members)
-    # Deterministic: building again gives the same bytes, so it is the stored build (200).
-    again = build(client, write_key)
-    assert again.status_code == 200 and again.json()["digest"] == body["digest"]
-    # The service call others use; "1.0" names 1.0.0 (PEP 440 equality).
-    assert services.build_target_artifact(tenant, "demo", "1.0", ARM).content_hash == body["digest"]
+    # Deterministic: building again gives the same bytes, so it is the stored build.
+    again = build_and_wait(client, write_key)
+    assert again["id"] != done["id"] and again["state"] == "succeeded"
+    assert again["digest"] == done["digest"] and again["new_artifact"] is False
+    # The synchronous service call code uses; "1.0" names 1.0.0 (PEP 440 equality).
+    assert services.build_target_artifact(tenant, "demo", "1.0", ARM).content_hash == done["digest"]
     assert PackageArtifact.objects.count() == 1
     listed = client.get("/api/v1/packages", **bearer(write_key)).json()[0]["artifacts"]
-    assert listed == [{"target_triple": ARM, "digest": body["digest"]}]
+    assert listed == [{"target_triple": ARM, "digest": done["digest"]}]
 
 
-@pytest.mark.django_db
-def test_a_missing_platform_wheel_is_a_422_naming_requirement_and_platform(
+@BUILDS
+def test_a_missing_platform_wheel_fails_the_job_naming_requirement_and_platform(
     client, write_key, local_index
 ):
     upload(client, write_key, native_with_requirements("fakeext==1.0\n"))
     blobs = ArtifactBlob.objects.count()
-    response = build(client, write_key, triple=X86)  # fakeext has an aarch64 wheel only
-    assert response.status_code == 422
-    detail = response.json()["detail"]
+    done = build_and_wait(client, write_key, triple=X86)  # fakeext has an aarch64 wheel only
+    assert done["state"] == "failed" and done["error_status"] == 422
+    detail = done["detail"]
     assert "'fakeext==1.0' has no wheel for x86_64-unknown-linux-gnu" in detail
     assert "manylinux_2_28_x86_64" in detail and "versions with such a wheel: none" in detail
+    assert done["digest"] is None and done["finished_at"] is not None
     assert PackageArtifact.objects.count() == 0 and ArtifactBlob.objects.count() == blobs
 
 
@@ -253,28 +289,31 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.mark.django_db
+@BUILDS
 @pytest.mark.parametrize("correct", [True, False])
 def test_hashes_are_checked(client, write_key, local_index, correct):
     ext = _sha256(next(local_index.glob("fakeext-*.whl"))) if correct else "0" * 64
     dep = _sha256(next(local_index.glob("fakedep-*.whl")))
     requirements = f"fakeext==1.0 --hash=sha256:{ext}\nfakedep==1.0 --hash=sha256:{dep}\n"
     upload(client, write_key, native_with_requirements(requirements))
-    response = build(client, write_key)
+    done = build_and_wait(client, write_key)
     if correct:
-        assert response.status_code == 201, response.content
+        assert done["state"] == "succeeded", done
     else:
-        assert response.status_code == 422
-        assert "failed its --hash check" in response.json()["detail"]
+        assert done["state"] == "failed" and done["error_status"] == 422
+        assert "failed its --hash check" in done["detail"]
         assert PackageArtifact.objects.count() == 0
 
 
-@pytest.mark.django_db
-def test_a_pip_that_takes_too_long_is_a_504(client, write_key, local_index, monkeypatch):
+@BUILDS
+def test_a_pip_that_takes_too_long_fails_the_job_with_504(
+    client, write_key, local_index, monkeypatch
+):
     upload(client, write_key, native_with_requirements("fakeext==1.0\n"))
     monkeypatch.setattr(wheels, "PIP_TIMEOUT_S", 0.05)
-    response = build(client, write_key)
-    assert response.status_code == 504 and "did not finish within" in response.json()["detail"]
+    done = build_and_wait(client, write_key)
+    assert done["state"] == "failed" and done["error_status"] == 504
+    assert "did not finish within" in done["detail"]
     assert PackageArtifact.objects.count() == 0
 
 
@@ -290,7 +329,7 @@ def test_a_pip_that_takes_too_long_is_a_504(client, write_key, local_index, monk
         ("--index-url http://evil/\n", "demo/1.0.0", ARM, 422, "option '--index-url'"),
     ],
 )
-def test_bad_requests_are_clear_4xx_and_store_nothing(
+def test_bad_requests_are_clear_4xx_at_once_and_queue_nothing(
     client, write_key, local_index, requirements, url, triple, status, problem
 ):
     upload(client, write_key, native_with_requirements(requirements))
@@ -298,6 +337,7 @@ def test_bad_requests_are_clear_4xx_and_store_nothing(
     name, version = url.split("/")
     response = build(client, write_key, triple=triple, name=name, version=version)
     assert response.status_code == status and problem in response.json()["detail"]
+    assert BuildJob.objects.count() == 0
     assert PackageArtifact.objects.count() == 0 and ArtifactBlob.objects.count() == blobs
 
 
@@ -308,6 +348,7 @@ def test_python_packages_take_no_builds(client, write_key, local_index):
     upload(client, write_key, build_archive(files))
     response = build(client, write_key)
     assert response.status_code == 422 and "python package" in response.json()["detail"]
+    assert BuildJob.objects.count() == 0
 
 
 @pytest.mark.django_db
@@ -325,7 +366,16 @@ def test_roles_tenants_and_body_are_checked(
         **bearer(write_key),
     )
     assert response.status_code == 422 and "target_triple" in json.dumps(response.json())
-    assert PackageArtifact.objects.count() == 0
+    assert BuildJob.objects.count() == 0
+    queued = build(client, write_key)
+    assert queued.status_code == 202
+    url = queued.json()["status_url"]
+    # A read key of the tenant follows the build; another tenant's key gets a plain 404.
+    assert client.get(url, **bearer(read_key)).json()["state"] == "queued"
+    other = client.get(url, **bearer(other_write_key))
+    missing = client.get(f"/api/v1/builds/{uuid.uuid4()}", **bearer(other_write_key))
+    assert other.status_code == missing.status_code == 404
+    assert client.get("/api/v1/builds/not-a-uuid", **bearer(read_key)).status_code == 422
 
 
 # --- the real package index -----------------------------------------------------------
@@ -337,15 +387,16 @@ def _elf_machine(data: bytes) -> int:
 
 
 @pytest.mark.network
-@pytest.mark.django_db
+@BUILDS
 def test_it_vendors_real_msgpack_wheels(client, write_key, tmp_path):
     """msgpack 1.2.4 ships compiled manylinux wheels for both arches: the aarch64 build
     carries an aarch64 extension, and the host build imports from vendor/ in a fresh
     interpreter."""
     upload(client, write_key, native_with_requirements("msgpack==1.2.4\n"))
-    arm = build(client, write_key, triple=ARM)
-    assert arm.status_code == 201, arm.content
-    members = archive.read_members(load_blob(arm.json()["digest"]))
+    arm = build_and_wait(client, write_key, triple=ARM)
+    assert arm["state"] == "succeeded", arm
+    assert arm["bytes_downloaded"] > 50_000  # the compiled wheel, fetched from the index
+    members = archive.read_members(load_blob(arm["digest"]))
     compiled = [n for n in members if n.startswith("vendor/msgpack/") and n.endswith(".so")]
     assert compiled and all("aarch64" in n for n in compiled)
     assert {_elf_machine(members[n]) for n in compiled} == {ELF_MACHINE_AARCH64}
@@ -353,9 +404,9 @@ def test_it_vendors_real_msgpack_wheels(client, write_key, tmp_path):
 
     if host_triple() != X86:
         pytest.skip("the import check needs an x86_64 Linux host")
-    host = build(client, write_key, triple=X86)
-    assert host.status_code == 201, host.content
-    archive.safe_extract(load_blob(host.json()["digest"]), tmp_path / "pkg")
+    host = build_and_wait(client, write_key, triple=X86)
+    assert host["state"] == "succeeded", host
+    archive.safe_extract(load_blob(host["digest"]), tmp_path / "pkg")
     vendor = tmp_path / "pkg" / "vendor"
     code = (
         f"import sys; sys.path.insert(0, {str(vendor)!r}); import msgpack, msgpack._cmsgpack as c; "

@@ -1,4 +1,5 @@
-"""The tenant page: agent roster, fleet numbers with provision/deprovision, overrides, audit.
+"""The tenant page: agent roster, fleet numbers with provision/deprovision, overrides, audit,
+and the tenant's server-side package builds.
 
 Mutations go through the control plane (``fleet.control.limits``) so the
 console, the REST API and the admin share one set of bounds and one audit trail.
@@ -15,6 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from agents.models import Agent, AgentState
+from artifacts import build_jobs
 from cloacina_site.config import get_config
 from fleet.console.access import (
     _get_rw_tenant_for_user,
@@ -32,6 +34,7 @@ from fleet.routing import health
 RECENTLY_DEAD = timedelta(hours=1)
 DECISIONS_SHOWN = 20
 CHANGES_SHOWN = 30
+BUILDS_SHOWN = 10
 # A heartbeat this many intervals old is late (shown amber) before it is fatal.
 LATE_AFTER_INTERVALS = 1.5
 
@@ -99,12 +102,18 @@ def _changes_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict
     return {"changes": FleetChange.objects.filter(tenant=tenant)[:CHANGES_SHOWN]}
 
 
+def _builds_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict:
+    builds = build_jobs.recent_jobs(tenant, BUILDS_SHOWN)
+    return {"builds": builds, "builds_active": any(b.active for b in builds)}
+
+
 # Each partial is the template the page includes, rendered alone for htmx polling.
 PARTIALS = {
     "fleet": ("console/partials/tenant_fleet.html", _fleet_part),
     "agents": ("console/partials/tenant_roster.html", _roster_part),
     "decisions": ("console/partials/tenant_decisions.html", _decisions_part),
     "changes": ("console/partials/tenant_changes.html", _changes_part),
+    "builds": ("console/partials/tenant_builds.html", _builds_part),
 }
 
 

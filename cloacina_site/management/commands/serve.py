@@ -19,6 +19,7 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connection
 
+from artifacts.build_runner import BuildRunner
 from cloacina_site.config import Config, ConfigError, apply_overrides
 from cloacina_site.schema import migrate_with_lock
 from cloacina_site.tls import PLAINTEXT_WARNING, ServerTLS, daphne_endpoint, server_tls
@@ -133,6 +134,7 @@ class ServeProcess:
         self.exit_code = 0
         self.engine = None
         self.jobs = None
+        self.builds = None
         self._executor_started = False
         self._stopping = False
         self._ready = False
@@ -196,6 +198,7 @@ class ServeProcess:
         self._executor_started = True
         self.engine = EngineLoop(self.dispatcher, self.config.scheduler_poll_s)
         await self.engine.start()
+        self.builds = BuildRunner(self.instance_id, self.config)
         self.jobs = PeriodicJobs(self._periodic_jobs(executor.periodic_jobs()))
         self.jobs.start()
         port = await self._listening_port()
@@ -225,6 +228,7 @@ class ServeProcess:
             ),
             *recovery.recovery_jobs(),
             *control.control_plane_jobs(self.config),
+            *(self.builds.periodic_jobs() if self.builds is not None else []),
             *executor_jobs,
         ]
 
@@ -252,6 +256,13 @@ class ServeProcess:
             self.engine.stop_accepting()
         if self.jobs is not None:
             self.jobs.stop()
+        if self.builds is not None:
+            try:  # kills running pips; their builds go back to the queue for another server
+                released = await loop.run_in_executor(None, self.builds.stop)
+                if released:
+                    log.info("queued %d unfinished build(s) again on shutdown", released)
+            except Exception:
+                log.exception("the package builds did not stop cleanly")
         if self._executor_started:
             try:
                 await asyncio.wait_for(self.dispatcher.executor.stop(), STOP_TIMEOUT_S)
