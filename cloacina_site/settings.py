@@ -10,7 +10,7 @@ import os
 import secrets
 from pathlib import Path
 
-from cloacina_site import db_pool, embedded_db
+from cloacina_site import db_pool, embedded_db, isolation
 from cloacina_site.config import get_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -105,6 +105,8 @@ else:
             ),
         )
     }
+    # After the embedded server's start: pgserver opens the path to its data directory.
+    isolation.secure_home(CONFIG.home)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -6,11 +6,31 @@ CLOACINA_HOME unless DATABASE_URL is given (see cloacina_site/test_settings.py).
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def tmp_path(tmp_path: Path) -> Iterator[Path]:
+    """pytest's tmp_path, except as root: there task code runs as the unprivileged task user
+    (agents/runtime/task_isolation.py), and tests hand it paths under tmp_path to write
+    markers in, which pytest's own directory (0700, under /tmp/pytest-of-root) would refuse."""
+    if os.geteuid() != 0:
+        yield tmp_path
+        return
+    shared = Path(tempfile.mkdtemp(prefix="cloacina-test-"))
+    os.chmod(shared, 0o777)
+    try:
+        yield shared
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 @pytest.fixture

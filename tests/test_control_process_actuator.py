@@ -58,6 +58,7 @@ def actuator(tmp_path, records):
         drain_timeout_s=0.5,
         log_dir=tmp_path / "agents",
         manage_py=script,
+        pass_env=("RECORDS", "STUBBORN"),  # the stand-in's own knobs: not on the allow-list
     )
     yield act
     act.shutdown(wait_s=2)

@@ -107,6 +107,7 @@ class Agent:
         if self.client.ssl_context is not None:
             log.info("%s", c.tls.describe())
         host_metrics.sample()  # primes cpu_percent, whose first reading is meaningless
+        self.runner.require_reachable(self.cache.root, "the package cache")
         await asyncio.to_thread(self.runner.start)
         loops = [
             asyncio.create_task(self._connection_loop(), name="connection"),

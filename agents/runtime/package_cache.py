@@ -57,8 +57,13 @@ class PackageCache:
     def __init__(self, root: Path, max_bytes: int) -> None:
         self.root = Path(root)
         self.max_bytes = max_bytes
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / ".locks").mkdir(exist_ok=True)
+        if not self.root.is_dir():
+            self.root.mkdir(parents=True, exist_ok=True)
+            # Task children (another user when the parent is root) may enter the root to
+            # reach their package but not list it: other packages' digests are not theirs to
+            # find.  A root someone else made keeps its mode.
+            os.chmod(self.root, 0o711)
+        (self.root / ".locks").mkdir(mode=0o700, exist_ok=True)
         self._guard = threading.Lock()
         self._digest_locks: dict[str, threading.Lock] = {}
         self._pins: dict[str, int] = {}

@@ -27,6 +27,7 @@ from types import ModuleType
 
 # How often a child checks that the process that started it is still alive.
 PARENT_CHECK_INTERVAL_S = 1.0
+PR_SET_DUMPABLE = 4
 
 
 class InvalidTaskOutput(Exception):
@@ -134,8 +135,21 @@ def _exit_when_orphaned(parent_pid: int) -> None:
             pass
 
 
+def _not_dumpable() -> None:
+    # Every task child of a server runs as the same unprivileged user: without this, a
+    # task in one child could ptrace another child or read its /proc/<pid>/mem and so
+    # see another tenant's task input.  Non-dumpable, its /proc entries belong to root.
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux
+        pass
+
+
 def serve(conn: Connection, parent_pid: int) -> None:
     """The child's main loop: one JSON request in, one JSON reply out, until EOF."""
+    _not_dumpable()
     # Ctrl-C in a terminal reaches the whole process group; the parent decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()

@@ -8,6 +8,8 @@ re-import the parent's main module, as multiprocessing's spawn would.
 
 Each child serves one task at a time over a socket pair, speaking JSON (never
 pickle: a child runs tenant code, and the parent must not unpickle what it writes).
+A child inherits an allow-listed environment only, and when the parent is root it
+runs as an unprivileged user (:mod:`agents.runtime.task_isolation`).
 A task that outlives its timeout gets its child SIGKILLed and replaced; so
 does a child that dies on its own.  The pool keeps its capacity either way.
 """
@@ -23,13 +25,20 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from agents.runtime.task_isolation import (
+    TaskUser,
+    task_environment,
+    task_python,
+    task_user,
+    unreachable_for,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +79,29 @@ def _describe_exit(code: int | None) -> str:
     return f"the task worker process exited with status {code}"
 
 
+@dataclass(frozen=True)
+class _Launch:
+    """How every child of one runner is started: interpreter, environment, user."""
+
+    python: str
+    env: dict
+    user: TaskUser | None
+
+    def user_kwargs(self) -> dict:
+        return self.user.popen_kwargs() if self.user is not None else {}
+
+    def denied(self, exc: OSError) -> str:
+        who = "this user" if self.user is None else f"{self.user.name} (uid {self.user.uid})"
+        return (
+            f"task worker could not start as {who}: {exc}; it must be able to run "
+            f"{self.python} and read {CHILD_SCRIPT} (set CLOACINA_TASK_PYTHON to an "
+            "interpreter it can run, or open the directories on the way)"
+        )
+
+
+_FROM_ENVIRONMENT = object()
+
+
 class _Slot:
     """One child process and the parent's end of the socket pair it talks over.
 
@@ -79,8 +111,9 @@ class _Slot:
     run costs no thread hop (that hop was a quarter of an agent's CPU per task).
     """
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, launch: _Launch) -> None:
         self.index = index
+        self.launch = launch
         self.process: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.fresh = False  # started but not yet known to answer
@@ -91,11 +124,22 @@ class _Slot:
             # -I: the child sees neither the server's working directory nor PYTHON* variables,
             # only the interpreter's own site-packages plus the package's workflow/ and vendor/.
             self.process = subprocess.Popen(
-                [sys.executable, "-I", CHILD_SCRIPT, str(child_sock.fileno()), str(os.getpid())],
+                [
+                    self.launch.python,
+                    "-I",
+                    CHILD_SCRIPT,
+                    str(child_sock.fileno()),
+                    str(os.getpid()),
+                ],
                 pass_fds=[child_sock.fileno()],
                 stdin=subprocess.DEVNULL,
                 close_fds=True,
+                env=self.launch.env,
+                **self.launch.user_kwargs(),
             )
+        except PermissionError as exc:
+            parent_sock.close()
+            raise RuntimeError(self.launch.denied(exc)) from exc
         except BaseException:
             parent_sock.close()
             raise
@@ -214,11 +258,21 @@ class TaskRunner:
     coroutine of whichever event loop calls it.
     """
 
-    def __init__(self, workers: int) -> None:
+    def __init__(
+        self,
+        workers: int,
+        user: TaskUser | None | object = _FROM_ENVIRONMENT,
+        python: str | None = None,
+    ) -> None:
+        """``user``: who children run as (default: CLOACINA_TASK_USER or nobody when this
+        process is root, else this process's own user); ``python``: their interpreter
+        (default: CLOACINA_TASK_PYTHON or this one)."""
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.capacity = workers
-        self._slots = [_Slot(i) for i in range(workers)]
+        self.user: TaskUser | None = task_user() if user is _FROM_ENVIRONMENT else user
+        launch = _Launch(python or task_python(), task_environment(), self.user)
+        self._slots = [_Slot(i, launch) for i in range(workers)]
         self._lock = threading.Lock()  # close() may come from another thread
         self._free: deque[_Slot] = deque()
         self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = deque()
@@ -233,6 +287,19 @@ class TaskRunner:
     def child_pids(self) -> list[int]:
         """Process ids of the live children (for metrics and tests)."""
         return [s.process.pid for s in self._slots if s.process is not None]
+
+    def require_reachable(self, path: Path, what: str) -> None:
+        """Fail now, naming the directory, when the task user cannot enter ``path`` (else
+        every task would fail to import its package from there)."""
+        if self.user is None:
+            return
+        blocked = unreachable_for(self.user, path)
+        if blocked is not None:
+            raise RuntimeError(
+                f"{what} {path} is closed to the task user {self.user.name} "
+                f"(uid {self.user.uid}): it cannot enter {blocked}; make that directory "
+                "searchable by it (chmod o+x) or move the cache"
+            )
 
     def start(self) -> None:
         """Start every child and wait until each answers (fails loudly if one cannot start)."""

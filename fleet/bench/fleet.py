@@ -170,7 +170,7 @@ def failover(api: Api, agents: Agents, home: Path) -> workload.PhaseResult:
             }
         )
     )
-    execution_id = api.start(FAILOVER_WORKFLOW, {"marker": str(home / "failover-marker")})
+    execution_id = api.start(FAILOVER_WORKFLOW, {"marker": str(home / "markers" / "failover")})
     holder = None
     deadline = time.monotonic() + 60
     while holder is None and time.monotonic() < deadline:
@@ -185,7 +185,7 @@ def failover(api: Api, agents: Agents, home: Path) -> workload.PhaseResult:
                 [execution_id],
             )
             row = cursor.fetchone()
-        holder = row[0] if row and (home / "failover-marker").exists() else None
+        holder = row[0] if row and (home / "markers" / "failover").exists() else None
         time.sleep(0.02)
     if holder is None:
         raise RuntimeError("the failover task never reached an agent")
@@ -223,6 +223,11 @@ def run_fleet_bench(
         "CLOACINA_AGENT_LIVENESS_MISSES": str(LIVENESS_MISSES),
     }
     home = Path(tempfile.mkdtemp(prefix="cloacina-fleetbench-agents-"))
+    # Run as root, the agents' task children run as the unprivileged task user: it must
+    # pass through to the caches and write the failover marker.
+    os.chmod(home, 0o711)
+    (home / "markers").mkdir(mode=0o777)
+    os.chmod(home / "markers", 0o777)
     with BenchServer(database_url, "fleet", **env) as server:
         api = Api(server.url, key)
         fleet = Agents(server.url, akey, agents, slots, home)

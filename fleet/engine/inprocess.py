@@ -131,6 +131,7 @@ class InProcessExecutor(TaskExecutor):
     # -- lifecycle ---------------------------------------------------------------
 
     async def start(self) -> None:
+        self.runner.require_reachable(self.cache.root, "the package cache")
         await asyncio.to_thread(self.runner.start)
         self._db = DbThreadPool(
             self.workers * DB_THREADS_PER_WORKER, "inprocess-db", hot_path="cloacina-inprocess"

@@ -19,8 +19,10 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connection
 
+from agents.runtime.task_isolation import TaskUserError
 from artifacts.build_runner import BuildRunner
 from cloacina_site.config import Config, ConfigError, apply_overrides
+from cloacina_site.isolation import current_warning
 from cloacina_site.schema import migrate_with_lock
 from cloacina_site.tls import PLAINTEXT_WARNING, ServerTLS, daphne_endpoint, server_tls
 from fleet.control import jobs as control
@@ -70,7 +72,7 @@ class Command(BaseCommand):
         instance_id = server_registry.new_instance_id()
         try:
             dispatcher = build_dispatcher(config, claimer=instance_id)
-        except ExecutorNotFound as exc:
+        except (ExecutorNotFound, TaskUserError) as exc:
             raise CommandError(str(exc), returncode=EXIT_CONFIG) from None
         try:
             # The actuator's substrate guard: a missing Docker daemon, cluster, … stops the boot.
@@ -82,6 +84,7 @@ class Command(BaseCommand):
             sys.stderr.write(PLAINTEXT_WARNING + "\n")
             sys.stderr.flush()
         migrate_with_lock()
+        warn_if_not_isolated()
         server_registry.register_instance(instance_id, config.default_executor)
         connection.close()  # the main thread hands over to the reactor; threads use their own
         process = ServeProcess(
@@ -285,6 +288,14 @@ class ServeProcess:
         leader.close_all()
         self._stopped = True
         log.info("server %s stopped", self.instance_id)
+
+
+def warn_if_not_isolated() -> None:
+    """One line on stderr when tenants' tasks cannot be kept from the server's secrets."""
+    warning = current_warning()
+    if warning:
+        sys.stderr.write(f"serve: {warning}\n")
+        sys.stderr.flush()
 
 
 def _db_call(func, *args):

@@ -1,8 +1,10 @@
 """CLOACINA_FLEET_ACTUATOR=process: local `runagent` child processes, per tenant.
 
 Each child gets a freshly minted tenant-scoped agent key through its
-environment (CLOACINA_AGENT_API_KEY: never argv, never logged) and no database
-credentials.  Scale-down drains the newest child first: its roster row is
+environment (CLOACINA_AGENT_API_KEY: never argv, never logged) and otherwise an
+allow-listed environment: never the database URL, the secret key or anything
+else the server was given (its own task children get even less:
+agents/runtime/task_isolation.py).  Scale-down drains the newest child first: its roster row is
 marked draining (the dispatcher stops choosing it) and it gets SIGTERM, on
 which `runagent` finishes its in-flight work, deregisters and exits; only a
 child still running after CLOACINA_AGENT_DRAIN_TIMEOUT_S is killed.  A child
@@ -17,6 +19,7 @@ leaves orphans for its successor to double-count.  PDEATHSIG fires when the
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import logging
@@ -46,8 +49,21 @@ log = logging.getLogger(__name__)
 
 MANAGED_BY = "process"
 PR_SET_PDEATHSIG = 1
-# The child must not inherit the server's secrets: tenant code runs in it.
-SCRUBBED_ENV = ("DATABASE_URL", "CLOACINA_SECRET_KEY", "CLOACINA_AGENT_API_KEY", "PGPASSWORD")
+# What a runagent child inherits from the server, by exact name or prefix.  An allow-list:
+# the server's secrets (DATABASE_URL, CLOACINA_SECRET_KEY, PG*, …) and whatever is added
+# to its environment later stay behind without anyone remembering to scrub them.
+AGENT_ENV_NAMES = frozenset(
+    {
+        "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+        "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "VIRTUAL_ENV",
+        "SSL_CERT_FILE", "SSL_CERT_DIR", "DJANGO_SETTINGS_MODULE",
+        "CLOACINA_HOME",  # the agent's package cache and config.toml; its tasks never see it
+        "CLOACINA_LOG_LEVEL", "CLOACINA_WIRE_FORMAT",
+        "CLOACINA_AGENT_CA_CERT", "CLOACINA_AGENT_CLIENT_CERT", "CLOACINA_AGENT_CLIENT_KEY",
+        "CLOACINA_TASK_USER", "CLOACINA_TASK_PYTHON",
+    }
+)  # fmt: skip
+AGENT_ENV_PREFIXES = ("LC_",)
 REPO = Path(__file__).resolve().parents[3]
 
 try:
@@ -59,6 +75,15 @@ except (OSError, AttributeError):  # not Linux: children may outlive a killed se
 def _die_with_parent() -> None:  # runs in the forked child, before exec
     if _prctl is not None:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def agent_environment(environ: dict | os._Environ, extra: frozenset[str] = frozenset()) -> dict:
+    """The allow-listed part of ``environ`` a runagent child inherits."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if name in AGENT_ENV_NAMES or name in extra or name.startswith(AGENT_ENV_PREFIXES)
+    }
 
 
 @dataclass
@@ -89,7 +114,9 @@ class ProcessActuator(Actuator):
         manage_py: Path = REPO / "manage.py",
         python: str = sys.executable,
         extra_args: tuple[str, ...] = (),
+        pass_env: tuple[str, ...] = (),
     ) -> None:
+        """``pass_env``: more variable names the children may inherit (tests, operators)."""
         self.server_url = server_url
         self.max_concurrency = max_concurrency
         self.drain_timeout_s = drain_timeout_s
@@ -97,6 +124,7 @@ class ProcessActuator(Actuator):
         self.manage_py = manage_py
         self.python = python
         self.extra_args = extra_args
+        self.pass_env = frozenset(pass_env)
         self._children: dict[str, list[Child]] = {}
         self._seq = itertools.count(1)
         self._lock = threading.RLock()
@@ -173,7 +201,7 @@ class ProcessActuator(Actuator):
         seq = next(self._seq)
         name = name or f"proc-{os.getpid()}-{seq}"
         key, token = mint_agent_key(tenant, f"process actuator: {name}")
-        env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+        env = agent_environment(os.environ, self.pass_env)
         env["CLOACINA_AGENT_API_KEY"] = token
         args = [
             self.python,
@@ -187,7 +215,10 @@ class ProcessActuator(Actuator):
             str(self.max_concurrency),
             *self.extra_args,
         ]
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # Agent logs name tasks and their errors: not for the task user's eyes.
+        self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with contextlib.suppress(PermissionError):  # made by an older version, 0755
+            os.chmod(self.log_dir, 0o700)
         log_path = self.log_dir / f"{label}-{name}.log"
 
         def start() -> subprocess.Popen:
