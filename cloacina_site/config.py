@@ -60,6 +60,10 @@ class Setting:
     minimum: float = 0
 
 
+# Room above the largest package or context for the rest of a request body (multipart
+# boundaries and headers, the JSON around a context).
+REQUEST_MARGIN_BYTES = 1024 * 1024
+
 # How long a draining agent may take to finish its in-flight work: drained through the
 # API/console, it is evicted after this; stopped by an actuator, it is killed after this.
 # The control plane reads the same Setting (fleet/control/settings.py).
@@ -189,6 +193,11 @@ class Config:
     tls_client_ca: str = ""
     debug: bool = False
     extra: dict = field(default_factory=dict)
+
+    @property
+    def max_request_bytes(self) -> int:
+        """The largest request body any endpoint accepts: past it, 413 before Django runs."""
+        return max(self.max_package_bytes, self.max_context_bytes) + REQUEST_MARGIN_BYTES
 
     @property
     def liveness_window_s(self) -> float:

@@ -146,7 +146,7 @@ class ServeProcess:
         from cloacina_site.asgi import application
         from cloacina_site.daphne_limits import apply_daphne_limits
 
-        apply_daphne_limits()
+        apply_daphne_limits(self.config.max_request_bytes)
         self.server = Server(
             application=application,
             endpoints=[
