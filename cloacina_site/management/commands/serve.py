@@ -22,6 +22,7 @@ from django.db import close_old_connections, connection
 from cloacina_site.config import Config, ConfigError, apply_overrides
 from cloacina_site.schema import migrate_with_lock
 from cloacina_site.tls import PLAINTEXT_WARNING, ServerTLS, daphne_endpoint, server_tls
+from cloacina_site.web_security import apply_tls_settings
 from fleet.control import jobs as control
 from fleet.control import substrate
 from fleet.engine import leader, recovery, server_registry
@@ -66,6 +67,8 @@ class Command(BaseCommand):
             tls = server_tls(config)  # bad paths, a mismatched key, … stop here: exit 2
         except ConfigError as exc:
             raise CommandError(str(exc), returncode=EXIT_CONFIG) from None
+        # Secure cookies and HSTS follow --tls-cert too, not only CLOACINA_TLS_CERT.
+        apply_tls_settings(tls is not None, config.hsts_seconds)
         instance_id = server_registry.new_instance_id()
         try:
             dispatcher = build_dispatcher(config, claimer=instance_id)
