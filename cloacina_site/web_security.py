@@ -19,7 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
-from django.http import HttpRequest, HttpResponse
+from django.core.exceptions import DisallowedHost
+from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from cloacina_site.config import Config
 
@@ -71,6 +72,16 @@ def apply_tls_settings(tls_on: bool, hsts_seconds: int) -> None:
 def connection_address(request: HttpRequest) -> str | None:
     """The address login attempts are counted under: the TCP peer's, never a header's."""
     return request.META.get("REMOTE_ADDR")
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    """handler400: JSON like the API's errors, not Django's HTML page (a wrong Host, …)."""
+    if isinstance(exception, DisallowedHost):
+        host = request.META.get("HTTP_HOST", "")[:100]
+        detail = f"this server does not answer to host {host!r} (see CLOACINA_ALLOWED_HOSTS)"
+    else:
+        detail = "bad request"
+    return JsonResponse({"detail": detail}, status=400)
 
 
 def _with_policy(response: HttpResponse) -> HttpResponse:

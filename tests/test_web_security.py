@@ -77,6 +77,18 @@ def test_allowed_hosts_come_from_the_configuration_with_loopback_kept(tmp_path):
     ]
 
 
+@pytest.mark.django_db
+def test_a_host_not_allowed_is_a_400_json_naming_the_setting(settings):
+    settings.ALLOWED_HOSTS = ["cloacina.example.com", "localhost"]
+    response = Client().get("/healthz", HTTP_HOST="evil.example.net")
+    assert response.status_code == 400
+    assert response.json() == {
+        "detail": "this server does not answer to host 'evil.example.net' "
+        "(see CLOACINA_ALLOWED_HOSTS)"
+    }
+    assert Client().get("/healthz", HTTP_HOST="cloacina.example.com").status_code == 200
+
+
 @pytest.mark.parametrize(
     "value", ["https://cloacina.example.com", "cloacina.example.com:8000", " , ", "a b", "x/y"]
 )
@@ -185,7 +197,10 @@ def test_plain_serve_checks_hosts_and_the_metrics_token_and_sends_no_hsts(procs)
     named = {"Host": f"cloacina.example.com:{port}"}
     assert httpx.get(f"{server.url}/healthz", headers=named, timeout=10).status_code == 200
     evil = {"Host": f"evil.example.net:{port}"}
-    assert httpx.get(f"{server.url}/healthz", headers=evil, timeout=10).status_code == 400
+    refused = httpx.get(f"{server.url}/api/v1/executions", headers=evil, timeout=10)
+    assert refused.status_code == 400
+    assert "evil.example.net" in refused.json()["detail"]
+    assert "CLOACINA_ALLOWED_HOSTS" in refused.json()["detail"]
     assert httpx.get(f"{server.url}/metrics", timeout=10).status_code == 401
     token = {"Authorization": "Bearer tok-123"}
     assert httpx.get(f"{server.url}/metrics", headers=token, timeout=10).status_code == 200
