@@ -207,6 +207,19 @@ def test_plain_serve_checks_hosts_and_the_metrics_token_and_sends_no_hsts(procs)
     login = httpx.get(f"{server.url}/console/login/", timeout=10)
     assert "Strict-Transport-Security" not in login.headers
     assert "secure" not in login.headers["set-cookie"].lower()
+    # The lockout through daphne and Django's async path (axes' middleware differs there).
+    with httpx.Client(base_url=server.url, timeout=10) as browser:
+        browser.get("/console/login/")
+        form = {
+            "username": "ops",
+            "password": "wrong",
+            "csrfmiddlewaretoken": csrf_value(browser.cookies.jar),
+        }
+        statuses = [browser.post("/console/login/", data=form).status_code for _ in range(5)]
+        assert statuses == [200, 200, 200, 200, 429], statuses
+        locked = browser.post("/console/login/", data=form)
+        assert locked.status_code == 429 and "Too many failed logins" in locked.text
+        assert "ops" in locked.text
 
 
 @pytest.mark.e2e
