@@ -9,6 +9,7 @@ reads :func:`get_config`.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -59,6 +60,10 @@ class Setting:
     default: Any
     minimum: float = 0
 
+
+# Room above the largest package or context for the rest of a request body (multipart
+# boundaries and headers, the JSON around a context).
+REQUEST_MARGIN_BYTES = 1024 * 1024
 
 # How long a draining agent may take to finish its in-flight work: drained through the
 # API/console, it is evicted after this; stopped by an actuator, it is killed after this.
@@ -204,6 +209,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("tls_key", "CLOACINA_TLS_KEY", "tls_key", str, ""),
     Setting("tls_client_ca", "CLOACINA_TLS_CLIENT_CA", "tls_client_ca", str, ""),
     Setting("debug", "CLOACINA_DEBUG", "debug", bool, False),
+    # The HTTP layer (cloacina_site/web_security.py).  Host names the server answers to,
+    # comma-separated ("*" = any; loopback names are always accepted).
+    Setting("allowed_hosts", "CLOACINA_ALLOWED_HOSTS", "allowed_hosts", str, "*"),
+    # Strict-Transport-Security max-age sent over TLS (0 = no HSTS header).
+    Setting("hsts_seconds", "CLOACINA_HSTS_SECONDS", "hsts_seconds", int, 31536000),
+    # Failed console/admin logins before a username, or an address, is locked out.
+    Setting(
+        "login_failure_limit", "CLOACINA_LOGIN_FAILURE_LIMIT", "login_failure_limit", int, 5, 1
+    ),
+    Setting("login_lockout_s", "CLOACINA_LOGIN_LOCKOUT_S", "login_lockout_s", int, 900, 1),
+    # Bearer token /metrics requires (empty = open, as before).
+    Setting("metrics_token", "CLOACINA_METRICS_TOKEN", "metrics_token", str, ""),
 )
 
 
@@ -248,12 +265,48 @@ class Config:
     tls_key: str = ""
     tls_client_ca: str = ""
     debug: bool = False
+    allowed_hosts: str = "*"
+    hsts_seconds: int = 31536000
+    login_failure_limit: int = 5
+    login_lockout_s: int = 900
+    metrics_token: str = ""
     extra: dict = field(default_factory=dict)
+
+    @property
+    def max_request_bytes(self) -> int:
+        """The largest request body any endpoint accepts: past it, 413 before Django runs."""
+        return max(self.max_package_bytes, self.max_context_bytes) + REQUEST_MARGIN_BYTES
+
+    @property
+    def allowed_host_list(self) -> list[str]:
+        """``allowed_hosts`` split and checked (see :func:`parse_allowed_hosts`)."""
+        return parse_allowed_hosts(self.allowed_hosts)
 
     @property
     def liveness_window_s(self) -> float:
         """Seconds without a heartbeat after which an agent is declared dead."""
         return self.heartbeat_interval_s * self.liveness_misses
+
+
+# A host name (optionally with a leading dot: the domain and its subdomains), an IPv4
+# address, a bracketed IPv6 address, or "*".
+_HOST = re.compile(
+    r"^(\*|\.?[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])$"
+)
+
+
+def parse_allowed_hosts(raw: str) -> list[str]:
+    """``CLOACINA_ALLOWED_HOSTS`` as Django's ALLOWED_HOSTS; ConfigError naming a bad entry."""
+    hosts = [part.strip() for part in raw.split(",")]
+    if not any(hosts):
+        raise ConfigError("CLOACINA_ALLOWED_HOSTS must name at least one host (or *)")
+    for host in hosts:
+        if not _HOST.match(host):
+            raise ConfigError(
+                f"CLOACINA_ALLOWED_HOSTS: {host!r} is not a host name, IP address or * "
+                "(no scheme, port or path; separate hosts with commas)"
+            )
+    return hosts
 
 
 def cloacina_home() -> Path:
@@ -318,6 +371,7 @@ def _validate(config: Config) -> None:
         raise ConfigError(
             "CLOACINA_AUTOSCALE_DOWN_THRESHOLD must not exceed CLOACINA_AUTOSCALE_UP_THRESHOLD"
         )
+    parse_allowed_hosts(config.allowed_hosts)
     if config.wire_format not in ("json", "msgpack"):
         raise ConfigError(
             f"CLOACINA_WIRE_FORMAT must be json or msgpack, got {config.wire_format!r}"

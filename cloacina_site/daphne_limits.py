@@ -1,6 +1,15 @@
 """What daphne lets one client make the server hold, and what it tells a client it closes.
 
-Three adjustments to daphne (pinned in requirements.txt), applied by `serve`:
+Four adjustments to daphne (pinned in requirements.txt), applied by `serve`:
+
+* **Request bodies capped as they arrive.**  Twisted buffers a whole request body
+  (to memory, then a temporary file) before daphne hands it to Django, so before
+  authentication: any client could make the server store gigabytes.  A body
+  declared (``Content-Length``) or streamed (``Transfer-Encoding: chunked``) past
+  the cap — the largest legitimate body, see ``Config.max_request_bytes`` — is
+  answered ``413`` with a JSON ``detail`` the moment it crosses the line; what
+  the client still sends is read and thrown away for a short linger (so it can
+  read the answer rather than a connection reset), then the connection closes.
 
 * **No Twisted form parsing.**  Twisted's ``http.Request`` parses every
   ``multipart/form-data`` POST into ``request.args`` before daphne sees it: a
@@ -18,7 +27,9 @@ Three adjustments to daphne (pinned in requirements.txt), applied by `serve`:
 
 from __future__ import annotations
 
+import json
 import logging
+from io import BytesIO
 
 log = logging.getLogger(__name__)
 
@@ -26,14 +37,120 @@ HIGH_WATER = 32  # frames queued for a consumer before its socket stops being re
 LOW_WATER = 8  # …and read again once the consumer is down to this many
 RESUME_CHECK_S = 0.005
 CLOSE_REASON_MAX_BYTES = 123  # the WebSocket close frame's limit
+# After a 413 the rest of the body is discarded until the client has been quiet this
+# long (it has stopped sending and is reading the answer), and never longer than
+# LINGER_MAX_S: closing on unread data would make the kernel send a reset, and many
+# clients then report "connection reset" instead of the 413.
+LINGER_IDLE_S = 2.0
+LINGER_MAX_S = 30.0
 
 
-def apply_daphne_limits() -> None:
-    """Install all three (idempotent)."""
+def apply_daphne_limits(max_body_bytes: int | None = None) -> None:
+    """Install all four (idempotent); ``max_body_bytes`` None leaves bodies uncapped."""
     from daphne import http_protocol, ws_protocol
 
     _formless_requests(http_protocol.WebRequest)
     _bounded_websockets(ws_protocol.WebSocketProtocol)
+    if max_body_bytes is not None:
+        _capped_bodies(http_protocol.WebRequest, max_body_bytes)
+
+
+def body_too_large_detail(limit: int) -> str:
+    return (
+        f"the request body is over the {limit}-byte limit of this server "
+        "(the largest package, CLOACINA_MAX_PACKAGE_BYTES, or context, "
+        "CLOACINA_MAX_CONTEXT_BYTES, plus 1 MiB)"
+    )
+
+
+def _capped_bodies(request_class, limit: int) -> None:
+    request_class._cloacina_body_limit = limit  # a later call (tests) may change the cap
+    if getattr(request_class, "_cloacina_capped", False):
+        return
+    original_got_length = request_class.gotLength
+    original_chunk = request_class.handleContentChunk
+    original_received = request_class.requestReceived
+
+    def gotLength(self, length):
+        self._cloacina_received = 0
+        self._cloacina_refused = False
+        if length is not None and length > self._cloacina_body_limit:
+            # Refused on the header alone: no body is read, and no "100 Continue" invites it.
+            self.requestHeaders.removeHeader(b"Expect")
+            self.content = BytesIO()
+            _refuse(self)
+            return
+        original_got_length(self, length)
+
+    def handleContentChunk(self, data):
+        if self._cloacina_refused:
+            return
+        self._cloacina_received += len(data)
+        if self._cloacina_received > self._cloacina_body_limit:
+            self.content.close()  # the temporary file and what it held go now
+            self.content = BytesIO()
+            _refuse(self)
+            return
+        original_chunk(self, data)
+
+    def requestReceived(self, command, path, version):
+        if getattr(self, "_cloacina_refused", False):
+            return  # answered already; the application never sees this request
+        original_received(self, command, path, version)
+
+    request_class.gotLength = gotLength
+    request_class.handleContentChunk = handleContentChunk
+    request_class.requestReceived = requestReceived
+    request_class._cloacina_capped = True
+
+
+def _refuse(request) -> None:
+    """Answer 413 straight on the connection, then linger, discarding what still comes."""
+    request._cloacina_refused = True
+    channel = request.channel
+    body = json.dumps({"detail": body_too_large_detail(request._cloacina_body_limit)}).encode()
+    channel.transport.write(
+        b"HTTP/1.1 413 Content Too Large\r\n"
+        b"Content-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n"
+        b"Connection: close\r\n\r\n" + body
+    )
+    log.warning(
+        "refused a request body over %d bytes from %s",
+        request._cloacina_body_limit,
+        channel.transport.getPeer(),
+    )
+    _Linger(channel).start()
+
+
+class _Linger:
+    """Reads and drops a refused request's remaining bytes, then closes the connection."""
+
+    def __init__(self, channel) -> None:
+        self.channel = channel
+        self.idle = None
+        self.deadline = None
+
+    def start(self) -> None:
+        from twisted.internet import reactor
+
+        # The channel parses no more: every byte from now on goes here, and is dropped.
+        self.channel.dataReceived = self.data_received
+        self.channel.setTimeout(None)
+        self.idle = reactor.callLater(LINGER_IDLE_S, self.close)
+        self.deadline = reactor.callLater(LINGER_MAX_S, self.close)
+
+    def data_received(self, data: bytes) -> None:
+        if self.idle is not None and self.idle.active():
+            self.idle.reset(LINGER_IDLE_S)
+
+    def close(self) -> None:
+        for call in (self.idle, self.deadline):
+            if call is not None and call.active():
+                call.cancel()
+        transport = self.channel.transport
+        if transport is not None:
+            transport.loseConnection()
 
 
 def _formless_requests(request_class) -> None:

@@ -8,9 +8,10 @@ nowhere and a guard that refuses any connection.
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
-from cloacina_site import db_pool, embedded_db, isolation
+from cloacina_site import db_pool, embedded_db, isolation, web_security
 from cloacina_site.config import get_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -41,7 +42,7 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 DEBUG = CONFIG.debug
-ALLOWED_HOSTS = ["*"]
+ALLOWED_HOSTS = web_security.allowed_hosts(CONFIG)
 
 INSTALLED_APPS = [
     "daphne",
@@ -52,6 +53,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "ninja",  # its bundled Swagger UI (static/ninja/), not a CDN's
+    "axes",  # console and admin login lockout
     "cloacina_site",  # for its management commands (serve)
     "fleet",
     "agents",
@@ -67,7 +70,29 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "cloacina_site.web_security.ContentSecurityPolicy",
+    # Last, as django-axes asks: it turns a locked-out login into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# -- login lockout (django-axes): per username and, separately, per address ----------
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out login outright
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = CONFIG.login_failure_limit
+AXES_COOLOFF_TIME = timedelta(seconds=CONFIG.login_lockout_s)
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_CLIENT_IP_CALLABLE = "cloacina_site.web_security.connection_address"
+AXES_LOCKOUT_TEMPLATE = "console/locked_out.html"
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
+
+# -- cookies and HSTS: Secure / sent only when TLS is on (serve re-applies for --tls-cert)
+_TLS = web_security.tls_settings(bool(CONFIG.tls_cert), CONFIG.hsts_seconds)
+SESSION_COOKIE_SECURE = _TLS["SESSION_COOKIE_SECURE"]
+CSRF_COOKIE_SECURE = _TLS["CSRF_COOKIE_SECURE"]
+SECURE_HSTS_SECONDS = _TLS["SECURE_HSTS_SECONDS"]
 
 ROOT_URLCONF = "cloacina_site.urls"
 ASGI_APPLICATION = "cloacina_site.asgi.application"

@@ -6,6 +6,8 @@ from cloacina_site.health import healthz
 from cloacina_site.static_files import static_file
 from fleet.metrics import metrics_view
 
+handler400 = "cloacina_site.web_security.bad_request"
+
 urlpatterns = [
     path("api/v1/", api.urls),
     path("healthz", healthz, name="healthz"),

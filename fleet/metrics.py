@@ -11,14 +11,16 @@ the scraped processes, like the connection pool's (``cloacina_db_pool_*``).
 
 from __future__ import annotations
 
+import hmac
 import logging
 
 from django.db import DatabaseError, connection
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from cloacina_site.config import get_config
 from cloacina_site.db_pool import PoolCollector
 
 # The agent-fabric and selector metrics (agents connected, connects, state changes,
@@ -106,4 +108,21 @@ REGISTRY.register(PoolCollector())
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
+    """The scrape; with CLOACINA_METRICS_TOKEN set, only for ``Authorization: Bearer <it>``."""
+    refusal = _token_refusal(request, get_config().metrics_token)
+    if refusal is not None:
+        return refusal
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+
+
+def _token_refusal(request: HttpRequest, token: str) -> HttpResponse | None:
+    if not token:
+        return None  # not configured: open, as before (bind to a private interface)
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+        return None
+    response = JsonResponse(
+        {"detail": "/metrics needs Authorization: Bearer <CLOACINA_METRICS_TOKEN>"}, status=401
+    )
+    response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+    return response

@@ -54,6 +54,8 @@ def procs(transactional_db, tmp_path):
         (["--actuator", "podman"], {}, "unknown actuator 'podman'"),
         ([], {"CLOACINA_SCHEDULER_POLL_S": "fast"}, "CLOACINA_SCHEDULER_POLL_S must be a number"),
         ([], {"CLOACINA_DB_POOL_MAX": "10"}, "CLOACINA_DB_POOL_MAX must be at least 24"),
+        ([], {"CLOACINA_ALLOWED_HOSTS": "https://x.example"}, "CLOACINA_ALLOWED_HOSTS: 'https:"),
+        ([], {"CLOACINA_LOGIN_LOCKOUT_S": "soon"}, "CLOACINA_LOGIN_LOCKOUT_S must be an integer"),
     ],
 )
 def test_serve_refuses_bad_configuration(procs, flags, env, message):

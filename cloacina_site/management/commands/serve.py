@@ -25,6 +25,7 @@ from cloacina_site.config import Config, ConfigError, apply_overrides
 from cloacina_site.isolation import current_warning
 from cloacina_site.schema import migrate_with_lock
 from cloacina_site.tls import PLAINTEXT_WARNING, ServerTLS, daphne_endpoint, server_tls
+from cloacina_site.web_security import apply_tls_settings
 from fleet.control import jobs as control
 from fleet.control import substrate
 from fleet.engine import leader, recovery, server_registry
@@ -69,6 +70,8 @@ class Command(BaseCommand):
             tls = server_tls(config)  # bad paths, a mismatched key, … stop here: exit 2
         except ConfigError as exc:
             raise CommandError(str(exc), returncode=EXIT_CONFIG) from None
+        # Secure cookies and HSTS follow --tls-cert too, not only CLOACINA_TLS_CERT.
+        apply_tls_settings(tls is not None, config.hsts_seconds)
         instance_id = server_registry.new_instance_id()
         try:
             dispatcher = build_dispatcher(config, claimer=instance_id)
@@ -151,7 +154,7 @@ class ServeProcess:
         from cloacina_site.asgi import application
         from cloacina_site.daphne_limits import apply_daphne_limits
 
-        apply_daphne_limits()
+        apply_daphne_limits(self.config.max_request_bytes)
         self.server = Server(
             application=application,
             endpoints=[
