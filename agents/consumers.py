@@ -8,7 +8,8 @@ queued (bounded) for one worker task that batches their database work: so a
 burst of ``received`` frames costs one UPDATE, and a slow database never
 blocks the socket's reader.  Work packets come from this process's relay
 through the channel layer (``delivery.work``); the relay can also close the
-socket (``delivery.close``) when the agent died or connected elsewhere.
+socket (``delivery.close``) when the agent died or connected elsewhere, or when the
+key the socket was opened with is revoked or its tenant deactivated (4401).
 An agent may report outcomes over the socket too (``result`` frames, answered
 by ``result_ack``): the same checks and handler as ``POST …/results``, without
 an HTTP request per task.
@@ -356,7 +357,7 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         previous = local_sockets.register(
             local_sockets.LocalSocket(
                 grant.agent_id, grant.tenant_id, self.channel_name, grant.generation,
-                grant.wire_format,
+                grant.wire_format, grant.key_id,
             )
         )  # fmt: skip
         self._registered = True

@@ -272,6 +272,9 @@ class SocketGrant:
     name: str
     wire_format: str
     generation: int
+    # The key the socket was opened with: the socket lives only as long as this key (and
+    # its tenant) stays active, whichever key registered the agent.
+    key_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -305,7 +308,7 @@ def open_socket(token: str, agent_id: uuid.UUID, server: str) -> SocketGrant | S
         row = cursor.fetchone()
     if row is None:
         return SocketRefusal(4404, "unknown agent (never registered here, or dead): register again")
-    return SocketGrant(agent_id, *row)
+    return SocketGrant(agent_id, *row, key_id=key.pk)
 
 
 def close_socket(agent_id: uuid.UUID, server: str, generation: int) -> bool:

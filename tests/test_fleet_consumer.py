@@ -534,3 +534,44 @@ def test_a_write_the_database_refuses_costs_the_other_sockets_nothing(tenant, ag
     assert code == 4400
     assert kept, "the writer tore its connection down for one socket's bad write"
     assert DeliveryOutbox.objects.filter(received_at__isnull=False).count() == 3
+
+
+@pytest.mark.parametrize("how", ["key revoked", "tenant deactivated"])
+def test_a_socket_is_bound_to_the_key_it_was_opened_with_and_closed_4401_with_it(tenant, how):
+    """The agent was registered with another key (revoking this one retires none of its
+    agents), yet the socket this key opened must not outlive the key or its tenant."""
+    from fleet.models import Tenant
+
+    registering, _ = ApiKey.mint("agent", tenant=tenant)
+    agent = make_agent(tenant, connected=False)
+    Agent.objects.filter(pk=agent.pk).update(api_key=registering)
+    opener, token = ApiKey.mint("agent", tenant=tenant)
+    bystander_tenant = Tenant.objects.create(name="bystander")
+    bystander = make_agent(bystander_tenant, connected=False)
+    _, bystander_token = ApiKey.mint("agent", tenant=bystander_tenant)
+
+    async def scenario():
+        from asgiref.sync import sync_to_async
+
+        relay = Relay(poll_s=0.05)
+        comm, other = socket(agent.id, token), socket(bystander.id, bystander_token)
+        await opened(comm)
+        await opened(other)
+        await until(lambda: local_sockets.get(agent.id) and local_sockets.get(bystander.id))
+        assert await relay.reconcile() == 0  # both keys active: nothing to close
+        if how == "key revoked":
+            await sync_to_async(opener.revoke)()
+        else:
+            await sync_to_async(Tenant.objects.filter(pk=tenant.pk).update)(is_active=False)
+        closed = await relay.reconcile()
+        code = await close_code(comm)
+        await other.receive_nothing(0.2)  # another tenant's socket stays open
+        await comm.disconnect()
+        await other.disconnect()
+        await relay.stop()
+        return closed, code
+
+    closed, code = run_async(scenario())
+    assert (closed, code) == (1, 4401), how
+    agent.refresh_from_db()
+    assert agent.state == "live"  # revocation retires the agents of the key, not this one
