@@ -24,6 +24,7 @@ from cloacina_site.auth import ROLE_IMPLIES, touch_last_used
 from cloacina_site.config import get_config
 from fleet.delivery.liveness import evict_agent
 from fleet.delivery.redelivery import mark_running_received
+from fleet.engine.context import unstorable
 from fleet.models import ApiKey, Role, Tenant
 
 PROTOCOL_VERSION = 1
@@ -80,10 +81,19 @@ def _check_strings(field: str, values) -> list[str]:
 
 
 def check_metrics(metrics) -> dict:
+    """``metrics`` if it is an object jsonb can store within the size limit, else a 422."""
     metrics = metrics or {}
     if not isinstance(metrics, dict):
         raise RosterError(422, "metrics must be a JSON object")
-    size = len(json.dumps(metrics, default=str))
+    try:  # jsonb refuses NaN and Infinity: a 500 at the UPDATE otherwise
+        size = len(json.dumps(metrics, default=str, allow_nan=False))
+    except ValueError:
+        raise RosterError(
+            422, "metrics must hold finite numbers only (no NaN or Infinity)"
+        ) from None
+    problem = unstorable(metrics)
+    if problem:
+        raise RosterError(422, f"metrics hold {problem}")
     if size > MAX_METRICS_BYTES:
         raise RosterError(422, f"metrics is {size} bytes, over the {MAX_METRICS_BYTES}-byte limit")
     return metrics
