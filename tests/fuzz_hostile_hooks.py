@@ -10,7 +10,9 @@ used to answer with a 500:
 * a package upload whose cloacina.toml holds a NUL in a routing string (tags, agent,
   capability, group, gpu, affinity).
 
-The server must answer each with a documented 4xx, never a 5xx.  DB-free: it runs in the
+The server must answer each with a documented 4xx, never a 5xx.  Each request's mutation
+and status are appended to ``$CLOACINA_FUZZ_HOSTILE_LOG`` ("name<TAB>status" lines), so the
+test can check that every mutation was sent and refused.  DB-free: it runs in the
 schemathesis process.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from typing import Any
 
 import schemathesis
@@ -87,12 +90,26 @@ def _manifest_with_nul() -> bytes:
     return build_archive(package_files(tasks))
 
 
+_sent: dict[int, str] = {}  # id(case) -> the mutation its request carried
+
+
 @schemathesis.hook
 def before_call(ctx, case, kwargs: dict) -> None:
     media_type = (case.media_type or "").split(";")[0]
     if media_type == "multipart/form-data" and isinstance(case.body, dict) and "file" in case.body:
         kwargs["files"] = {"file": ("hostile.tar.gz", _manifest_with_nul(), "application/gzip")}
         kwargs["data"] = {k: str(v) for k, v in case.body.items() if k != "file"}
+        _sent[id(case)] = "manifest_nul"
     elif media_type == "application/json":
-        text = json.dumps(_marked(case.body), ensure_ascii=True)
-        kwargs["data"] = next(_json_turn)(text)
+        mutation = next(_json_turn)
+        kwargs["data"] = mutation(json.dumps(_marked(case.body), ensure_ascii=True))
+        _sent[id(case)] = mutation.__name__.lstrip("_")
+
+
+@schemathesis.hook
+def after_call(ctx, case, response) -> None:
+    mutation = _sent.pop(id(case), None)
+    log = os.environ.get("CLOACINA_FUZZ_HOSTILE_LOG")
+    if mutation and log:
+        with open(log, "a") as fh:
+            fh.write(f"{mutation}\t{response.status_code}\n")

@@ -523,6 +523,15 @@ def test_a_write_the_database_refuses_costs_the_other_sockets_nothing(tenant, ag
             await asyncio.sleep(0.05)
         code = await close_code(bad)
         await until(lambda: not DeliveryOutbox.objects.filter(received_at__isnull=True).exists())
+        # Beats of one round: the one jsonb refuses (NaN, which the frame check would stop)
+        # is refused alone; the honest one is written.
+        refused, honest_beat = await asyncio.gather(
+            writes.heartbeat(rogue.id, tenant.id, [], {"x": float("nan")}, False),
+            writes.heartbeat(honest.id, tenant.id, [], {"load": 0.25}, False),
+            return_exceptions=True,
+        )
+        assert isinstance(refused, socket_writes.WriteRefused), refused
+        assert honest_beat is not None and honest_beat.state == "live", honest_beat
         kept = writes._conn is conn
         await good.send_json_to({"type": "heartbeat", "in_flight": 0})
         await good.receive_nothing(0.3)  # still open
@@ -534,6 +543,7 @@ def test_a_write_the_database_refuses_costs_the_other_sockets_nothing(tenant, ag
     assert code == 4400
     assert kept, "the writer tore its connection down for one socket's bad write"
     assert DeliveryOutbox.objects.filter(received_at__isnull=False).count() == 3
+    assert Agent.objects.get(pk=honest.pk).metrics == {"load": 0.25}
 
 
 @pytest.mark.parametrize("how", ["key revoked", "tenant deactivated"])

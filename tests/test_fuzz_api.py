@@ -35,6 +35,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import fuzz_hostile_hooks as hostile_hooks
 from tests.e2e_support import Processes
 
 ROLES = ("none", "agent", "read", "write", "admin")
@@ -198,6 +199,7 @@ def _start_run(
     env = dict(os.environ)
     if phases == HOSTILE:
         env["SCHEMATHESIS_HOOKS"] = "tests.fuzz_hostile_hooks"
+        env["CLOACINA_FUZZ_HOSTILE_LOG"] = str(workdir / "hostile.log")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         checks, phases, examples = HOSTILE_CHECKS, "examples,fuzzing", HOSTILE_EXAMPLES
     else:
@@ -256,6 +258,15 @@ def test_every_operation_for_every_caller_keeps_to_the_document(procs, tmp_path)
         assert tested and int(tested.group(1)) == expected, (
             f"{role} on {schema.name}: not all {expected} operations tested:\n{output[-3000:]}"
         )
+    # Every hostile body was sent, and refused with a 4xx naming it (401/403 do not count).
+    sent: dict[str, set[int]] = {}
+    for log in tmp_path.glob("st-*/hostile.log"):
+        for line in log.read_text().splitlines():
+            mutation, status = line.split("\t")
+            sent.setdefault(mutation, set()).add(int(status))
+    expected = {m.__name__.lstrip("_") for m in hostile_hooks.JSON_MUTATIONS} | {"manifest_nul"}
+    assert set(sent) == expected, sent
+    assert all(s in (400, 404, 413, 422) for m in sent.values() for s in m), sent
     # The server took all of it and still serves.
     assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
     assert "Traceback" not in server.process.output(), server.process.tail(80)

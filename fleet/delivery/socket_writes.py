@@ -225,7 +225,9 @@ class SocketWrites:
         )
         return {row[0] for row in await cursor.fetchall()}
 
-    async def _write_beats(self, conn: psycopg.AsyncConnection, beats: dict[uuid.UUID, _Beat]):
+    async def _write_beats(
+        self, conn: psycopg.AsyncConnection, beats: dict[uuid.UUID, _Beat]
+    ) -> None:
         refused: set[uuid.UUID] = set()
         try:
             answers = await self._beat(conn, beats)
