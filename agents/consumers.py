@@ -8,7 +8,8 @@ queued (bounded) for one worker task that batches their database work: so a
 burst of ``received`` frames costs one UPDATE, and a slow database never
 blocks the socket's reader.  Work packets come from this process's relay
 through the channel layer (``delivery.work``); the relay can also close the
-socket (``delivery.close``) when the agent died or connected elsewhere.
+socket (``delivery.close``) when the agent died or connected elsewhere, or when the
+key the socket was opened with is revoked or its tenant deactivated (4401).
 An agent may report outcomes over the socket too (``result`` frames, answered
 by ``result_ack``): the same checks and handler as ``POST …/results``, without
 an HTTP request per task.
@@ -33,7 +34,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
 
 from agents import result_batches, roster
-from agents.result_intake import ResultIn
+from agents.result_intake import MAX_BIGINT, MAX_INT, ResultIn
 from agents.runtime import wire
 from fleet.delivery import db as delivery_db
 from fleet.delivery import local_sockets, redelivery, socket_writes
@@ -86,25 +87,44 @@ def _bearer(scope: dict) -> str:
     return ""
 
 
+def _bounded_int(value: Any, low: int, high: int) -> int | None:
+    """``value`` if it is a JSON integer (not a boolean) within [low, high], else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+        return value
+    return None
+
+
+def _holding(holding: Any) -> list[tuple[uuid.UUID, int]]:
+    if not isinstance(holding, list) or len(holding) > MAX_HOLDING:
+        raise FrameRejected(f"hello: holding must be a list of at most {MAX_HOLDING} pairs")
+    pairs = []
+    for item in holding:
+        try:
+            task_id, assignment = item
+            task_uuid = uuid.UUID(task_id) if isinstance(task_id, str) else None
+        except (TypeError, ValueError):
+            task_uuid = None
+            assignment = None
+        # Cast to int[] in SQL: an assignment past int4 would fail the statement.
+        bounded = _bounded_int(assignment, 1, MAX_INT)
+        if task_uuid is None or bounded is None:
+            raise FrameRejected(
+                "hello: each holding entry must be [task_execution_id, assignment] with "
+                f"assignment an integer 1..{MAX_INT}"
+            )
+        pairs.append((task_uuid, bounded))
+    return pairs
+
+
 def _check_frame(frame: dict[str, Any]) -> dict[str, Any]:
     kind = frame.get("type")
     if kind == "received":
-        if not isinstance(frame.get("outbox_id"), int) or isinstance(frame["outbox_id"], bool):
-            raise FrameRejected("received: outbox_id must be an integer")
+        # The codec allows integers up to 2^64-1; delivery_outbox.id is a bigint, and one
+        # id past it would fail the writer's batched UPDATE for every socket in the round.
+        if _bounded_int(frame.get("outbox_id"), 1, MAX_BIGINT) is None:
+            raise FrameRejected(f"received: outbox_id must be an integer 1..{MAX_BIGINT}")
     elif kind == "hello":
-        holding = frame.get("holding", [])
-        if not isinstance(holding, list) or len(holding) > MAX_HOLDING:
-            raise FrameRejected(f"hello: holding must be a list of at most {MAX_HOLDING} pairs")
-        pairs = []
-        for item in holding:
-            try:
-                task_id, assignment = item
-                pairs.append((uuid.UUID(str(task_id)), int(assignment)))
-            except (TypeError, ValueError):
-                raise FrameRejected(
-                    "hello: each holding entry must be [task_execution_id, assignment]"
-                ) from None
-        frame = {"type": "hello", "holding": pairs}
+        frame = {"type": "hello", "holding": _holding(frame.get("holding", []))}
     elif kind == "heartbeat":
         metrics = frame.get("metrics")
         if metrics is not None and not isinstance(metrics, dict):
@@ -267,10 +287,14 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         if beats:
             HEARTBEATS.labels(via="socket").inc(len(beats))
             beat = beats[-1]
-            result = await writes.heartbeat(
-                grant.agent_id, grant.tenant_id, beat["running"], beat.get("metrics"),
-                beat["draining"],
-            )  # fmt: skip
+            try:
+                result = await writes.heartbeat(
+                    grant.agent_id, grant.tenant_id, beat["running"], beat.get("metrics"),
+                    beat["draining"],
+                )  # fmt: skip
+            except socket_writes.WriteRefused as exc:
+                await self._close(CLOSE_MALFORMED, f"malformed frame: {exc}")
+                return
             if result is None:
                 await self._close(CLOSE_UNKNOWN_AGENT, "agent is dead; register again")
             elif result.drain and not self._drain_sent:
@@ -333,7 +357,7 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         previous = local_sockets.register(
             local_sockets.LocalSocket(
                 grant.agent_id, grant.tenant_id, self.channel_name, grant.generation,
-                grant.wire_format,
+                grant.wire_format, grant.key_id,
             )
         )  # fmt: skip
         self._registered = True

@@ -24,6 +24,7 @@ from cloacina_site.auth import ROLE_IMPLIES, touch_last_used
 from cloacina_site.config import get_config
 from fleet.delivery.liveness import evict_agent
 from fleet.delivery.redelivery import mark_running_received
+from fleet.engine.context import unstorable
 from fleet.models import ApiKey, Role, Tenant
 
 PROTOCOL_VERSION = 1
@@ -82,10 +83,19 @@ def _check_strings(field: str, values) -> list[str]:
 
 
 def check_metrics(metrics) -> dict:
+    """``metrics`` if it is an object jsonb can store within the size limit, else a 422."""
     metrics = metrics or {}
     if not isinstance(metrics, dict):
         raise RosterError(422, "metrics must be a JSON object")
-    size = len(json.dumps(metrics, default=str))
+    try:  # jsonb refuses NaN and Infinity: a 500 at the UPDATE otherwise
+        size = len(json.dumps(metrics, default=str, allow_nan=False))
+    except ValueError:
+        raise RosterError(
+            422, "metrics must hold finite numbers only (no NaN or Infinity)"
+        ) from None
+    problem = unstorable(metrics)
+    if problem:
+        raise RosterError(422, f"metrics hold {problem}")
     if size > MAX_METRICS_BYTES:
         raise RosterError(422, f"metrics is {size} bytes, over the {MAX_METRICS_BYTES}-byte limit")
     return metrics
@@ -276,6 +286,9 @@ class SocketGrant:
     name: str
     wire_format: str
     generation: int
+    # The key the socket was opened with: the socket lives only as long as this key (and
+    # its tenant) stays active, whichever key registered the agent.
+    key_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -309,7 +322,7 @@ def open_socket(token: str, agent_id: uuid.UUID, server: str) -> SocketGrant | S
         row = cursor.fetchone()
     if row is None:
         return SocketRefusal(4404, "unknown agent (never registered here, or dead): register again")
-    return SocketGrant(agent_id, *row)
+    return SocketGrant(agent_id, *row, key_id=key.pk)
 
 
 def close_socket(agent_id: uuid.UUID, server: str, generation: int) -> bool:

@@ -155,13 +155,23 @@ def _percent(task: dict, key: str, where: str) -> float | None:
     return value
 
 
+def _storable(value: str, key: str, where: str) -> str:
+    """A routing string as PostgreSQL can store it (jsonb and text refuse NUL), bounded
+    like the names it is matched against."""
+    if "\x00" in value:
+        raise ManifestError(f"{where}: {key} holds a NUL character (\\u0000)")
+    if len(value) > MAX_NAME_CHARS:
+        raise ManifestError(f"{where}: {key} is longer than {MAX_NAME_CHARS} characters")
+    return value
+
+
 def _optional_str(task: dict, key: str, where: str) -> str | None:
     value = task.get(key)
     if value is None:
         return None
     if not isinstance(value, str) or not value:
         raise ManifestError(f"{where}: {key} must be a non-empty string, got {value!r}")
-    return value
+    return _storable(value, key, where)
 
 
 def _affinity(task: dict, where: str) -> str | None:
@@ -180,6 +190,8 @@ def _str_list(task: dict, key: str, where: str) -> list[str]:
     value = task.get(key, [])
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise ManifestError(f"{where}: {key} must be a list of non-empty strings, got {value!r}")
+    for item in value:
+        _storable(item, key, where)
     if len(set(value)) != len(value):
         dup = next(v for v in value if value.count(v) > 1)
         raise ManifestError(f"{where}: {key} lists {dup!r} more than once")
@@ -192,6 +204,8 @@ def _parse_routing(task: dict, where: str) -> dict:
         raise ManifestError(
             f"{where}: gpu must be true/false or a GPU model name (string), got {gpu!r}"
         )
+    if isinstance(gpu, str):
+        _storable(gpu, "gpu", where)
     priority = task.get("priority", 0)
     if not _is_int(priority) or abs(priority) > PRIORITY_LIMIT:
         raise ManifestError(

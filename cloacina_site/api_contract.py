@@ -19,6 +19,7 @@ document rather than from a table kept by hand.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.conf import settings
@@ -103,15 +104,31 @@ def _json_kind(value: Any) -> str:
     return "a number"
 
 
+def _refuse_constant(name: str) -> Any:
+    raise BodyNotAnObject(
+        f"the request body is not valid JSON: {name} is not a JSON number (JSON numbers are finite)"
+    )
+
+
 class ObjectBodyParser(Parser):
-    """JSON bodies must be objects, with no NUL character or lone surrogate anywhere
-    (PostgreSQL can neither store nor compare one): 422 otherwise, naming what was sent."""
+    """JSON bodies must be strict JSON objects: UTF-8 (no raw surrogate bytes), finite
+    numbers (no NaN or Infinity, which jsonb refuses), and no NUL character or lone
+    surrogate anywhere (PostgreSQL can neither store nor compare one): 400/422 otherwise,
+    naming what was sent."""
 
     def parse_body(self, request: HttpRequest):
-        data = super().parse_body(request)
+        # json.loads(bytes) decodes with "surrogatepass": raw bytes of a lone surrogate
+        # (b"\xed\xa0\x80") would come through as text no database can store.
+        try:
+            text = request.body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"invalid UTF-8 at byte {exc.start} (raw surrogate or non-UTF-8 bytes)"
+            ) from None
+        data = json.loads(text, parse_constant=_refuse_constant)
         if not isinstance(data, dict):
             raise BodyNotAnObject(f"the request body must be a JSON object, not {_json_kind(data)}")
-        problem = unstorable(data) if b"\\u" in request.body else ""
+        problem = unstorable(data) if "\\u" in text else ""
         if problem:
             raise BodyNotAnObject(f"the request body holds {problem}")
         return data

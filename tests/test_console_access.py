@@ -198,3 +198,36 @@ def test_htmx_errors_are_json_details(writer_client):
     assert json.loads(response.content) == {
         "detail": "range must be one of 15m, 1h, 6h, 24h, 7d, 30d, all, got 'forever'"
     }
+
+
+def _deactivate(tenant) -> None:
+    from fleet.models import Tenant
+
+    Tenant.objects.filter(pk=tenant.pk).update(is_active=False)
+
+
+@pytest.mark.parametrize("page", TENANT_PAGES + EXECUTION_PAGES + FILTERED_LISTS)
+def test_a_deactivated_tenants_members_lose_its_pages(page, reader_client, execution, tenant):
+    _deactivate(tenant)
+    assert reader_client.get(_url(page, execution)).status_code == 404
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_a_deactivated_tenants_writers_lose_its_actions(action, writer_client, execution, tenant):
+    from fleet.models import Tenant, WorkflowExecution
+
+    _deactivate(tenant)
+    response = writer_client.post(_url(action, execution))
+    assert response.status_code == 404
+    assert Tenant.objects.get(pk=tenant.pk).desired_count == tenant.desired_count
+    assert WorkflowExecution.objects.get(pk=execution.pk).status == execution.status
+
+
+def test_a_deactivated_tenant_leaves_its_members_lists_and_stays_with_the_admin(
+    reader_client, admin_client, execution, tenant
+):
+    _deactivate(tenant)
+    overview = reader_client.get("/console/").content.decode()
+    assert "/console/tenants/acme/" not in overview
+    assert str(execution.pk) not in reader_client.get("/console/executions/").content.decode()
+    assert admin_client.get("/console/tenants/acme/").status_code == 200

@@ -145,3 +145,43 @@ def test_a_reader_sees_a_disabled_cancel_button(reader_client, tenant):
 def test_an_unknown_execution_is_404(admin_client, db):
     response = admin_client.get("/console/executions/00000000-0000-0000-0000-000000000000/")
     assert response.status_code == 404
+
+
+CHAIN = 2000
+
+
+def test_the_detail_page_of_a_2000_task_chain_renders(admin_client, tenant):
+    """Each task depends on the one before: the layering used to recurse once per link
+    and turned the page into a 500 (RecursionError)."""
+    from tests.factories import make_package
+
+    # Listed end first, so the layering meets the deepest task before any of its chain.
+    tasks = [
+        {"id": f"t{i}", "function": "demo.steps:a", "dependencies": [f"t{i - 1}"]}
+        for i in range(CHAIN - 1, 0, -1)
+    ] + [{"id": "t0", "function": "demo.steps:a"}]
+    make_package(tenant, tasks, "def a(context):\n    return None\n")
+    execution, _ = start(tenant, "demo", {})
+    for url in (
+        f"/console/executions/{execution.pk}/",
+        f"/console/executions/{execution.pk}/partials/graph/",
+    ):
+        response = admin_client.get(url)
+        assert response.status_code == 200, url
+    layers = dependency_layers(list(TaskExecution.objects.filter(workflow_execution=execution)))
+    assert [[t.task_id for t in layer] for layer in layers] == [[f"t{i}"] for i in range(CHAIN)]
+
+
+def test_dependency_layers_put_a_task_after_its_deepest_dependency(tenant):
+    """Shared dependencies (reached twice) and a long and a short path to one task."""
+    from types import SimpleNamespace
+
+    graph = {"a": [], "b": ["a"], "c": ["b"], "d": ["a", "c"], "e": ["a", "b"], "f": ["e", "d"]}
+    tasks = [
+        SimpleNamespace(task_id=k, dependencies=v, position=i)
+        for i, (k, v) in enumerate(graph.items())
+    ]
+    layers = dependency_layers(tasks)
+    assert [[t.task_id for t in layer] for layer in layers] == [
+        ["a"], ["b"], ["c", "e"], ["d"], ["f"]
+    ]  # fmt: skip

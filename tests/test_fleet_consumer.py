@@ -149,6 +149,16 @@ def test_a_connection_owns_the_agent_and_beats_and_confirms_over_the_socket(tena
         ('{"type": "received", "outbox_id": "seven"}', "bad field"),
         ('{"type": "hello", "holding": [["x", 1]]}', "bad holding"),
         ('{"type": "heartbeat", "x": NaN}', "NaN"),
+        # Past delivery_outbox.id (bigint) / the int4 assignment column: refused at the frame,
+        # never handed to the writer's batched UPDATE.
+        (f'{{"type": "received", "outbox_id": {2**64 - 1}}}', "outbox_id past bigint"),
+        (f'{{"type": "received", "outbox_id": {2**63}}}', "outbox_id just past bigint"),
+        ('{"type": "received", "outbox_id": 0}', "outbox_id zero"),
+        ('{"type": "received", "outbox_id": -5}', "outbox_id negative"),
+        (f'{{"type": "hello", "holding": [["{uuid.uuid4()}", {2**31}]]}}', "assignment past int"),
+        (f'{{"type": "hello", "holding": [["{uuid.uuid4()}", "3"]]}}', "assignment a string"),
+        (f'{{"type": "hello", "holding": [["{uuid.uuid4()}", 1.5]]}}', "assignment a float"),
+        (f'{{"type": "hello", "holding": [["{uuid.uuid4()}", true]]}}', "assignment a bool"),
     ],
 )
 def test_a_malformed_frame_is_closed_4400(tenant, agent_key, frame, why):
@@ -479,3 +489,99 @@ async def _row(pk):
     from asgiref.sync import sync_to_async
 
     return await sync_to_async(lambda: DeliveryOutbox.objects.get(pk=pk))()
+
+
+def test_a_write_the_database_refuses_costs_the_other_sockets_nothing(tenant, agent_key):
+    """Frames are bounded at the socket, but should a value the database refuses reach the
+    writer anyway, the round's other confirmations still land, the writer keeps its
+    connection, and only the offender's socket is closed (4400)."""
+    from fleet.delivery import socket_writes
+
+    two_task_package(tenant)
+    honest = make_agent(tenant, "honest", max_concurrency=8, connected=False)
+    rogue = make_agent(tenant, "rogue", connected=False)
+    make_agent(tenant, "helper", max_concurrency=8)  # takes the packets; they move to honest
+    rows = []
+    for _ in range(3):
+        _, task = ready_root(tenant)
+        place_task(task.pk, "s")
+        rows.append(DeliveryOutbox.objects.get(task=task))
+    DeliveryOutbox.objects.update(agent=honest)
+
+    async def scenario():
+        good, bad = socket(honest.id, agent_key), socket(rogue.id, agent_key)
+        await opened(good)
+        await opened(bad)
+        await until(lambda: local_sockets.get(honest.id) and local_sockets.get(rogue.id))
+        await until(lambda: DeliveryOutbox.objects.update(state="delivered") == 3)
+        writes = socket_writes.writer()
+        await writes.heartbeat(honest.id, tenant.id, [], None, False)  # the connection is open
+        conn = writes._conn
+        for round_ in range(3):  # every round holds a refused id and an honest confirmation
+            writes.received(rogue.id, [2**64 - 1 - round_])
+            writes.received(honest.id, [rows[round_].id])
+            await asyncio.sleep(0.05)
+        code = await close_code(bad)
+        await until(lambda: not DeliveryOutbox.objects.filter(received_at__isnull=True).exists())
+        # Beats of one round: the one jsonb refuses (NaN, which the frame check would stop)
+        # is refused alone; the honest one is written.
+        refused, honest_beat = await asyncio.gather(
+            writes.heartbeat(rogue.id, tenant.id, [], {"x": float("nan")}, False),
+            writes.heartbeat(honest.id, tenant.id, [], {"load": 0.25}, False),
+            return_exceptions=True,
+        )
+        assert isinstance(refused, socket_writes.WriteRefused), refused
+        assert honest_beat is not None and honest_beat.state == "live", honest_beat
+        kept = writes._conn is conn
+        await good.send_json_to({"type": "heartbeat", "in_flight": 0})
+        await good.receive_nothing(0.3)  # still open
+        await good.disconnect()
+        await bad.disconnect()
+        return code, kept
+
+    code, kept = run_async(scenario())
+    assert code == 4400
+    assert kept, "the writer tore its connection down for one socket's bad write"
+    assert DeliveryOutbox.objects.filter(received_at__isnull=False).count() == 3
+    assert Agent.objects.get(pk=honest.pk).metrics == {"load": 0.25}
+
+
+@pytest.mark.parametrize("how", ["key revoked", "tenant deactivated"])
+def test_a_socket_is_bound_to_the_key_it_was_opened_with_and_closed_4401_with_it(tenant, how):
+    """The agent was registered with another key (revoking this one retires none of its
+    agents), yet the socket this key opened must not outlive the key or its tenant."""
+    from fleet.models import Tenant
+
+    registering, _ = ApiKey.mint("agent", tenant=tenant)
+    agent = make_agent(tenant, connected=False)
+    Agent.objects.filter(pk=agent.pk).update(api_key=registering)
+    opener, token = ApiKey.mint("agent", tenant=tenant)
+    bystander_tenant = Tenant.objects.create(name="bystander")
+    bystander = make_agent(bystander_tenant, connected=False)
+    _, bystander_token = ApiKey.mint("agent", tenant=bystander_tenant)
+
+    async def scenario():
+        from asgiref.sync import sync_to_async
+
+        relay = Relay(poll_s=0.05)
+        comm, other = socket(agent.id, token), socket(bystander.id, bystander_token)
+        await opened(comm)
+        await opened(other)
+        await until(lambda: local_sockets.get(agent.id) and local_sockets.get(bystander.id))
+        assert await relay.reconcile() == 0  # both keys active: nothing to close
+        if how == "key revoked":
+            await sync_to_async(opener.revoke)()
+        else:
+            await sync_to_async(Tenant.objects.filter(pk=tenant.pk).update)(is_active=False)
+        closed = await relay.reconcile()
+        code = await close_code(comm)
+        await other.receive_nothing(0.2)  # another tenant's socket stays open
+        await comm.disconnect()
+        await other.disconnect()
+        await relay.stop()
+        return closed, code
+
+    closed, code = run_async(scenario())
+    assert (closed, code) == (1, 4401), how
+    agent.refresh_from_db()
+    assert agent.state == "live"  # revocation retires the agents of the key, not this one

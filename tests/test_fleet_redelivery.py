@@ -118,3 +118,14 @@ def test_acked_rows_are_pruned_after_the_retention_window(tenant):
     DeliveryOutbox.objects.filter(pk=recent.pk).update(state="acked", acked_at=timezone.now())
     assert prune_acked(3600.0, batch=1) == 1
     assert set(DeliveryOutbox.objects.values_list("pk", flat=True)) == {recent.pk, open_row.pk}
+
+
+@pytest.mark.django_db
+def test_a_hello_assignment_past_int_matches_nothing_instead_of_failing_the_cast(tenant):
+    two_task_package(tenant)
+    agent = make_agent(tenant, max_concurrency=5)
+    held = _packet(tenant, agent, delivered_ago_s=5)
+    lost = _packet(tenant, agent, delivered_ago_s=5)
+    holding = [(held.task_id, held.assignment), (lost.task_id, 2**31), (lost.task_id, 2**64 - 1)]
+    assert apply_hello(agent.id, holding) == (1, 1)
+    assert (_state(held), _state(lost)) == ("delivered", "pending")

@@ -13,6 +13,12 @@ The path parameters of the document get real ids (an execution, an agent,
 a package, an artifact digest) as examples, so the generated requests reach
 past the 404s into the code behind them.
 
+A second set of runs, one per key role, sends hostile bodies instead of the
+generated ones (tests/fuzz_hostile_hooks.py): NaN and ±Infinity, lone surrogates as
+raw bytes and escaped, NUL characters, and package uploads whose manifest holds a
+NUL in a routing string.  Only "never a 5xx, always a documented answer" is checked
+there: the generated case no longer describes what was sent.
+
 ``CLOACINA_FUZZ_EXAMPLES`` (default 12) bounds the fuzzing phase per
 operation; ``CLOACINA_FUZZ_SEED`` fixes the generation (default 7).
 """
@@ -29,6 +35,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import fuzz_hostile_hooks as hostile_hooks
 from tests.e2e_support import Processes
 
 ROLES = ("none", "agent", "read", "write", "admin")
@@ -45,6 +52,19 @@ CHECKS = ",".join(
         "unsupported_method",
     ]
 )
+# What the hostile runs check: their requests are no longer the generated cases, so
+# acceptance of valid data and rejection of invalid data do not apply.
+HOSTILE_CHECKS = ",".join(
+    [
+        "not_a_server_error",
+        "status_code_conformance",
+        "content_type_conformance",
+        "response_schema_conformance",
+    ]
+)
+HOSTILE = "hostile"  # the phases marker of a hostile run
+HOSTILE_EXAMPLES = 6  # one of each JSON mutation per operation, give or take
+REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = int(os.environ.get("CLOACINA_FUZZ_EXAMPLES", "12"))
 SEED = int(os.environ.get("CLOACINA_FUZZ_SEED", "7"))
 RUN_TIMEOUT_S = 240.0
@@ -161,6 +181,13 @@ def _plan(document: dict, tmp_path: Path) -> list[tuple[str, Path, str]]:
             runs.append((role, allowed, ALLOWED))
         if refused:
             runs.append((role, refused, REFUSED))
+        hostile = _subset(
+            document,
+            lambda op, r=role: r in op["x-roles"] and "requestBody" in op,
+            tmp_path / f"hostile-{role}.json",
+        )
+        if hostile:
+            runs.append((role, hostile, HOSTILE))
     return runs
 
 
@@ -169,14 +196,22 @@ def _start_run(
 ) -> subprocess.Popen:
     workdir.mkdir()
     (workdir / "schemathesis.toml").write_text(CONFIG)
+    env = dict(os.environ)
+    if phases == HOSTILE:
+        env["SCHEMATHESIS_HOOKS"] = "tests.fuzz_hostile_hooks"
+        env["CLOACINA_FUZZ_HOSTILE_LOG"] = str(workdir / "hostile.log")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        checks, phases, examples = HOSTILE_CHECKS, "examples,fuzzing", HOSTILE_EXAMPLES
+    else:
+        checks, examples = CHECKS, EXAMPLES if phases == ALLOWED else REFUSED_EXAMPLES
     args = [
         sys.executable, "-m", "schemathesis.cli",
         "--config-file", str(workdir / "schemathesis.toml"),
         "run", str(schema),
         "--url", base_url,
-        "--checks", CHECKS,
+        "--checks", checks,
         "--phases", phases,
-        "--max-examples", str(EXAMPLES if phases == ALLOWED else REFUSED_EXAMPLES),
+        "--max-examples", str(examples),
         "--seed", str(SEED),
         "--generation-database", "none",
         "--no-shrink",
@@ -188,7 +223,7 @@ def _start_run(
     if key is not None:
         args += ["--header", f"Authorization: Bearer {key}"]
     return subprocess.Popen(
-        args, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        args, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
 
 
@@ -204,7 +239,7 @@ def test_every_operation_for_every_caller_keeps_to_the_document(procs, tmp_path)
     while pending or running:
         while pending and len(running) < PARALLEL_RUNS:
             role, schema, phases = pending.pop(0)
-            workdir = tmp_path / f"st-{len(results) + len(running)}-{role}"
+            workdir = tmp_path / f"st-{len(results) + len(running)}-{role}-{schema.stem}"
             key = seeded["keys"].get(role)
             running.append((role, schema, _start_run(schema, phases, server.url, key, workdir)))
         role, schema, run = running.pop(0)
@@ -223,6 +258,15 @@ def test_every_operation_for_every_caller_keeps_to_the_document(procs, tmp_path)
         assert tested and int(tested.group(1)) == expected, (
             f"{role} on {schema.name}: not all {expected} operations tested:\n{output[-3000:]}"
         )
+    # Every hostile body was sent, and refused with a 4xx naming it (401/403 do not count).
+    sent: dict[str, set[int]] = {}
+    for log in tmp_path.glob("st-*/hostile.log"):
+        for line in log.read_text().splitlines():
+            mutation, status = line.split("\t")
+            sent.setdefault(mutation, set()).add(int(status))
+    expected = {m.__name__.lstrip("_") for m in hostile_hooks.JSON_MUTATIONS} | {"manifest_nul"}
+    assert set(sent) == expected, sent
+    assert all(s in (400, 404, 413, 422) for m in sent.values() for s in m), sent
     # The server took all of it and still serves.
     assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
     assert "Traceback" not in server.process.output(), server.process.tail(80)

@@ -237,3 +237,115 @@ def test_malformed_frames_close_the_socket_with_a_reason(served):
     sock.send(b"\xff\xfe\x00garbage")
     assert _close_code(sock, timeout=5)[0] == 4400
     served.assert_still_serving()
+
+
+# -- bad frames against honest agents on the same server -----------------------------------
+
+BAD_FRAMES_PER_S = 300
+BAD_FRAME = json.dumps({"type": "received", "outbox_id": 2**64 - 1})  # the codec allows it
+ATTACKERS = 3
+ATTACK_S = 5.0
+HONEST_EXECUTIONS = 40
+
+
+def _attack(url: str, key: str, agent_id: str, rate: float, stop: threading.Event, tally: Counter):
+    """Send bad frames at ``rate`` per second over this rogue agent's socket, opening it
+    again whenever the server closes it; tally frames sent and close codes."""
+    interval = 1.0 / rate
+    next_at = time.monotonic()
+    while not stop.is_set():
+        try:
+            sock = connect(
+                f"{url}/ws/agents/{agent_id}/",
+                additional_headers={"Authorization": f"Bearer {key}"},
+                open_timeout=10, compression=None, legacy=True,
+            )  # fmt: skip
+        except Exception:
+            tally["connect failed"] += 1
+            time.sleep(0.05)
+            continue
+        try:
+            sock.send(json.dumps({"type": "hello", "holding": []}))
+            # A beat first: the rogue stays alive (4404 would end the attack early).
+            sock.send(json.dumps({"type": "heartbeat", "in_flight": 0, "running": []}))
+            while not stop.is_set():
+                next_at = max(next_at + interval, time.monotonic() - 1.0)
+                time.sleep(max(0.0, next_at - time.monotonic()))
+                sock.send(BAD_FRAME)
+                tally["bad frames"] += 1
+        except ConnectionClosed as exc:
+            tally[f"closed {exc.rcvd.code if exc.rcvd else None}"] += 1
+        finally:
+            sock.close()
+
+
+def test_bad_frames_at_300_a_second_cost_honest_agents_no_eviction_and_no_confirmation(
+    transactional_db, tmp_path
+):
+    """Rogue sockets send ``received`` frames with an id past bigint at ~300 frames/s while
+    two honest `runagent`s (0.5 s beats, evicted after 1.5 s of silence) run a stream of
+    executions on the same server.  Before the frames were bounded, every round of the
+    socket writer held a bad id: the round's confirmations were dropped and its beats
+    never written, so the honest agents were evicted."""
+    from fleet.models import DeliveryOutbox, Eviction
+    from tests.agent_e2e_support import agent_package
+    from tests.e2e_support import Processes, cli_tenant_key, start, upload, wait_terminal
+    from tests.fleet_e2e_support import agent_key, fleet_serve, run_agent
+
+    with Processes(tmp_path) as procs:
+        write_key = cli_tenant_key(procs)
+        akey = agent_key(procs)
+        server = fleet_serve(procs)
+        upload(server, write_key, agent_package(task="quick"))
+        for i in range(2):
+            run_agent(procs, server, akey, f"honest-{i}", slots=2)
+        ws_url = server.url.replace("http://", "ws://")
+        rogues = []
+        for i in range(ATTACKERS):
+            answer = httpx.post(
+                server.api("/agents/register"),
+                json={  # exclusive: no work of the honest stream is placed on a rogue
+                    "name": f"rogue-{i}",
+                    "target_triple": host_triple(),
+                    "protocol_version": 1,
+                    "exclusive": True,
+                },  # fmt: skip
+                headers={"Authorization": f"Bearer {akey}"},
+                timeout=30,
+            )
+            assert answer.status_code == 201, answer.text
+            rogues.append(answer.json()["agent_id"])
+        stop, tally = threading.Event(), Counter()
+        threads = [
+            threading.Thread(
+                target=_attack,
+                args=(ws_url, akey, agent_id, BAD_FRAMES_PER_S / ATTACKERS, stop, tally),
+                daemon=True,
+            )
+            for agent_id in rogues
+        ]
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        ids = []
+        while time.monotonic() - started < ATTACK_S or len(ids) < HONEST_EXECUTIONS:
+            ids.append(start(server, write_key, "agentwf", {"n": len(ids)}))
+            time.sleep(ATTACK_S / HONEST_EXECUTIONS)
+        attack_s = time.monotonic() - started
+        stop.set()
+        for thread in threads:
+            thread.join(15)
+        finished = [wait_terminal(server, write_key, i, timeout=60)["status"] for i in ids]
+        evicted = Eviction.objects.filter(agent__name__startswith="honest").count()
+        rows = DeliveryOutbox.objects.filter(agent__name__startswith="honest")
+        repushed = rows.filter(attempts__gt=1).count()
+        rate = tally["bad frames"] / attack_s
+        print(f"\n{tally['bad frames']} bad frames in {attack_s:.1f} s ({rate:.0f}/s) on "
+              f"{ATTACKERS} rogue sockets, {dict(tally)}; {len(ids)} executions "
+              f"{Counter(finished)}; honest agents evicted: {evicted}; honest packets "
+              f"{rows.count()}, pushed again: {repushed}")  # fmt: skip
+        assert evicted == 0
+        assert repushed == 0, "an honest confirmation was lost"
+        assert set(finished) == {"Completed"}
+        assert rate > BAD_FRAMES_PER_S / 3, "the attack did not reach its rate"
+        assert "Traceback" not in server.process.output(), server.process.tail(60)

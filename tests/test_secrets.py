@@ -273,3 +273,25 @@ def test_the_docker_and_kubernetes_actuators_keys_are_never_logged(db, tenant, c
     texts = {"log records": caplog.text, "stdout": out, "stderr": err}
     for token in tokens:
         _assert_not_in(token, texts)
+
+
+@pytest.mark.django_db
+def test_the_keys_of_a_deactivated_tenant_stop_working(tenant):
+    from fleet.models import Tenant
+
+    keys = {role: ApiKey.mint(role, tenant=tenant)[1] for role in ("read", "write", "agent")}
+    client = Client()
+    assert client.get("/api/v1/executions", **bearer(keys["read"])).status_code == 200
+    Tenant.objects.filter(pk=tenant.pk).update(is_active=False)
+    for role, key in keys.items():
+        answer = client.get("/api/v1/executions", **bearer(key))
+        assert answer.status_code == 401, (role, answer.content)
+        assert "invalid or revoked" in answer.json()["detail"]
+        assert ApiKey.verify(key) is None
+    answer = client.post(
+        "/api/v1/agents/register",
+        {"name": "a", "target_triple": "x86_64-unknown-linux-gnu", "protocol_version": 1},
+        content_type="application/json",
+        **bearer(keys["agent"]),
+    )
+    assert answer.status_code == 401

@@ -1,8 +1,9 @@
 """Who may see and change what in the console.
 
 Every console view goes through these helpers, so the permission rules live in
-one tested place: a tenant member sees only its tenants (role read or write), a
-platform admin (a Django superuser) sees and may change every tenant.  Another
+one tested place: a tenant member sees only its tenants (role read or write) that
+are active — a deactivated tenant's members lose it at once, like its keys and
+sockets — and a platform admin (a Django superuser) sees and may change every tenant.  Another
 tenant's object is answered with 404, never 403, so its existence is not leaked.
 """
 
@@ -26,7 +27,7 @@ def _tenants_for_user(user: AbstractBaseUser | AnonymousUser) -> QuerySet[Tenant
         return Tenant.objects.all().order_by("name")
     if not user.is_authenticated:
         return Tenant.objects.none()
-    return Tenant.objects.filter(memberships__user=user).order_by("name").distinct()
+    return Tenant.objects.filter(memberships__user=user, is_active=True).order_by("name").distinct()
 
 
 def writable_tenant_ids(user: AbstractBaseUser | AnonymousUser) -> set[int] | None:
@@ -36,9 +37,9 @@ def writable_tenant_ids(user: AbstractBaseUser | AnonymousUser) -> set[int] | No
     if not user.is_authenticated:
         return set()
     return set(
-        TenantMembership.objects.filter(user=user, role=Role.WRITE).values_list(
-            "tenant_id", flat=True
-        )
+        TenantMembership.objects.filter(
+            user=user, role=Role.WRITE, tenant__is_active=True
+        ).values_list("tenant_id", flat=True)
     )
 
 
@@ -52,7 +53,7 @@ def _get_tenant_for_user(request: HttpRequest, name: str) -> tuple[Tenant, bool]
         return tenant, True
     membership = (
         TenantMembership.objects.select_related("tenant")
-        .filter(user=user, tenant__name=name)
+        .filter(user=user, tenant__name=name, tenant__is_active=True)
         .first()
         if user.is_authenticated
         else None

@@ -38,6 +38,7 @@ class LocalSocket:
     channel_name: str
     generation: int
     wire_format: str
+    key_id: int | None = None  # the API key the socket was opened with (closed 4401 with it)
 
 
 _sockets: dict[uuid.UUID, LocalSocket] = {}

@@ -125,8 +125,14 @@ def declare_unconfirmed_lost(rows: list[Unconfirmed], pushes: int) -> int:
     return applied
 
 
+MAX_ASSIGNMENT = 2**31 - 1  # the int[] the holding list is cast to (an int4 column)
+
+
 def _holding_arrays(holding: list[tuple[uuid.UUID, int]]) -> tuple[list, list]:
-    return [h[0] for h in holding], [h[1] for h in holding]
+    # The socket refuses such a hello (4400); here an assignment no row can have is dropped
+    # rather than let it fail the cast (it matches nothing either way).
+    held = [h for h in holding if isinstance(h[1], int) and 1 <= h[1] <= MAX_ASSIGNMENT]
+    return [h[0] for h in held], [h[1] for h in held]
 
 
 def apply_hello(agent_id: uuid.UUID, holding: list[tuple[uuid.UUID, int]]) -> tuple[int, int]:

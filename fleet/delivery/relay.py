@@ -12,7 +12,9 @@ at delivery: ``result_deadline = now + timeout_s + RESULT_GRACE_S``.
 
 Every few polls the relay also reconciles its sockets with the roster: a
 socket whose agent was declared dead is closed 4404, one superseded by a newer
-connection (here or on another server) 4408.
+connection (here or on another server) 4408, and one whose API key was revoked
+or whose tenant was deactivated 4401 — a socket is bound to the key it was
+opened with, not only to the key that registered its agent.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ RECONCILE_EVERY_S = 1.0  # compare local sockets with the roster this often
 FULL_CHANNEL_BACKOFF_S = 0.05  # skip an agent whose consumer queue is full for this long
 RECONNECT_MAX_S = 5.0
 
+CLOSE_BAD_KEY = 4401
 CLOSE_UNKNOWN_AGENT = 4404
 CLOSE_SUPERSEDED = 4408
 
@@ -75,6 +78,11 @@ RETURNING d.attempts, extract(epoch FROM now() - t.ready_at)
 
 _ROSTER = """
 SELECT id, state, connected_to, connection_generation FROM agents_agent WHERE id = ANY(%s)
+"""
+
+_ACTIVE_KEYS = """
+SELECT k.id FROM fleet_apikey k JOIN fleet_tenant t ON t.id = k.tenant_id
+WHERE k.id = ANY(%s) AND k.revoked_at IS NULL AND t.is_active
 """
 
 
@@ -247,7 +255,8 @@ class Relay:
         return len(rows)
 
     async def reconcile(self, conn: psycopg.AsyncConnection | None = None) -> int:
-        """Close local sockets whose agent is dead (4404) or connected elsewhere/anew (4408)."""
+        """Close local sockets whose key was revoked or tenant deactivated (4401), whose
+        agent is dead (4404) or connected elsewhere/anew (4408)."""
         self._last_reconcile = time.monotonic()
         sockets = local_sockets.snapshot()
         if not sockets:
@@ -255,12 +264,17 @@ class Relay:
         conn = conn or await self._connection()
         cursor = await conn.execute(_ROSTER, [list(sockets)])
         roster = {row[0]: row[1:] for row in await cursor.fetchall()}
+        keys = list({s.key_id for s in sockets.values() if s.key_id is not None})
+        cursor = await conn.execute(_ACTIVE_KEYS, [keys])
+        active_keys = {row[0] for row in await cursor.fetchall()}
         me = local_sockets.server_id()
         layer = get_channel_layer()
         closed = 0
         for agent_id, socket in sockets.items():
             state, connected_to, generation = roster.get(agent_id, ("dead", "", -1))
-            if state == "dead":
+            if socket.key_id is not None and socket.key_id not in active_keys:
+                code, reason = CLOSE_BAD_KEY, "API key revoked or tenant deactivated"
+            elif state == "dead":
                 code, reason = CLOSE_UNKNOWN_AGENT, "agent is dead; register again"
             elif connected_to != me or generation != socket.generation:
                 code, reason = CLOSE_SUPERSEDED, "superseded by a newer connection"

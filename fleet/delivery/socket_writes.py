@@ -7,6 +7,12 @@ heartbeat stuck in a queue for a liveness window gets a healthy agent evicted.
 Here they never wait behind anything: frames from all sockets of the process
 are gathered while the previous batch is written and written together, one
 UPDATE per kind.
+
+One socket's bad write never costs another socket anything: when a batched
+statement fails on its data (not on the connection), the round's writes are
+retried agent by agent on the same connection, and only the agent whose write
+fails again loses it — its socket is closed 4400 — while every other agent's
+confirmations and beats land in that round.
 """
 
 from __future__ import annotations
@@ -19,13 +25,17 @@ import uuid
 from dataclasses import dataclass
 
 import psycopg
+from channels.exceptions import ChannelFull
+from channels.layers import get_channel_layer
 
+from fleet.delivery import local_sockets
 from fleet.delivery.pg import connect_async
 from fleet.delivery.waiting import wait_event
 
 log = logging.getLogger(__name__)
 
 RECONNECT_MAX_S = 2.0
+CLOSE_MALFORMED = 4400  # the close code of a socket whose write the database refused
 
 # The agent rows are locked in id order first, as every writer of several agent rows
 # does (placement batches, result batches): otherwise two such statements could deadlock.
@@ -118,7 +128,8 @@ class SocketWrites:
         metrics: dict | None,
         draining: bool,
     ) -> BeatAnswer | None:
-        """Record a beat; None when the agent is dead or unknown (its socket must close)."""
+        """Record a beat; None when the agent is dead or unknown (its socket must close).
+        Raises :class:`WriteRefused` when the database refused this beat's data."""
         future = self._loop.create_future()
         beat = self._beats.get(agent_id)
         if beat is None:
@@ -184,18 +195,63 @@ class SocketWrites:
     async def _write(self, beats: dict[uuid.UUID, _Beat], received: list) -> None:
         conn = await self._connection()
         if received:
-            cursor = await conn.execute(
-                _RECEIVED, {"agents": [r[0] for r in received], "ids": [r[1] for r in received]}
-            )
-            marked = {row[0] for row in await cursor.fetchall()}
-            tries = self._retry
-            self._retry = {
-                key: tries.get(key, 0) + 1
-                for key in received
-                if key[1] not in marked and tries.get(key, 0) + 1 < RECEIVED_TRIES
-            }
-        if not beats:
-            return
+            await self._write_received(conn, received)
+        if beats:
+            await self._write_beats(conn, beats)
+
+    async def _write_received(self, conn: psycopg.AsyncConnection, received: list) -> None:
+        try:
+            marked = await self._mark_received(conn, received)
+        except _DATA_ERRORS:
+            marked, refused = set(), set()
+            for agent_id, keys in _by_agent(received).items():
+                try:
+                    marked |= await self._mark_received(conn, keys)
+                except _DATA_ERRORS as exc:
+                    refused.add(agent_id)
+                    await _refuse(agent_id, "received", exc)
+            received = [key for key in received if key[0] not in refused]
+        tries = self._retry
+        self._retry = {
+            key: tries.get(key, 0) + 1
+            for key in received
+            if key[1] not in marked and tries.get(key, 0) + 1 < RECEIVED_TRIES
+        }
+
+    @staticmethod
+    async def _mark_received(conn: psycopg.AsyncConnection, received: list) -> set[int]:
+        cursor = await conn.execute(
+            _RECEIVED, {"agents": [r[0] for r in received], "ids": [r[1] for r in received]}
+        )
+        return {row[0] for row in await cursor.fetchall()}
+
+    async def _write_beats(
+        self, conn: psycopg.AsyncConnection, beats: dict[uuid.UUID, _Beat]
+    ) -> None:
+        refused: set[uuid.UUID] = set()
+        try:
+            answers = await self._beat(conn, beats)
+        except _DATA_ERRORS:
+            answers = {}
+            for agent_id, beat in beats.items():
+                try:
+                    answers |= await self._beat(conn, {agent_id: beat})
+                except _DATA_ERRORS as exc:
+                    refused.add(agent_id)
+                    await _refuse(agent_id, "heartbeat", exc)
+        for agent_id, beat in beats.items():
+            for waiter in beat.waiters:
+                if waiter.done():
+                    continue
+                if agent_id in refused:
+                    waiter.set_exception(WriteRefused("the database refused its heartbeat"))
+                else:
+                    waiter.set_result(answers.get(agent_id))
+
+    @staticmethod
+    async def _beat(
+        conn: psycopg.AsyncConnection, beats: dict[uuid.UUID, _Beat]
+    ) -> dict[uuid.UUID, BeatAnswer]:
         ids = list(beats)
         cursor = await conn.execute(
             _BEAT,
@@ -213,10 +269,7 @@ class SocketWrites:
             await conn.execute(
                 _RUNNING, {"agents": [r[0] for r in running], "tasks": [r[1] for r in running]}
             )
-        for agent_id, beat in beats.items():
-            for waiter in beat.waiters:
-                if not waiter.done():
-                    waiter.set_result(answers.get(agent_id))
+        return answers
 
     async def close(self) -> None:
         self._task.cancel()
@@ -227,6 +280,42 @@ class SocketWrites:
             for waiter in beat.waiters:
                 if not waiter.done():
                     waiter.cancel()
+
+
+# A statement refused for what it carries (a value out of range, bad text): the
+# connection is fine and the other agents' writes are retried without it.  Anything
+# else (the server gone, the connection broken) drops the connection and retries all.
+_DATA_ERRORS = (
+    psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError, psycopg.NotSupportedError
+)  # fmt: skip
+
+
+class WriteRefused(Exception):
+    """The database refused this agent's write (its socket is being closed 4400)."""
+
+
+def _by_agent(received: list[tuple[uuid.UUID, int]]) -> dict[uuid.UUID, list]:
+    groups: dict[uuid.UUID, list] = {}
+    for key in received:
+        groups.setdefault(key[0], []).append(key)
+    return groups
+
+
+async def _refuse(agent_id: uuid.UUID, what: str, exc: Exception) -> None:
+    """Drop an agent's write the database refused, and close its socket here (4400): it
+    sent what its frames' checks should have stopped, so it is not an honest agent."""
+    log.warning("agent %s: %s write refused by the database (%s); closing its socket",
+                agent_id, what, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)  # fmt: skip
+    socket = local_sockets.get(agent_id)
+    if socket is None:
+        return
+    local_sockets.unregister(agent_id, socket.channel_name)
+    with contextlib.suppress(ChannelFull):
+        await get_channel_layer().send(
+            socket.channel_name,
+            {"type": "delivery.close", "code": CLOSE_MALFORMED,
+             "reason": f"malformed frame: the database refused its {what}"},
+        )  # fmt: skip
 
 
 _writers: dict[asyncio.AbstractEventLoop, SocketWrites] = {}
