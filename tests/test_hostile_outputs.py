@@ -92,16 +92,21 @@ def test_an_agent_posting_nan_or_an_oversized_output_fails_the_task(agent_key, t
     two_task_package(tenant)
     agent = make_agent(tenant)
     client = Client()
-    # json.dumps writes NaN as the bare token NaN, as a careless agent would.
+    # json.dumps writes NaN as the bare token NaN, as a careless agent would: not JSON, so
+    # the body is refused naming it (jsonb cannot store it) and nothing is recorded; the
+    # agent's fallback (a failure naming the rejection, see outcome_reporter) then applies.
     task, row = _delivered_task(tenant, agent)
     text = json.dumps(result_body(task, row, output={"x": float("nan")}))
     answer = _post_raw(client, agent, agent_key, text)
-    assert answer.status_code == 200 and answer.json()["applied"] is True
+    assert answer.status_code == 422 and "NaN is not a JSON number" in answer.json()["detail"]
+    task.refresh_from_db()
+    assert task.status == "Running" and not TaskOutcome.objects.filter(task=task).exists()
+    fallback = result_body(task, row, outcome="failure", output=None, error_type="ResultRejected")
+    assert _post_raw(client, agent, agent_key, json.dumps(fallback)).json()["applied"] is True
     task.refresh_from_db()
     assert (task.status, task.error_type, task.output_context) == (
-        "Failed", "InvalidTaskOutput", None,
+        "Failed", "ResultRejected", None,
     )  # fmt: skip
-    assert "not valid JSON" in task.error_message
 
     limit = get_config().max_context_bytes
     task, row = _delivered_task(tenant, agent)
