@@ -7,9 +7,6 @@ CLOACINA_HOME unless DATABASE_URL is given (see cloacina_site/test_settings.py).
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,19 +15,19 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-def tmp_path(tmp_path: Path) -> Iterator[Path]:
-    """pytest's tmp_path, except as root: there task code runs as the unprivileged task user
-    (agents/runtime/task_isolation.py), and tests hand it paths under tmp_path to write
-    markers in, which pytest's own directory (0700, under /tmp/pytest-of-root) would refuse."""
-    if os.geteuid() != 0:
-        yield tmp_path
-        return
-    shared = Path(tempfile.mkdtemp(prefix="cloacina-test-"))
-    os.chmod(shared, 0o777)
-    try:
-        yield shared
-    finally:
-        shutil.rmtree(shared, ignore_errors=True)
+def tmp_path(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """pytest's tmp_path, opened to the task user when running as root: task code then runs
+    as the unprivileged task user (agents/runtime/task_isolation.py), and tests hand it
+    paths under tmp_path to write markers in, which pytest's own directories (0700, under
+    /tmp/pytest-of-root) would refuse.  The folder stays where pytest keeps it, so the logs
+    of a failed end-to-end run are still there to read."""
+    if os.geteuid() == 0:
+        root = tmp_path_factory.getbasetemp().parent
+        for folder in [*reversed(tmp_path.parents), tmp_path]:
+            if folder == root or root in folder.parents:
+                mode = 0o777 if folder == tmp_path else 0o711  # passable, not listable
+                os.chmod(folder, folder.stat().st_mode | mode)
+    return tmp_path
 
 
 @pytest.fixture
