@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def tmp_path(tmp_path: Path) -> Iterator[Path]:
     """pytest's tmp_path, except as root: there task code runs as the unprivileged task user
-    (agents/runtime/task_isolation.py), and tests hand it paths under tmp_path to write
+    (agents/sandbox/task_isolation.py), and tests hand it paths under tmp_path to write
     markers in, which pytest's own directory (0700, under /tmp/pytest-of-root) would refuse."""
     if os.geteuid() != 0:
         yield tmp_path
