@@ -19,8 +19,8 @@ from ninja.security import HttpBearer
 
 from agents import roster
 from agents.models import Agent
+from agents.protocol.triples import MAX_TRIPLE_CHARS, TRIPLE_PATTERN
 from agents.result_intake import UNKNOWN_AGENT, ResultIn, apply_result
-from agents.runtime.triples import MAX_TRIPLE_CHARS, TRIPLE_PATTERN
 from cloacina_site.auth import KeyAuth, agent_auth
 from cloacina_site.config import get_config
 from fleet.delivery import context_ref

@@ -34,8 +34,8 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
 
 from agents import result_batches, roster
+from agents.protocol import wire
 from agents.result_intake import MAX_BIGINT, MAX_INT, ResultIn
-from agents.runtime import wire
 from fleet.delivery import db as delivery_db
 from fleet.delivery import local_sockets, redelivery, socket_writes
 from fleet.engine.context import unstorable

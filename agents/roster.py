@@ -18,8 +18,8 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from agents.models import Agent, AgentState
-from agents.runtime.triples import TripleError, parse_triple
-from agents.runtime.wire import WireFormatError, require_same_format
+from agents.protocol.triples import TripleError, parse_triple
+from agents.protocol.wire import WireFormatError, require_same_format
 from cloacina_site.auth import ROLE_IMPLIES, touch_last_used
 from cloacina_site.config import get_config
 from fleet.delivery.liveness import evict_agent

@@ -14,7 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Field, File, Form, Router, Schema, Status, UploadedFile
 from ninja.errors import HttpError
 
-from agents.runtime.triples import MAX_TRIPLE_CHARS, TRIPLE_PATTERN
+from agents.protocol.triples import MAX_TRIPLE_CHARS, TRIPLE_PATTERN
 from artifacts import build_jobs, queries, services, wheels
 from artifacts.models import BuildJob, PackageArtifact, WorkflowPackage
 from cloacina_site.auth import agent_auth, read_auth, write_auth

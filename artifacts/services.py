@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from django.db import connection, transaction
 from packaging.version import Version
 
-from agents.runtime.archive import ArchiveError
-from agents.runtime.triples import TripleError, host_triple, parse_triple
+from agents.protocol.triples import TripleError, host_triple, parse_triple
+from agents.sandbox.archive import ArchiveError
 from artifacts.build import canonical_archive, sha256_hex
 from artifacts.models import PackageArtifact, PackageKind, WorkflowPackage
 from artifacts.queries import active_package, find_package

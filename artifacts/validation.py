@@ -1,6 +1,6 @@
 """Validate an uploaded package without running a line of it.
 
-Archive safety comes from :mod:`agents.runtime.archive`, the DAG from
+Archive safety comes from :mod:`agents.sandbox.archive`, the DAG from
 :mod:`artifacts.manifest`; here every ``module:function`` is found by reading
 the source with :mod:`ast` (never importing it), because tenant code must not
 run on the control plane.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass, field
 
-from agents.runtime import archive
+from agents.sandbox import archive
 from artifacts.astcheck import ParseResult, parse_top_level_names, top_level_names
 from artifacts.manifest import MANIFEST_NAME, ManifestError, ManifestLimitError, parse_manifest
 
@@ -236,7 +236,7 @@ def validate_members(
 def validate_package(data: bytes, limits: ValidationLimits | None = None) -> ValidatedPackage:
     """Read the archive safely and validate it as a package.
 
-    Raises :class:`agents.runtime.archive.ArchiveError` for an unreadable or
+    Raises :class:`agents.sandbox.archive.ArchiveError` for an unreadable or
     unsafe archive, :class:`PackageLimitError` for a package over ``limits`` (by
     default the server's configuration) and :class:`PackageError` for an invalid one.
     """

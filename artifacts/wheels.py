@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
-from agents.runtime import archive
-from agents.runtime.triples import TripleError, parse_triple
+from agents.protocol.triples import TripleError, parse_triple
+from agents.sandbox import archive
 from artifacts.build import canonical_archive
 from artifacts.models import PackageArtifact, PackageKind, WorkflowPackage
 from artifacts.queries import find_package

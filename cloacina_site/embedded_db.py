@@ -4,7 +4,7 @@ The data directory lives under ``$CLOACINA_HOME/pgdata``.  Several processes
 may share it; pgserver keeps a list of handles and stops the server when the
 last one exits.  The URL is exported as ``DATABASE_URL`` so every server
 process this one starts talks to the same server (task children never see it:
-:mod:`agents.runtime.task_isolation`).
+:mod:`agents.sandbox.task_isolation`).
 
 pgserver initialises a data directory with *trust* authentication: anything
 that can reach the socket is the superuser.  Tenant code runs on this machine,

@@ -2,7 +2,7 @@
 says when it cannot (docs/threat-model.md, "Tenant code and the host").
 
 Task children run as an unprivileged user only when the server is root
-(:mod:`agents.runtime.task_isolation`).  Then ``$CLOACINA_HOME`` must be closed to that
+(:mod:`agents.sandbox.task_isolation`).  Then ``$CLOACINA_HOME`` must be closed to that
 user except for the package caches it imports from.  When the server is not root, tasks
 run as the server's own user and can read everything it can: with more than one tenant,
 ``serve`` says so at boot and the console shows it to platform admins.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 # Directories in CLOACINA_HOME the task user must be able to enter: the package caches of
 # the in-process executor and of agents started by the process actuator (each package in
-# them is opened by digest, the roots are not listable: agents/runtime/package_cache.py).
+# them is opened by digest, the roots are not listable: agents/sandbox/package_cache.py).
 TASK_READABLE = frozenset({"packages", "agent-cache"})
 
 

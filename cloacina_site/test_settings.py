@@ -16,7 +16,7 @@ def _task_python_for_root() -> None:
     import shutil
     import sys
 
-    from agents.runtime.task_isolation import ENV_TASK_PYTHON, task_user, unreachable_for
+    from agents.sandbox.task_isolation import ENV_TASK_PYTHON, task_user, unreachable_for
 
     user = task_user()
     if user is None or ENV_TASK_PYTHON in os.environ:

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def tmp_path(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """pytest's tmp_path, opened to the task user when running as root: task code then runs
-    as the unprivileged task user (agents/runtime/task_isolation.py), and tests hand it
+    as the unprivileged task user (agents/sandbox/task_isolation.py), and tests hand it
     paths under tmp_path to write markers in, which pytest's own directories (0700, under
     /tmp/pytest-of-root) would refuse.  The folder stays where pytest keeps it, so the logs
     of a failed end-to-end run are still there to read."""

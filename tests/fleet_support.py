@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agents.runtime.triples import host_triple
+from agents.protocol.triples import host_triple
 from tests.factories import make_package, start
 
 NOOP_SOURCE = """

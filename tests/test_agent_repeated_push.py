@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from agents.runtime import frames, recent_outcomes
+from agents.protocol import frames
+from agents.runtime import recent_outcomes
 from agents.runtime.client import ServerUnavailable
 from agents.runtime.recent_outcomes import RecentOutcomes
-from agents.runtime.task_runner import RunOutcome
 from agents.runtime.work_intake import WorkIntake
+from agents.sandbox.task_runner import RunOutcome
 from tests.own_loop import run_async
 
 DIGEST = "cd" * 32

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from agents.runtime import backoff, connection, work
+from agents.protocol import work
+from agents.runtime import backoff, connection
 from agents.runtime.client import (
     AgentClient,
     AuthRejected,
@@ -26,7 +27,7 @@ from agents.runtime.client import (
     websocket_url,
 )
 from agents.runtime.heartbeat import BeatBody, BeatTarget, HeartbeatLoop
-from agents.runtime.outcome_reporter import OutcomeReporter
+from agents.runtime.outcome_reporter import HeldTask, OutcomeReporter
 from tests.own_loop import run_async
 
 DIGEST = "ab" * 32
@@ -275,10 +276,10 @@ def _report(server: ScriptedServer, agent_id: str = "agent-1") -> dict:
 
     async def scenario() -> dict:
         client = _client(server)
-        settled: list[work.HeldTask] = []
+        settled: list[HeldTask] = []
         auth_errors: list[AuthRejected] = []
         reporter = OutcomeReporter(client, settled.append, auth_errors.append)
-        held = work.HeldTask(packet.key, agent_id, packet.describe())
+        held = HeldTask(packet.key, agent_id, packet.describe())
         held.result = work.run_result(packet, SimpleNamespace(status="success", output={"x": 1}))
         try:
             reporter.submit(held)

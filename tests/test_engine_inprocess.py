@@ -174,7 +174,7 @@ def test_the_runner_is_not_a_fork_of_the_server(tenant, tmp_path):
         pids = executor.runner.child_pids()
     output = tasks_of(execution)["a"].output_context
     assert output["pid"] in pids
-    assert output["argv"][0].endswith("agents/runtime/task_child.py")
+    assert output["argv"][0].endswith("agents/sandbox/task_child.py")
 
 
 def test_a_run_cut_short_by_stop_is_given_back_without_using_an_attempt(tenant, tmp_path):

@@ -100,7 +100,7 @@ def procs(transactional_db, tmp_path):
 def _seed() -> dict:
     """Two tenants, a key of every role, a package, an execution and an agent of tenant A."""
     from agents import roster
-    from agents.runtime.triples import host_triple
+    from agents.protocol.triples import host_triple
     from fleet.models import ApiKey
     from tests.factories import make_tenant, publish_example, start
 

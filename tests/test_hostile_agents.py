@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from agents import roster
-from agents.runtime.triples import host_triple
+from agents.protocol.triples import host_triple
 from tests.hostile_support import served_fixture  # noqa: F401
 
 pytestmark = pytest.mark.e2e

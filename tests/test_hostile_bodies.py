@@ -13,7 +13,7 @@ from django.test import Client
 
 from agents import roster
 from agents.models import Agent
-from agents.runtime.triples import host_triple
+from agents.protocol.triples import host_triple
 from artifacts.manifest import ManifestError, parse_manifest
 from artifacts.testing import build_archive, manifest_toml, package_files
 from tests.conftest import bearer

@@ -78,7 +78,7 @@ def world(transactional_db) -> World:
     from django.contrib.auth import get_user_model
 
     from agents import roster
-    from agents.runtime.triples import host_triple
+    from agents.protocol.triples import host_triple
     from artifacts.models import BuildJob
     from artifacts.services import publish_package
     from artifacts.testing import build_archive, example_files
@@ -281,7 +281,7 @@ def upload_under_bs_name(world: World) -> None:
 
 def register_under_bs_agent_name(world: World) -> None:
     """An agent of A named like B's does not replace (or reveal) B's."""
-    from agents.runtime.triples import host_triple
+    from agents.protocol.triples import host_triple
 
     body = {"name": GLOBEX_AGENT, "target_triple": host_triple(), "protocol_version": 1}
     response = _post_json(world.api("agent"), f"{API}/agents/register", body)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from agents.runtime.triples import host_triple
+from agents.protocol.triples import host_triple
 from artifacts.models import PackageArtifact, WorkflowPackage
 from artifacts.testing import build_archive, manifest_toml
 from fleet.models import DeliveryOutbox

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.runtime.archive import ArchiveError
-from agents.runtime.package_cache import DigestMismatch, PackageCache, PackageCacheError
+from agents.sandbox.archive import ArchiveError
+from agents.sandbox.package_cache import DigestMismatch, PackageCache, PackageCacheError
 from tests.factories import build_tar_gz, sha256
 from tests.own_loop import run_async
 
@@ -180,7 +180,7 @@ def test_concurrent_processes_sharing_a_root_fetch_a_package_once(tmp_path):
 import os, sys, time
 sys.path.insert(0, {str(REPO)!r})
 from pathlib import Path
-from agents.runtime.package_cache import PackageCache
+from agents.sandbox.package_cache import PackageCache
 def fetch():
     with open({str(log)!r}, "a") as fh:
         fh.write(str(os.getpid()) + "\\n")
@@ -216,7 +216,7 @@ def test_stale_temporary_directories_are_cleaned_at_start(tmp_path):
 
 def test_the_cache_is_usable_from_a_db_less_process(tmp_path):
     # The agent imports this module; it must not pull Django in.
-    code = "import sys, agents.runtime.package_cache; print(json.dumps('django' in sys.modules))"
+    code = "import sys, agents.sandbox.package_cache; print(json.dumps('django' in sys.modules))"
     out = subprocess.run(
         [sys.executable, "-c", "import json; " + code], cwd=REPO, capture_output=True, text=True
     )

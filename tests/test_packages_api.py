@@ -13,8 +13,8 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
-from agents.runtime import archive
-from agents.runtime.triples import host_triple
+from agents.protocol.triples import host_triple
+from agents.sandbox import archive
 from artifacts.models import ArtifactBlob, PackageArtifact, WorkflowPackage
 from artifacts.queries import active_package
 from artifacts.storage import load_blob

@@ -7,8 +7,8 @@ import hashlib
 import pytest
 from django.test import Client
 
-from agents.runtime import archive
-from agents.runtime.triples import host_triple
+from agents.protocol.triples import host_triple
+from agents.sandbox import archive
 from artifacts.models import ArtifactBlob, PackageArtifact, WorkflowPackage
 from artifacts.queries import resolve_artifact, runnable_triples
 from artifacts.testing import build_archive, example_archive, package_files

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from agents.runtime import archive
+from agents.sandbox import archive
 from artifacts.testing import example_archive
 
 

@@ -13,9 +13,9 @@ import zipfile
 import psutil
 import pytest
 
-from agents.runtime import archive
-from agents.runtime.archive import ArchiveError, ArchiveLimitError, Limits
-from agents.runtime.triples import TripleError, host_triple, parse_triple
+from agents.protocol.triples import TripleError, host_triple, parse_triple
+from agents.sandbox import archive
+from agents.sandbox.archive import ArchiveError, ArchiveLimitError, Limits
 from artifacts.build import canonical_archive, sha256_hex
 from artifacts.manifest import ManifestError, find_cycle, parse_manifest, task_routing
 from artifacts.testing import (
@@ -191,7 +191,7 @@ def test_safe_extract_refuses_a_traversal_before_writing_anything(tmp_path):
 
 def test_the_runtime_modules_import_no_django():
     code = (
-        "import sys, agents.runtime.archive, agents.runtime.triples; "
+        "import sys, agents.sandbox.archive, agents.protocol.triples; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('django', 'artifacts', 'fleet')]; "
         "assert not bad, bad"
     )

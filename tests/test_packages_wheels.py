@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from django.test import Client
 
-from agents.runtime import archive
-from agents.runtime.triples import host_triple
+from agents.protocol.triples import host_triple
+from agents.sandbox import archive
 from artifacts import services, wheels
 from artifacts.build_runner import BuildRunner
 from artifacts.models import ArtifactBlob, BuildJob, PackageArtifact, WorkflowPackage

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 from django.test import Client
 
-from agents.runtime.work import PacketError, parse_packet
+from agents.protocol.work import PacketError, parse_packet
 from cloacina_site.config import reset_config
 from fleet.delivery.context_ref import INLINE_MAX_BYTES
 from fleet.delivery.placement import Placed, Unroutable, place_task

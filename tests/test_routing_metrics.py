@@ -9,7 +9,7 @@ from django.test import Client
 from prometheus_client import REGISTRY
 
 from agents import roster
-from agents.runtime.triples import host_triple
+from agents.protocol.triples import host_triple
 from fleet.delivery.liveness import evict_agent
 from fleet.models import ApiKey
 from tests.conftest import bearer

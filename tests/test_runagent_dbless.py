@@ -30,7 +30,7 @@ def _clean_env(**extra: str) -> dict:
 def test_the_runtime_imports_no_model_and_no_database_driver():
     script = (
         "import json, sys\n"
-        "import agents.runtime.agent, agents.runtime.task_runner, agents.runtime.package_cache\n"
+        "import agents.runtime.agent, agents.sandbox.task_runner, agents.sandbox.package_cache\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
     done = subprocess.run(

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from agents.runtime.task_isolation import (
+from agents.sandbox.task_isolation import (
     TASK_ENV_NAMES,
     TaskUserError,
     parse_task_user,

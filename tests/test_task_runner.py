@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.runtime.task_runner import TaskRunner
+from agents.sandbox.task_runner import TaskRunner
 from tests.own_loop import in_own_loop, run_async
 
 REPO = Path(__file__).resolve().parent.parent
@@ -328,7 +328,7 @@ def test_children_exit_when_their_parent_is_killed(tmp_path, package):
     script = f"""
 import asyncio, json, sys, time
 sys.path.insert(0, {str(REPO)!r})
-from agents.runtime.task_runner import TaskRunner
+from agents.sandbox.task_runner import TaskRunner
 runner = TaskRunner(2)
 runner.start()
 print(json.dumps(runner.child_pids()), flush=True)
@@ -349,8 +349,8 @@ asyncio.run(main())
 
 def test_the_runtime_modules_import_no_django():
     code = (
-        "import sys; import agents.runtime.task_runner, agents.runtime.package_cache, "
-        "agents.runtime.task_child; "
+        "import sys; import agents.sandbox.task_runner, agents.sandbox.package_cache, "
+        "agents.sandbox.task_child; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'fleet', 'artifacts')))"
     )
     out = subprocess.run(

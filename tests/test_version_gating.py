@@ -7,8 +7,8 @@ import pytest
 
 from agents import roster
 from agents.models import Agent
+from agents.protocol.triples import host_triple
 from agents.runtime.agent_config import ENV_PROTOCOL_VERSION_OVERRIDE
-from agents.runtime.triples import host_triple
 from fleet.models import ApiKey
 from tests.conftest import bearer
 from tests.e2e_support import Processes

@@ -1,4 +1,4 @@
-"""The wire codec (agents/runtime/wire.py): round trips, and wrong-format frames refused."""
+"""The wire codec (agents/protocol/wire.py): round trips, and wrong-format frames refused."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 import msgpack
 import pytest
 
-from agents.runtime import wire
-from agents.runtime.wire import WireFormatError
+from agents.protocol import wire
+from agents.protocol.wire import WireFormatError
 from tests.conftest import REPO
 
 PACKET = {
@@ -152,7 +152,7 @@ def test_unknown_formats_and_mismatches_name_the_formats():
 def test_the_codec_is_db_free():
     """The agent runtime imports it: it must pull in neither Django models nor a DB driver."""
     code = (
-        "import sys; import agents.runtime.wire as w; "
+        "import sys; import agents.protocol.wire as w; "
         "w.decode(w.encode({'a': 1}, 'msgpack'), 'msgpack'); "
         "bad = [m for m in sys.modules if m.startswith(('django', 'psycopg'))]; "
         "print(bad); sys.exit(1 if bad else 0)"

@@ -19,7 +19,8 @@ from typing import Any
 
 from websockets.exceptions import ConnectionClosed
 
-from agents.runtime import frames, host_metrics
+from agents.protocol import frames
+from agents.runtime import host_metrics
 from agents.runtime.agent_config import AGENT_VERSION, AgentConfig
 from agents.runtime.backoff import Backoff, wait_event
 from agents.runtime.client import (
@@ -35,9 +36,9 @@ from agents.runtime.client import (
 )
 from agents.runtime.connection import Action, Session, run_session
 from agents.runtime.heartbeat import BeatBody, BeatTarget, HeartbeatLoop
-from agents.runtime.package_cache import PackageCache
-from agents.runtime.task_runner import TaskRunner
 from agents.runtime.work_intake import WorkIntake
+from agents.sandbox.package_cache import PackageCache
+from agents.sandbox.task_runner import TaskRunner
 
 log = logging.getLogger("cloacina.agent")
 

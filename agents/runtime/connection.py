@@ -18,7 +18,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
-from agents.runtime import wire
+from agents.protocol import wire
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import asyncio
 import hashlib
 from typing import Any
 
+from agents.protocol.work import WorkPacket, refusal, result_body
 from agents.runtime.backoff import Backoff
 from agents.runtime.client import AgentClient, RequestRejected, ServerUnavailable
-from agents.runtime.work import WorkPacket, refusal, result_body
 
 FETCH_RETRY_WINDOW_S = 60.0
 

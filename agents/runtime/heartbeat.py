@@ -15,7 +15,7 @@ from typing import Any
 
 from websockets.exceptions import ConnectionClosed
 
-from agents.runtime import frames
+from agents.protocol import frames
 from agents.runtime.backoff import jittered, wait_event
 from agents.runtime.client import AgentClient, AuthRejected, ClientError, UnknownAgent
 from agents.runtime.connection import Session

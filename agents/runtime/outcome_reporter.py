@@ -22,14 +22,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from websockets.exceptions import ConnectionClosed
 
-from agents.runtime import wire
+from agents.protocol import wire
+from agents.protocol.work import OUTCOME_FAILURE, TaskKey
 from agents.runtime.backoff import Backoff, wait_event
 from agents.runtime.client import AgentClient, AuthRejected, ServerUnavailable
-from agents.runtime.work import OUTCOME_FAILURE, HeldTask
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,17 @@ RESULT_ACK_TIMEOUT_S = 10.0
 MAX_RESULT_FRAME_BYTES = 1024 * 1024  # the server closes a socket over this (4413)
 
 Answer = tuple[int, dict[str, Any]]
+
+
+@dataclass
+class HeldTask:
+    """A packet the agent holds, from receipt until the server has its outcome."""
+
+    key: TaskKey
+    agent_id: str  # the agent id the latest push came through: the one to report under
+    label: str  # for logs
+    result: dict[str, Any] | None = None  # the outcome body, once known
+    result_bytes: int = 0  # its estimated size, kept with it after it is reported
 
 
 class ResultSocket(Protocol):

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from agents.runtime.work import TaskKey
+from agents.protocol.work import TaskKey
 
 MAX_ENTRIES = 50_000
 MAX_BYTES = 32 * 1024 * 1024

@@ -16,22 +16,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from agents.runtime import frames
-from agents.runtime.archive import ArchiveError
-from agents.runtime.backoff import Backoff
-from agents.runtime.client import (
-    AgentClient,
-    AuthRejected,
-    RequestRejected,
-    ServerUnavailable,
-)
-from agents.runtime.context_fetch import ContextUnavailable, fetch_context
-from agents.runtime.outcome_reporter import OutcomeReporter, ResultSocket
-from agents.runtime.package_cache import PackageCache, PackageCacheError
-from agents.runtime.recent_outcomes import RecentOutcomes, outcome_size
-from agents.runtime.task_runner import TaskRunner
-from agents.runtime.work import (
-    HeldTask,
+from agents.protocol import frames
+from agents.protocol.work import (
     PacketError,
     TaskKey,
     WorkPacket,
@@ -42,6 +28,19 @@ from agents.runtime.work import (
     run_result,
     triple_mismatch,
 )
+from agents.runtime.backoff import Backoff
+from agents.runtime.client import (
+    AgentClient,
+    AuthRejected,
+    RequestRejected,
+    ServerUnavailable,
+)
+from agents.runtime.context_fetch import ContextUnavailable, fetch_context
+from agents.runtime.outcome_reporter import HeldTask, OutcomeReporter, ResultSocket
+from agents.runtime.recent_outcomes import RecentOutcomes, outcome_size
+from agents.sandbox.archive import ArchiveError
+from agents.sandbox.package_cache import PackageCache, PackageCacheError
+from agents.sandbox.task_runner import TaskRunner
 
 log = logging.getLogger("cloacina.agent")
 

@@ -28,9 +28,9 @@ from pathlib import Path
 
 from django.db import DatabaseError, connection
 
-from agents.runtime.archive import ArchiveError
-from agents.runtime.package_cache import PackageCache, PackageCacheError
-from agents.runtime.task_runner import RunOutcome, TaskRunner, TaskRunnerClosed
+from agents.sandbox.archive import ArchiveError
+from agents.sandbox.package_cache import PackageCache, PackageCacheError
+from agents.sandbox.task_runner import RunOutcome, TaskRunner, TaskRunnerClosed
 from fleet.engine import ready_queue
 from fleet.engine.batcher import Batcher
 from fleet.engine.claims import Claim, claim_tasks, release_claim

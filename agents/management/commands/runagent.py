@@ -17,6 +17,8 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from agents.protocol.triples import TripleError, host_triple, parse_triple
+from agents.protocol.wire import SUPPORTED_FORMATS
 from agents.runtime.agent_config import (
     DEFAULT_CACHE_MAX_MB,
     DEFAULT_MAX_CONCURRENCY,
@@ -39,8 +41,6 @@ from agents.runtime.tls import (
     TLSConfigError,
     client_context,
 )
-from agents.runtime.triples import TripleError, host_triple, parse_triple
-from agents.runtime.wire import SUPPORTED_FORMATS
 
 DB_LESS_MESSAGE = "the agent is DB-less: it must never open a database connection"
 LOG_FORMAT = "%(asctime)s %(levelname)s agent: %(message)s"

@@ -19,7 +19,7 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connection
 
-from agents.runtime.task_isolation import TaskUserError
+from agents.sandbox.task_isolation import TaskUserError
 from artifacts.build_runner import BuildRunner
 from cloacina_site.config import Config, ConfigError, apply_overrides
 from cloacina_site.isolation import current_warning

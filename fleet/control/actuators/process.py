@@ -4,7 +4,7 @@ Each child gets a freshly minted tenant-scoped agent key through its
 environment (CLOACINA_AGENT_API_KEY: never argv, never logged) and otherwise an
 allow-listed environment: never the database URL, the secret key or anything
 else the server was given (its own task children get even less:
-agents/runtime/task_isolation.py).  Scale-down drains the newest child first: its roster row is
+agents/sandbox/task_isolation.py).  Scale-down drains the newest child first: its roster row is
 marked draining (the dispatcher stops choosing it) and it gets SIGTERM, on
 which `runagent` finishes its in-flight work, deregisters and exits; only a
 child still running after CLOACINA_AGENT_DRAIN_TIMEOUT_S is killed.  A child

@@ -2,14 +2,14 @@
 
 Shared by the server's in-process executor and the DB-less agent, so it imports
 no Django model and opens no database connection.  Each child is a fresh
-interpreter (``python -I agents/runtime/task_child.py``), never a fork of the
+interpreter (``python -I agents/sandbox/task_child.py``), never a fork of the
 server process, which holds database sockets and an event loop; nor does it
 re-import the parent's main module, as multiprocessing's spawn would.
 
 Each child serves one task at a time over a socket pair, speaking JSON (never
 pickle: a child runs tenant code, and the parent must not unpickle what it writes).
 A child inherits an allow-listed environment only, and when the parent is root it
-runs as an unprivileged user (:mod:`agents.runtime.task_isolation`).
+runs as an unprivileged user (:mod:`agents.sandbox.task_isolation`).
 A task that outlives its timeout gets its child SIGKILLed and replaced; so
 does a child that dies on its own.  The pool keeps its capacity either way.
 """
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from agents.runtime.task_isolation import (
+from agents.sandbox.task_isolation import (
     TaskUser,
     task_environment,
     task_python,

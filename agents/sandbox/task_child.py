@@ -1,6 +1,6 @@
 """The loop a task-runner child process runs: import the task's function, call it, report.
 
-Run as a script by :mod:`agents.runtime.task_runner` (``python -I task_child.py
+Run as a script by :mod:`agents.sandbox.task_runner` (``python -I task_child.py
 FD PARENT_PID``), so it imports only the standard library: nothing of the server
 is on the child's path, only the package's workflow/ and vendor/.
 

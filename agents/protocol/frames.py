@@ -1,6 +1,6 @@
 """The frames the agent sends on the delivery WebSocket (docs/agent-protocol.md).
 
-Encoding and decoding are :mod:`agents.runtime.wire`'s, shared with the server.
+Encoding and decoding are :mod:`agents.protocol.wire`'s, shared with the server.
 """
 
 from __future__ import annotations

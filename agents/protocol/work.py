@@ -165,17 +165,6 @@ def triple_mismatch(packet: WorkPacket, own_triple: str) -> str | None:
     )
 
 
-@dataclass
-class HeldTask:
-    """A packet the agent holds, from receipt until the server has its outcome."""
-
-    key: TaskKey
-    agent_id: str  # the agent id the latest push came through: the one to report under
-    label: str  # for logs
-    result: dict[str, Any] | None = None  # the outcome body, once known
-    result_bytes: int = 0  # its estimated size, kept with it after it is reported
-
-
 def result_body(
     packet: WorkPacket,
     outcome: str,

@@ -28,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
-from agents.runtime.archive import safe_extract
+from agents.sandbox.archive import safe_extract
 
 DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 TMP_PREFIX = ".tmp-"
