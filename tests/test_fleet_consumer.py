@@ -11,6 +11,7 @@ from channels.testing import WebsocketCommunicator
 
 from agents import consumers
 from agents.models import Agent
+from agents.roster import revoke_key
 from cloacina_site.asgi import application
 from fleet.delivery import local_sockets
 from fleet.delivery.placement import place_task
@@ -65,7 +66,7 @@ async def until(predicate, timeout: float = 3.0) -> None:
 def test_bad_missing_and_revoked_keys_are_closed_4401(tenant):
     agent = make_agent(tenant, connected=False)
     revoked, token = ApiKey.mint("agent", tenant=tenant)
-    revoked.revoke()
+    revoke_key(revoked)
 
     async def scenario():
         codes = []
