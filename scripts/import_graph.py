@@ -252,9 +252,7 @@ def main() -> int:
     print(f"modules: {len(modules)}")
     print(f"package edges: {len(pkg_edges)}, pointing up a layer: {len(up_pkgs)}")
     print(f"module edges: {sum(len(t) for t in edges.values())}, pointing up: {len(up_modules)}")
-    print(
-        f"module cycles: {len(cycles)} (sizes {sorted((len(c) for c in cycles), reverse=True)})"
-    )
+    print(f"module cycles: {len(cycles)} (sizes {sorted((len(c) for c in cycles), reverse=True)})")
     print(
         f"module cycles counting function-local imports: {len(hidden)} "
         f"(sizes {sorted((len(c) for c in hidden), reverse=True)})"
