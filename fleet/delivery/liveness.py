@@ -32,10 +32,10 @@ from agents.models import Agent, AgentState
 from artifacts.models import WorkflowPackage
 from artifacts.queries import resolve_artifact, runnable_triples
 from cloacina_site.config import get_config
-from fleet.delivery.reservation import reserve_agent
 from fleet.engine.context import build_task_context
 from fleet.models import DeliveryOutbox, Eviction, OutboxState, TaskExecution, TaskStatus
 from fleet.routing import affinity, groups, selection
+from fleet.routing.reservation import reserve_agent
 from fleet.routing.selectors import SelectorError
 
 log = logging.getLogger(__name__)
