@@ -13,6 +13,7 @@ import uuid
 from django.db import connection, transaction
 from django.utils import timezone
 
+from fleet.engine import hooks
 from fleet.engine.events import TaskReadyEvent
 from fleet.models import (
     TASK_TERMINAL,
@@ -327,8 +328,6 @@ def _finish(workflow_execution_id: uuid.UUID) -> None:
 
 def cancel_execution(tenant: Tenant, execution_id: uuid.UUID) -> WorkflowExecution:
     """Cancel: nothing new starts; tasks not yet running are Skipped; running ones finish on their own."""
-    from fleet.engine.outbox_ack import withdraw_undelivered
-
     # No workflow row lock up front: outcome transactions lock task rows first and
     # the workflow row last (close_tasks), so taking it first here could deadlock.
     with transaction.atomic():
@@ -343,7 +342,7 @@ def cancel_execution(tenant: Tenant, execution_id: uuid.UUID) -> WorkflowExecuti
         ).update(
             status=TaskStatus.SKIPPED, finished_at=now, wait_reason="", error_message="cancelled"
         )
-        skipped += withdraw_undelivered(execution.pk)
+        skipped += hooks.withdraw_undelivered(execution.pk)  # the executor's undelivered work
         with connection.cursor() as cursor:
             cursor.execute(
                 "UPDATE fleet_workflowexecution SET status = %s, finished_at = now(), error = %s, "

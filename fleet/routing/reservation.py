@@ -93,7 +93,7 @@ def reserve_agent(
     longer than the statement and the commit
     (:func:`fleet.delivery.outbox.enqueue_on_best_agent`).  Runs in the caller's
     transaction; the slot is released by acking the outbox row
-    (:func:`fleet.engine.outbox_ack.ack_and_release`).
+    (:func:`fleet.delivery.outbox_ack.ack_and_release`).
     """
     choice = choice or UNCONSTRAINED
     params = {**choice.params, **candidate_params(tenant_id, triples), **(then_params or {})}
