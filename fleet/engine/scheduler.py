@@ -13,6 +13,7 @@ import uuid
 from django.db import connection, transaction
 from django.utils import timezone
 
+from artifacts.queries import active_package
 from fleet.engine import hooks
 from fleet.engine.events import TaskReadyEvent
 from fleet.models import (
@@ -46,8 +47,6 @@ def start_execution_with_roots(
     tenant: Tenant, workflow_name: str, context: dict, priority: int = 0
 ) -> tuple[WorkflowExecution, list[TaskReadyEvent]]:
     """:func:`start_execution`, and the events of its root tasks (Ready from the start)."""
-    from artifacts.services import active_package
-
     package = active_package(tenant, workflow_name)
     if package is None:
         raise SchedulingError(
