@@ -11,59 +11,38 @@ Django settings. Prints:
   (the import would form a cycle if it were at module level).
 
 ``--verbose`` lists every upward edge, every cycle's members and every local import.
-The layer order is the target of docs/architecture.md; pyproject.toml's
-``[tool.importlinter]`` contracts enforce the part of it the tree satisfies.
+The layer order is read from pyproject.toml's ``server-layers`` import-linter contract
+(docs/architecture.md draws it); modules in no layer count in no upward edge.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import re
 import sys
+import tomllib
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent  # the tree measured (--root); layers: HERE
+HERE = Path(__file__).resolve().parent.parent
 PACKAGES = ("cloacina_site", "fleet", "agents", "artifacts")
 
-# Highest first. A module belongs to the first (longest) prefix that matches it.
-LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("site", ("cloacina_site",)),
-    (
-        "surface",
-        (
-            "fleet.api",
-            "fleet.console",
-            "fleet.admin",
-            "fleet.management",
-            "fleet.templatetags",
-            "fleet.bench",
-            "agents.api",
-            "agents.admin",
-            "agents.consumers",
-            "agents.management",
-            "artifacts.api",
-            "artifacts.admin",
-            "cloacina_site.management",
-        ),
-    ),
-    ("control", ("fleet.control",)),
-    (
-        "executors",
-        (
-            "fleet.delivery",
-            "fleet.routing",
-            "fleet.executors",
-            "fleet.engine.inprocess",
-            "fleet.engine.fleet_executor",
-            "agents",
-        ),
-    ),
-    ("engine", ("fleet.engine", "fleet.metrics", "artifacts")),
-    ("models", ("fleet.models", "agents.models", "artifacts.models")),
-    ("ground", ("fleet.models.tenancy", "fleet.tenancy", "cloacina_site.config")),
-    ("agent libs", ("agents.runtime", "agents.wire", "agents.sandbox")),
-]
+
+def _load_layers() -> list[tuple[str, tuple[str, ...]]]:
+    """The layers of pyproject.toml's ``server-layers`` contract, highest first."""
+    config = tomllib.loads((HERE / "pyproject.toml").read_text())
+    for contract in config["tool"]["importlinter"]["contracts"]:
+        if contract["id"] == "server-layers":
+            return [
+                (f"L{len(contract['layers']) - i}", tuple(re.split(r"\s*[|:]\s*", layer.strip())))
+                for i, layer in enumerate(contract["layers"])
+            ]
+    raise SystemExit("no server-layers contract in pyproject.toml")
+
+
+LAYERS = _load_layers()
 RANK = {name: len(LAYERS) - i for i, (name, _) in enumerate(LAYERS)}
 
 
@@ -218,7 +197,11 @@ def package_of(module: str, modules: dict[str, Path]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--verbose", "-v", action="store_true")
+    ap.add_argument("--root", type=Path, help="measure this tree (e.g. an older export)")
     args = ap.parse_args()
+    global ROOT
+    if args.root:
+        ROOT = args.root.resolve()
     modules = project_modules()
     edges, local = collect(modules)
 
@@ -228,13 +211,6 @@ def main() -> int:
             a, b = package_of(src, modules), package_of(dst, modules)
             if a != b:
                 pkg_edges[(a, b)] += 1
-    up_modules = [
-        (s, d)
-        for s, ts in edges.items()
-        for d in ts
-        if RANK.get(layer_of(d), 0) > RANK.get(layer_of(s), 0)
-    ]
-    up_pkgs = {(package_of(s, modules), package_of(d, modules)) for s, d in up_modules}
     cycles = sccs(edges, modules)
     pkg_graph: dict[str, set[str]] = defaultdict(set)
     for a, b in pkg_edges:
@@ -248,10 +224,21 @@ def main() -> int:
     for s, d, _ in local:
         all_edges[s].add(d)
     hidden = sccs(all_edges, modules)
+    up_modules = [  # function-local imports included: import-linter counts them too
+        (s, d)
+        for s, ts in all_edges.items()
+        for d in ts
+        if layer_of(s) != "?" and RANK.get(layer_of(d), 0) > RANK[layer_of(s)]
+    ]
+    up_pkgs = {(package_of(s, modules), package_of(d, modules)) for s, d in up_modules}
 
     print(f"modules: {len(modules)}")
     print(f"package edges: {len(pkg_edges)}, pointing up a layer: {len(up_pkgs)}")
-    print(f"module edges: {sum(len(t) for t in edges.values())}, pointing up: {len(up_modules)}")
+    print(
+        f"module edges: {sum(len(t) for t in edges.values())} "
+        f"(with function-local ones: {sum(len(t) for t in all_edges.values())}), "
+        f"pointing up a layer: {len(up_modules)}"
+    )
     print(f"module cycles: {len(cycles)} (sizes {sorted((len(c) for c in cycles), reverse=True)})")
     print(
         f"module cycles counting function-local imports: {len(hidden)} "
