@@ -10,6 +10,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from cloacina_site.config import get_config
+
 
 class Tenant(models.Model):
     """The isolation boundary: packages, executions, agents and keys belong to one."""
@@ -43,8 +45,6 @@ class Tenant(models.Model):
         if self.max_agents_override is not None:
             return self.max_agents_override
         if default_max_agents is None:
-            from cloacina_site.config import get_config
-
             default_max_agents = get_config().default_max_agents
         return default_max_agents
 
