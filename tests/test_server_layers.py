@@ -59,3 +59,17 @@ def test_the_engine_names_no_executor_table():
         if tables.search(line)
     ]
     assert offenders == []
+
+
+def test_the_fleet_settle_hook_is_registered_at_startup_and_folded_in():
+    """One statement per outcome still acks the packet and frees the slot: the fleet's
+    fragment is part of the result handler's statement, not a statement of its own."""
+    from fleet.delivery.outbox_ack import OUTBOX_SETTLE_HOOK
+    from fleet.engine import hooks, results
+
+    assert hooks.settle_hook() is OUTBOX_SETTLE_HOOK
+    statements = results._statements()
+    for sql in (statements.complete_freeing, statements.close_freeing):
+        assert "UPDATE delivery_outbox" in sql and "UPDATE agents_agent" in sql
+    for sql in (statements.complete_holding, statements.close_holding):
+        assert "UPDATE delivery_outbox" in sql and "agents_agent" not in sql
