@@ -571,7 +571,7 @@ def test_a_socket_is_bound_to_the_key_it_was_opened_with_and_closed_4401_with_it
         await until(lambda: local_sockets.get(agent.id) and local_sockets.get(bystander.id))
         assert await relay.reconcile() == 0  # both keys active: nothing to close
         if how == "key revoked":
-            await sync_to_async(opener.revoke)()
+            await sync_to_async(revoke_key)(opener)
         else:
             await sync_to_async(Tenant.objects.filter(pk=tenant.pk).update)(is_active=False)
         closed = await relay.reconcile()
