@@ -219,6 +219,19 @@ def register(key: ApiKey, registration: Registration) -> Agent:
     raise RosterError(409, f"agent name {reg.name!r} is being registered concurrently; retry")
 
 
+def revoke_key(key: ApiKey) -> bool:
+    """Revoke ``key`` (once; False if it already was).  Its agents are declared dead at
+    once and their work moves on: a delivery socket opened with the key must not
+    outlive it."""
+    revoked = (
+        ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+        == 1
+    )
+    if revoked:
+        retire_agents_of_key(key.pk)
+    return revoked
+
+
 def retire_agents_of_key(key_id: int) -> int:
     """Declare dead every agent registered with a (just revoked) key and reclaim its work;
     their sockets close at the next beat (4404) and re-registering is refused (401)."""

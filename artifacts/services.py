@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 __all__ = [
     "UploadRejected",
     "active_package",
-    "build_target_artifact",
     "load_blob",
     "publish_package",
     "publish_target_artifact",
@@ -222,13 +221,3 @@ def publish_target_artifact(
             size=len(built),
         )
     return artifact, True
-
-
-def build_target_artifact(
-    tenant: Tenant, name: str, version: str, target_triple: str
-) -> PackageArtifact:
-    """Build the per-target artifact of a native package by vendoring the platform wheels of
-    its requirements.txt (see :mod:`artifacts.wheels`); raises :class:`UploadRejected`."""
-    from artifacts import wheels  # wheels builds on this module; import it lazily
-
-    return wheels.build_target_artifact(tenant, name, version, target_triple)

@@ -11,7 +11,7 @@ from django.utils import timezone
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
 
-from fleet.models import ApiKey, Role
+from fleet.models.tenancy import ApiKey, Role
 
 # A write key may do everything a read key may.
 ROLE_IMPLIES = {

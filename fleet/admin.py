@@ -15,6 +15,7 @@ from django.contrib import admin, messages
 from django.db import transaction
 from django.http import HttpRequest
 
+from agents.roster import revoke_key
 from artifacts import quota
 from fleet.control import limits
 from fleet.management.commands.createtenant import TENANT_NAME, create_tenant
@@ -196,7 +197,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke selected keys")
     def revoke(self, request: HttpRequest, queryset) -> None:
-        revoked = sum(1 for key in queryset if key.revoke())
+        revoked = sum(1 for key in queryset if revoke_key(key))
         skipped = queryset.count() - revoked
         message = f"revoked {revoked} key(s)"
         if skipped:

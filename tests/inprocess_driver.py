@@ -17,7 +17,7 @@ from fleet.engine import ready_queue
 from fleet.engine.claims import due_ready_task_events
 from fleet.engine.db_threads import DbThreadPool
 from fleet.engine.events import ExecutionResult, TaskReadyEvent
-from fleet.engine.inprocess import InProcessExecutor
+from fleet.executors.inprocess import InProcessExecutor
 from fleet.models import WORKFLOW_TERMINAL, WorkflowExecution
 from tests.own_loop import run_async
 

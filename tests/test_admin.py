@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agents.models import Agent
+from agents.roster import revoke_key
 from fleet.models import ApiKey, FleetChange, Tenant
 from tests.console_fixtures import *  # noqa: F403
 from tests.console_fixtures import make_agent, make_eviction
@@ -83,7 +84,7 @@ def test_the_revoke_action_revokes_keys(admin_client, tenant):
     key, token = ApiKey.mint("write", tenant=tenant)
     other, _ = ApiKey.mint("read", tenant=tenant)
     already, _ = ApiKey.mint("agent", tenant=tenant)
-    already.revoke()
+    revoke_key(already)
     response = admin_client.post(
         "/admin/fleet/apikey/",
         {"action": "revoke", "index": "0", "_selected_action": [key.pk, already.pk]},

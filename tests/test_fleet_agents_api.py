@@ -9,6 +9,7 @@ import pytest
 from django.test import Client
 
 from agents.models import Agent
+from agents.roster import revoke_key
 from fleet.delivery.placement import place_task
 from fleet.models import ApiKey, DeliveryOutbox, Eviction, TaskExecution, TaskOutcome
 from tests.conftest import bearer
@@ -115,7 +116,7 @@ def test_keys_other_than_agent_keys_are_refused(client, write_key, agent_key, te
     response = post(client, "/agents/register", write_key, register_body())
     assert response.status_code == 403 and "needs agent" in response.json()["detail"]
     revoked, token = ApiKey.mint("agent", tenant=tenant)
-    revoked.revoke()
+    revoke_key(revoked)
     assert post(client, "/agents/register", token, register_body()).status_code == 401
     # …and an agent key may not use the other roles' endpoints.
     assert client.get("/api/v1/packages", **bearer(agent_key)).status_code == 403

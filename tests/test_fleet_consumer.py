@@ -11,6 +11,7 @@ from channels.testing import WebsocketCommunicator
 
 from agents import consumers
 from agents.models import Agent
+from agents.roster import revoke_key
 from cloacina_site.asgi import application
 from fleet.delivery import local_sockets
 from fleet.delivery.placement import place_task
@@ -65,7 +66,7 @@ async def until(predicate, timeout: float = 3.0) -> None:
 def test_bad_missing_and_revoked_keys_are_closed_4401(tenant):
     agent = make_agent(tenant, connected=False)
     revoked, token = ApiKey.mint("agent", tenant=tenant)
-    revoked.revoke()
+    revoke_key(revoked)
 
     async def scenario():
         codes = []
@@ -570,7 +571,7 @@ def test_a_socket_is_bound_to_the_key_it_was_opened_with_and_closed_4401_with_it
         await until(lambda: local_sockets.get(agent.id) and local_sockets.get(bystander.id))
         assert await relay.reconcile() == 0  # both keys active: nothing to close
         if how == "key revoked":
-            await sync_to_async(opener.revoke)()
+            await sync_to_async(revoke_key)(opener)
         else:
             await sync_to_async(Tenant.objects.filter(pk=tenant.pk).update)(is_active=False)
         closed = await relay.reconcile()

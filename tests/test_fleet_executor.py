@@ -11,10 +11,10 @@ from django.db import connection
 
 from cloacina_site.config import get_config
 from fleet.delivery import rendezvous as rendezvous_module
-from fleet.engine import fleet_executor as fleet_executor_module
 from fleet.engine.events import ExecutionStatus, TaskReadyEvent
-from fleet.engine.fleet_executor import FleetExecutor
 from fleet.engine.results import TaskReport, result_handler
+from fleet.executors import fleet as fleet_executor_module
+from fleet.executors.fleet import FleetExecutor
 from fleet.models import DeliveryOutbox, TaskExecution
 from tests.fleet_support import (  # noqa: F401
     _close_delivery_pool,

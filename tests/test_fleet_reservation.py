@@ -8,7 +8,7 @@ import pytest
 from django.db import connection, transaction
 
 from agents.models import Agent
-from fleet.delivery.reservation import no_capacity_reason, reserve_agent
+from fleet.routing.reservation import no_capacity_reason, reserve_agent
 from tests.fleet_support import _close_delivery_pool, make_agent  # noqa: F401
 
 

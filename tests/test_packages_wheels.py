@@ -22,7 +22,7 @@ from django.test import Client
 
 from agents.protocol.triples import host_triple
 from agents.sandbox import archive
-from artifacts import services, wheels
+from artifacts import wheels
 from artifacts.build_runner import BuildRunner
 from artifacts.models import ArtifactBlob, BuildJob, PackageArtifact, WorkflowPackage
 from artifacts.queries import resolve_artifact
@@ -264,7 +264,7 @@ def test_it_builds_a_target_artifact_from_a_local_index(client, write_key, tenan
     assert again["id"] != done["id"] and again["state"] == "succeeded"
     assert again["digest"] == done["digest"] and again["new_artifact"] is False
     # The synchronous service call code uses; "1.0" names 1.0.0 (PEP 440 equality).
-    assert services.build_target_artifact(tenant, "demo", "1.0", ARM).content_hash == done["digest"]
+    assert wheels.build_target_artifact(tenant, "demo", "1.0", ARM).content_hash == done["digest"]
     assert PackageArtifact.objects.count() == 1
     listed = client.get("/api/v1/packages", **bearer(write_key)).json()[0]["artifacts"]
     assert listed == [{"target_triple": ARM, "digest": done["digest"]}]

@@ -6,7 +6,7 @@ import pytest
 
 from cloacina_site.config import load_config
 from fleet.engine.events import ExecutorNotFound
-from fleet.engine.registry import build_dispatcher
+from fleet.executors.registry import build_dispatcher
 from fleet.models import ServerInstance
 from tests.e2e_support import Processes
 
@@ -29,7 +29,7 @@ def test_an_unknown_key_lists_the_valid_ones_and_not_fleet(tmp_path):
 
 
 def test_fleet_is_registered_when_opted_in(tmp_path):
-    pytest.importorskip("fleet.engine.fleet_executor")
+    pytest.importorskip("fleet.executors.fleet")
     dispatcher = build_dispatcher(config(tmp_path, CLOACINA_DEFAULT_EXECUTOR="fleet"), "test")
     assert dispatcher.valid_keys() == ["default", "fleet"]
     assert dispatcher.executor.key == "fleet"

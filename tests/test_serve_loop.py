@@ -11,8 +11,8 @@ from fleet.engine.claims import due_ready_task_events
 from fleet.engine.db_threads import DbThreadPool
 from fleet.engine.dispatcher import Dispatcher
 from fleet.engine.events import TaskReadyEvent
-from fleet.engine.inprocess import InProcessExecutor
 from fleet.engine.loop import EngineLoop, dispatch_concurrency
+from fleet.executors.inprocess import InProcessExecutor
 from fleet.models import TaskExecution, WorkflowExecution
 from tests.factories import make_package
 from tests.factories import start as start_execution

@@ -15,6 +15,7 @@ from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
 
 from artifacts.manifest import PRIORITY_LIMIT
+from artifacts.queries import active_package
 from cloacina_site.auth import read_auth, write_auth
 from cloacina_site.config import get_config
 from fleet.engine import ready_queue, scheduler
@@ -164,8 +165,6 @@ def _check_backlog(tenant: Tenant, workflow: str) -> None:
     (:mod:`fleet.routing.fairness`: the tenant's max_backlog, else the platform's)."""
     if not fairness.max_backlog(tenant)[0]:
         return
-    from artifacts.services import active_package
-
     package = active_package(tenant, workflow)
     refusal = fairness.backlog_refusal(tenant, len(package.task_ids) if package else 0)
     if refusal:

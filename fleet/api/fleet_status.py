@@ -15,6 +15,7 @@ from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
 from pydantic import ConfigDict
 
+from agents.models import Agent, AgentState
 from cloacina_site.auth import admin_auth, read_auth, write_auth
 from cloacina_site.config import get_config
 from fleet.control import limits
@@ -139,8 +140,6 @@ def actor_of(request: HttpRequest) -> str:
 
 
 def _agents(tenant: Tenant) -> list[dict]:
-    from agents.models import Agent, AgentState
-
     cutoff = timezone.now() - RECENT_DEAD
     rows = Agent.objects.filter(tenant=tenant).exclude(state=AgentState.DEAD, dead_at__lt=cutoff)
     config, now = get_config(), timezone.now()

@@ -17,9 +17,9 @@ from django.db.models import Count, Min
 from django.utils import timezone
 
 from cloacina_site.config import get_config
+from fleet.console.formatting import human_seconds
 from fleet.control import limits
 from fleet.models import AutoscaleDecision, DeliveryOutbox, Eviction, OutboxState, Tenant
-from fleet.templatetags.console_format import human_seconds
 
 EVICTION_WINDOW = timedelta(hours=1)
 # A packet pending this many redelivery periods has not moved: delivery is wedged.

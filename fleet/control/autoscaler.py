@@ -27,6 +27,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
+from agents.models import Agent, AgentState
 from cloacina_site.config import Config
 from fleet.control.limits import record_change
 from fleet.models import AutoscaleDecision, ChangeReason, TaskExecution, TaskStatus, Tenant
@@ -136,8 +137,6 @@ def _cooldown_left(signal: Signal, policy: Policy, now: datetime) -> float:
 # -- gathering the signal ------------------------------------------------------------
 def gather_signals(config: Config, now: datetime) -> list[Signal]:
     """One Signal per active tenant, from three aggregate queries."""
-    from agents.models import Agent, AgentState
-
     agents = {
         row["tenant_id"]: row
         for row in Agent.objects.filter(state=AgentState.LIVE)

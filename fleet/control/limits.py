@@ -18,8 +18,17 @@ from django.db import connection, transaction
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
+from agents.models import Agent, AgentState
 from cloacina_site.config import get_config
-from fleet.models import ChangeReason, DeliveryOutbox, FleetChange, OutboxState, TaskStatus, Tenant
+from fleet.models import (
+    ChangeReason,
+    DeliveryOutbox,
+    FleetChange,
+    OutboxState,
+    TaskExecution,
+    TaskStatus,
+    Tenant,
+)
 
 
 class _Unset(enum.Enum):
@@ -194,8 +203,6 @@ def set_fleet_overrides(
 
 def backlog_count(tenant_id: int, now: datetime | None = None) -> int:
     """Ready tasks of the tenant that are due and waiting for an agent to take them."""
-    from fleet.models import TaskExecution
-
     now = now or timezone.now()
     return (
         TaskExecution.objects.filter(tenant_id=tenant_id, status=TaskStatus.READY)
@@ -206,8 +213,6 @@ def backlog_count(tenant_id: int, now: datetime | None = None) -> int:
 
 def fleet_snapshot(tenant: Tenant) -> dict:
     """The tenant's fleet numbers in one dict (GET /fleet and the console read this)."""
-    from agents.models import Agent, AgentState
-
     tenant.refresh_from_db(
         fields=["desired_count", "max_agents_override", "is_active", "last_autoscaled_at"]
     )

@@ -32,11 +32,11 @@ from django.db import DatabaseError, connection, transaction
 
 from fleet.delivery import local_sockets, placement
 from fleet.delivery.placement import NoAgent, NotClaimed, Placed, Prepared, Unroutable
-from fleet.delivery.reservation import _candidates, _params, no_capacity_reason
 from fleet.engine.claims import RESULT_GRACE_S, claim_tasks, release_claim
 from fleet.engine.context import build_task_contexts
 from fleet.routing.health import DEGRADED_SQL
 from fleet.routing.metrics import BACKPRESSURE, SELECTION_FAILURE, SELECTION_SUCCESS
+from fleet.routing.reservation import candidate_params, candidates_sql, no_capacity_reason
 from fleet.routing.selectors import CANDIDATES, UNCONSTRAINED
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ class Delivered(Placed):
 
 
 def _reserve_sql() -> str:
-    candidates = _candidates(UNCONSTRAINED)
+    candidates = candidates_sql(UNCONSTRAINED)
     return _RESERVE_AND_ENQUEUE.format(
         candidates=candidates,
         degraded=DEGRADED_SQL,
@@ -131,7 +131,7 @@ def reserve_and_enqueue(group: list[Prepared]) -> dict[uuid.UUID, Placed]:
     first = group[0]
     params = {
         **UNCONSTRAINED.params,
-        **_params(first.claim.tenant_id, first.triples),
+        **candidate_params(first.claim.tenant_id, first.triples),
         "count": len(group),
         "me": local_sockets.server_id(),
         "grace": RESULT_GRACE_S,

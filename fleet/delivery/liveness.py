@@ -32,10 +32,10 @@ from agents.models import Agent, AgentState
 from artifacts.models import WorkflowPackage
 from artifacts.queries import resolve_artifact, runnable_triples
 from cloacina_site.config import get_config
-from fleet.delivery.reservation import reserve_agent
 from fleet.engine.context import build_task_context
 from fleet.models import DeliveryOutbox, Eviction, OutboxState, TaskExecution, TaskStatus
-from fleet.routing import affinity, drain, groups, selection
+from fleet.routing import affinity, groups, selection
+from fleet.routing.reservation import reserve_agent
 from fleet.routing.selectors import SelectorError
 
 log = logging.getLogger(__name__)
@@ -58,9 +58,24 @@ def sweep_dead_agents() -> list[Eviction]:
     )
     reason = liveness_reason(config.heartbeat_interval_s, config.liveness_misses)
     evictions = [e for a in stale if (e := evict_agent(a, reason, stale_before=cutoff))]
-    evictions += drain.evict_overdue_drains()
+    evictions += evict_overdue_drains()
     reclaim_orphaned_work()
     groups.prune_finished()
+    return evictions
+
+
+def evict_overdue_drains() -> list[Eviction]:
+    """Evict draining agents past their drain deadline (fleet/routing/drain.py sets it);
+    their unfinished work moves on."""
+    overdue = Agent.objects.filter(
+        state=AgentState.DRAINING, drain_deadline__lt=timezone.now()
+    ).values_list("id", "in_flight")
+    evictions = []
+    for agent_id, in_flight in overdue:
+        reason = f"drain deadline passed with {in_flight} task(s) still in flight"
+        eviction = evict_agent(agent_id, reason)
+        if eviction is not None:
+            evictions.append(eviction)
     return evictions
 
 

@@ -13,8 +13,8 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from fleet.delivery.reservation import ReservedAgent, reserve_agent
 from fleet.engine.claims import Claim
+from fleet.routing.reservation import ReservedAgent, reserve_agent
 from fleet.routing.selectors import Choice
 
 PROTOCOL_VERSION = 1

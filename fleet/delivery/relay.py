@@ -33,6 +33,7 @@ from fleet.delivery import local_sockets
 from fleet.delivery.pg import connect_async
 from fleet.delivery.waiting import wait_event
 from fleet.engine.claims import RESULT_GRACE_S
+from fleet.metrics import DISPATCH_LATENCY
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,6 @@ WHERE k.id = ANY(%s) AND k.revoked_at IS NULL AND t.is_active
 
 
 def _observe_latency(rows: list[tuple]) -> None:
-    from fleet.metrics import DISPATCH_LATENCY
-
     for attempts, seconds in rows:
         if attempts == 1 and seconds is not None:
             DISPATCH_LATENCY.observe(max(float(seconds), 0.0))

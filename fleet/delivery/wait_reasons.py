@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.db import connection
 
 from cloacina_site.config import get_config
-from fleet.delivery.reservation import no_capacity_reason
+from fleet.routing.reservation import no_capacity_reason
 
 WAIT_REASON_INTERVAL_S = 2.0
 

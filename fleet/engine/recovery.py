@@ -18,7 +18,7 @@ from datetime import timedelta
 from django.db import connection, transaction
 from django.utils import timezone
 
-from fleet.engine import ready_queue, server_registry
+from fleet.engine import hooks, ready_queue, server_registry
 from fleet.engine.claims import release_claim
 from fleet.engine.events import TaskReadyEvent
 from fleet.engine.executor import PeriodicJob
@@ -60,21 +60,19 @@ def expire_lost_runs(limit: int = LOST_BATCH) -> int:
 def release_orphaned_claims(instance_id: str, reason: str) -> int:
     """Back to Ready: Running tasks claimed by ``instance_id`` that no agent was given.
 
-    A task with an outbox row for its current assignment belongs to an agent
-    (the fleet's liveness sweeper owns it); without one it was running inside
-    the server process, or was between claim and hand-off, and is gone.
+    A task the executor holds (the fleet's settle hook: an outbox row for its current
+    assignment) belongs to an agent (the fleet's liveness sweeper owns it); without one
+    it was running inside the server process, or was between claim and hand-off, and
+    is gone.
     """
     with connection.cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             SELECT t.id, t.assignment, t.workflow_execution_id, t.task_id, t.attempt,
                    t.tenant_id, t.priority
             FROM fleet_taskexecution t
             WHERE t.status = 'Running' AND t.claimed_by = %s
-              AND NOT EXISTS (
-                  SELECT 1 FROM delivery_outbox o
-                  WHERE o.task_id = t.id AND o.assignment = t.assignment
-              )
+              AND NOT ({hooks.holds_sql("t")})
             """,
             [instance_id],
         )

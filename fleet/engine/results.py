@@ -22,7 +22,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from cloacina_site.config import get_config
-from fleet.engine import scheduler
+from fleet.engine import hooks, scheduler
 from fleet.engine.context import ContextError, encode_context, storable_text, validate_context
 from fleet.engine.events import ExecutionStatus, TaskReadyEvent
 from fleet.models import (
@@ -122,10 +122,11 @@ WHERE (SELECT count(*) FROM fleet_taskoutcome WHERE task_id = %s AND NOT applied
 # re-checks the fence after any wait); it returns nothing when the outcome is
 # stale, and the slow path then records why.  A task with no undecided dependent
 # (a leaf, the commonest kind) is also settled by the same statement: the
-# workflow's open-task counter lowered, its packet acked and its agent's slot
-# freed (or, in a batch, returned for release_slots) — the locks in the usual order,
-# task row, workflow row, packet, agent row last.  For any other task the statement
-# stops after recording and the caller decides the dependents first.
+# workflow's open-task counter lowered, and the executor's side settled by its hook
+# (fleet/engine/hooks.py; the fleet's: its packet acked and its agent's slot freed, or,
+# in a batch, returned for release_slots) — the locks in the usual order, task row,
+# workflow row, then the hook's (packet, agent row last).  For any other task the
+# statement stops after recording and the caller decides the dependents first.
 _COMPLETE_CURRENT = """
 WITH done AS (
     UPDATE fleet_taskexecution SET status = 'Completed', output_context = %(output)s::jsonb,
@@ -147,52 +148,65 @@ WITH done AS (
     UPDATE fleet_workflowexecution w SET open_tasks = GREATEST(w.open_tasks - 1, 0)
     FROM head WHERE w.id = head.workflow_execution_id AND NOT head.has_dependents
     RETURNING w.open_tasks, w.status
-), acked AS (
-    UPDATE delivery_outbox o SET state = 'acked', acked_at = now(), updated_at = now()
-    FROM head WHERE NOT head.has_dependents AND o.task_id = head.id
-      AND o.assignment = head.assignment AND o.state <> 'acked'
-    RETURNING o.agent_id
-){free}
-SELECT h.*, c.open_tasks, c.status, (SELECT array_agg(agent_id) FROM acked)
+), settling AS (
+    SELECT id AS task_execution_id, assignment FROM head WHERE NOT has_dependents
+){settle}
+SELECT h.*, c.open_tasks, c.status, (SELECT array_agg(holder) FROM held)
 FROM head h LEFT JOIN closed c ON true
 """
-_FREE_ACKED = """, freed AS (
-    UPDATE agents_agent SET in_flight = GREATEST(in_flight - 1, 0)
-    WHERE id IN (SELECT agent_id FROM acked)
-)"""
-_COMPLETE_CURRENT_FREEING = _COMPLETE_CURRENT.format(free=_FREE_ACKED)
-_COMPLETE_CURRENT_HOLDING = _COMPLETE_CURRENT.format(free="")
-# Settle the workflow's open-task counter and ack the packet (freeing its agent
-# slot) in one statement, last before the commit: those rows stay locked only
-# for the commit, and every dispatch, result and heartbeat of that agent waits on
-# the agent row.  A caller that applies many outcomes in one transaction
-# (:func:`deferred_slot_releases`) takes the HOLDING form: the agents the packet held
-# are returned instead of freed here, and :func:`release_slots` frees them all at the end.
+# Settle the workflow's open-task counter and the executor's side of the task (the
+# fleet: ack the packet, freeing its agent slot) in one statement, last before the
+# commit: those rows stay locked only for the commit, and every dispatch, result and
+# heartbeat of that agent waits on the agent row.  A caller that applies many outcomes
+# in one transaction (:func:`deferred_slot_releases`) takes the HOLDING form: what the
+# task held is returned instead of freed here, and :func:`release_slots` frees it all
+# at the end.
 _CLOSE_AND_ACK = """
 WITH closed AS (
     UPDATE fleet_workflowexecution SET open_tasks = GREATEST(open_tasks - %(settled)s, 0)
     WHERE id = %(workflow)s AND %(settled)s > 0 RETURNING open_tasks, status
-), acked AS (
-    UPDATE delivery_outbox SET state = 'acked', acked_at = now(), updated_at = now()
-    WHERE task_id = %(task)s AND assignment = %(assignment)s AND state <> 'acked'
-    RETURNING agent_id
-){free}
-SELECT c.open_tasks, c.status, (SELECT array_agg(agent_id) FROM acked)
+), settling AS (
+    SELECT %(task)s::uuid AS task_execution_id, %(assignment)s::integer AS assignment
+){settle}
+SELECT c.open_tasks, c.status, (SELECT array_agg(holder) FROM held)
 FROM (SELECT 1) AS one LEFT JOIN closed c ON true
 """
-_CLOSE_AND_ACK_FREEING = _CLOSE_AND_ACK.format(free=_FREE_ACKED)
-_CLOSE_AND_ACK_HOLDING = _CLOSE_AND_ACK.format(free="")
-# Every agent row once, in id order (so two such transactions never deadlock), each
-# slot counter lowered by the number of its packets acked.
-_RELEASE_SLOTS = """
-WITH n AS (
-    SELECT agent_id, count(*) AS n FROM unnest(%s::uuid[]) AS r(agent_id) GROUP BY agent_id
-), locked AS (
-    SELECT a.id FROM agents_agent a JOIN n ON n.agent_id = a.id ORDER BY a.id FOR UPDATE OF a
-)
-UPDATE agents_agent a SET in_flight = GREATEST(a.in_flight - n.n, 0)
-FROM n, locked WHERE a.id = n.agent_id AND locked.id = a.id
-"""
+
+
+class _Statements(NamedTuple):
+    """The hot statements with the registered settle hook's fragments folded in."""
+
+    hook: object
+    complete_freeing: str
+    complete_holding: str
+    close_freeing: str
+    close_holding: str
+
+
+def _build_statements() -> _Statements:
+    hook = hooks.settle_hook()
+    freeing = hooks.settle_ctes("settling", release=True)
+    holding = hooks.settle_ctes("settling", release=False)
+    return _Statements(
+        hook,
+        _COMPLETE_CURRENT.format(settle=freeing),
+        _COMPLETE_CURRENT.format(settle=holding),
+        _CLOSE_AND_ACK.format(settle=freeing),
+        _CLOSE_AND_ACK.format(settle=holding),
+    )
+
+
+_built = _build_statements()
+
+
+def _statements() -> _Statements:
+    """Built once per registered hook (an identity check per outcome, no formatting)."""
+    global _built
+    if _built.hook is not hooks.settle_hook():
+        _built = _build_statements()
+    return _built
+
+
 _deferred = threading.local()
 
 
@@ -211,10 +225,9 @@ def deferred_slot_releases() -> Iterator[list[uuid.UUID]]:
 
 
 def release_slots(agent_ids: list[uuid.UUID]) -> None:
-    """Free one slot per entry of ``agent_ids`` (in the caller's transaction)."""
-    if agent_ids:
-        with connection.cursor() as cursor:
-            cursor.execute(_RELEASE_SLOTS, [list(agent_ids)])
+    """Free one slot per entry of ``agent_ids`` (in the caller's transaction): the
+    holders a :func:`deferred_slot_releases` block collected, freed by the settle hook."""
+    hooks.release(agent_ids)
 
 
 def _closed(
@@ -258,8 +271,9 @@ class TaskResultHandler:
     @staticmethod
     def _complete_if_current(cursor, report: TaskReport, output_json: str) -> _TaskHead | None:
         deferred = getattr(_deferred, "agents", None)
+        statements = _statements()
         cursor.execute(
-            _COMPLETE_CURRENT_FREEING if deferred is None else _COMPLETE_CURRENT_HOLDING,
+            statements.complete_freeing if deferred is None else statements.complete_holding,
             {
                 "output": output_json, "task": report.task_execution_id,
                 "assignment": report.assignment, "agent": report.agent_id,
@@ -312,8 +326,9 @@ class TaskResultHandler:
         params = {"settled": settled, "workflow": head.workflow_execution_id,
                   "task": head.id, "assignment": head.assignment}  # fmt: skip
         deferred = getattr(_deferred, "agents", None)
+        statements = _statements()
         cursor.execute(
-            _CLOSE_AND_ACK_FREEING if deferred is None else _CLOSE_AND_ACK_HOLDING, params
+            statements.close_freeing if deferred is None else statements.close_holding, params
         )
         open_tasks, status, agents = cursor.fetchone()
         _closed(head, open_tasks, status, agents, deferred)

@@ -13,6 +13,8 @@ import uuid
 from django.db import connection, transaction
 from django.utils import timezone
 
+from artifacts.queries import active_package
+from fleet.engine import hooks
 from fleet.engine.events import TaskReadyEvent
 from fleet.models import (
     TASK_TERMINAL,
@@ -45,8 +47,6 @@ def start_execution_with_roots(
     tenant: Tenant, workflow_name: str, context: dict, priority: int = 0
 ) -> tuple[WorkflowExecution, list[TaskReadyEvent]]:
     """:func:`start_execution`, and the events of its root tasks (Ready from the start)."""
-    from artifacts.services import active_package
-
     package = active_package(tenant, workflow_name)
     if package is None:
         raise SchedulingError(
@@ -327,8 +327,6 @@ def _finish(workflow_execution_id: uuid.UUID) -> None:
 
 def cancel_execution(tenant: Tenant, execution_id: uuid.UUID) -> WorkflowExecution:
     """Cancel: nothing new starts; tasks not yet running are Skipped; running ones finish on their own."""
-    from fleet.engine.outbox_ack import withdraw_undelivered
-
     # No workflow row lock up front: outcome transactions lock task rows first and
     # the workflow row last (close_tasks), so taking it first here could deadlock.
     with transaction.atomic():
@@ -343,7 +341,7 @@ def cancel_execution(tenant: Tenant, execution_id: uuid.UUID) -> WorkflowExecuti
         ).update(
             status=TaskStatus.SKIPPED, finished_at=now, wait_reason="", error_message="cancelled"
         )
-        skipped += withdraw_undelivered(execution.pk)
+        skipped += hooks.withdraw_undelivered(execution.pk)  # the executor's undelivered work
         with connection.cursor() as cursor:
             cursor.execute(
                 "UPDATE fleet_workflowexecution SET status = %s, finished_at = now(), error = %s, "

@@ -10,6 +10,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from cloacina_site.config import get_config
+
 
 class Tenant(models.Model):
     """The isolation boundary: packages, executions, agents and keys belong to one."""
@@ -43,8 +45,6 @@ class Tenant(models.Model):
         if self.max_agents_override is not None:
             return self.max_agents_override
         if default_max_agents is None:
-            from cloacina_site.config import get_config
-
             default_max_agents = get_config().default_max_agents
         return default_max_agents
 
@@ -100,6 +100,9 @@ class ApiKey(models.Model):
         owner = self.tenant.name if self.tenant_id else "platform"
         return f"{self.role} key {self.lookup}… ({owner})"
 
+    # Revoking a key also retires the agents registered with it: that is the agents
+    # layer's service, agents.roster.revoke_key (tenancy imports nothing above it).
+
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None and (self.tenant_id is None or self.tenant.is_active)
@@ -132,18 +135,3 @@ class ApiKey(models.Model):
         if not key.is_active:
             return None
         return key
-
-    def revoke(self) -> bool:
-        """Revoke the key (once).  Its agents are declared dead at once and their work moves
-        on: a delivery socket opened with the key must not outlive it."""
-        revoked = (
-            ApiKey.objects.filter(pk=self.pk, revoked_at__isnull=True).update(
-                revoked_at=timezone.now()
-            )
-            == 1
-        )
-        if revoked:
-            from agents.roster import retire_agents_of_key
-
-            retire_agents_of_key(self.pk)
-        return revoked

@@ -6,7 +6,7 @@ A drain marks the agent ``draining`` — no new work is placed on it — and set
 and report what you hold, deregister, exit" (docs/agent.md), so the agent itself lets
 its in-flight work finish and then leaves.  The server bounds the wait: an agent still
 not gone at ``drain_deadline`` is evicted by the liveness sweep
-(:func:`evict_overdue_drains`), which moves its unfinished work to other agents exactly
+(:func:`fleet.delivery.liveness.evict_overdue_drains`), which moves its unfinished work to other agents exactly
 as for a dead one.  ``runagent`` drains the same way on its own on SIGTERM.
 
 Bindings (groups, affinity) to a draining agent are cleared at once: their next task
@@ -23,8 +23,7 @@ from datetime import datetime, timedelta
 from django.db import connection
 from django.utils import timezone
 
-from agents.models import Agent, AgentState
-from fleet.models import Eviction
+from agents.models import Agent
 from fleet.routing import affinity
 
 log = logging.getLogger(__name__)
@@ -81,19 +80,3 @@ def request_drain(agent_id: uuid.UUID, timeout_s: float, actor: str) -> Drain:
         drain.name, actor, drain.in_flight, drain.drain_deadline.isoformat(),
     )  # fmt: skip
     return drain
-
-
-def evict_overdue_drains() -> list[Eviction]:
-    """Evict draining agents past their drain deadline; their unfinished work moves on."""
-    from fleet.delivery.liveness import evict_agent  # the sweep imports this module
-
-    overdue = Agent.objects.filter(
-        state=AgentState.DRAINING, drain_deadline__lt=timezone.now()
-    ).values_list("id", "in_flight")
-    evictions = []
-    for agent_id, in_flight in overdue:
-        reason = f"drain deadline passed with {in_flight} task(s) still in flight"
-        eviction = evict_agent(agent_id, reason)
-        if eviction is not None:
-            evictions.append(eviction)
-    return evictions

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from django.db import connection
 
 from cloacina_site.config import get_config
-from fleet.delivery.reservation import ReservedAgent, no_capacity_reason
 from fleet.models import Tenant
 from fleet.routing import affinity, groups
 from fleet.routing.affinity import BindingKey
@@ -33,6 +32,7 @@ from fleet.routing.metrics import (
     SELECTION_FAILURE,
     SELECTION_SUCCESS,
 )
+from fleet.routing.reservation import ReservedAgent, no_capacity_reason
 from fleet.routing.selectors import UNCONSTRAINED, Choice, Selectors, compile_choice
 
 AGENTS_LISTED = 5  # agents named in a NoMatchingAgent message

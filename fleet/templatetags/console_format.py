@@ -7,6 +7,8 @@ from datetime import datetime
 from django import template
 from django.utils import timezone
 
+from fleet.console.formatting import human_seconds
+
 register = template.Library()
 
 # How often live partials poll.  A module constant so the browser tests can
@@ -18,20 +20,6 @@ POLL_INTERVAL_S = 2.0
 def poll_every() -> str:
     """The htmx polling trigger of live partials: ``every 2s``."""
     return f"every {POLL_INTERVAL_S:g}s"
-
-
-def human_seconds(seconds: float) -> str:
-    """12.3 → '12s', 200 → '3m', 7200 → '2.0h': short enough for a table cell."""
-    seconds = max(0.0, seconds)
-    if seconds < 10:
-        return f"{seconds:.1f}s"
-    if seconds < 90:
-        return f"{seconds:.0f}s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f}m"
-    if seconds < 48 * 3600:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.0f}d"
 
 
 @register.filter

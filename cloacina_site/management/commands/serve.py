@@ -32,7 +32,7 @@ from fleet.engine import leader, recovery, server_registry
 from fleet.engine.dispatcher import Dispatcher
 from fleet.engine.events import ExecutorNotFound
 from fleet.engine.executor import PeriodicJob
-from fleet.engine.registry import build_dispatcher
+from fleet.executors.registry import build_dispatcher
 
 log = logging.getLogger("cloacina.serve")
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
+from agents.models import Agent, AgentState
 from fleet.control.actuators.base import (
     Actuator,
     AgentHandle,
@@ -105,8 +106,6 @@ class DockerActuator(Actuator):
 
     def _drained_keys(self, boxes: list[Box]) -> set[str]:
         """Keys whose agent the roster already has as draining (a drain from an earlier leader)."""
-        from agents.models import Agent, AgentState
-
         lookups = [b.key_lookup for b in boxes if b.key_lookup]
         if not lookups:
             return set()
@@ -207,8 +206,6 @@ class DockerActuator(Actuator):
         log.info("docker actuator: started %s (%s) for tenant %s", name, container.id[:12], tenant)
 
     def _drain(self, box: Box) -> None:
-        from agents.models import Agent, AgentState
-
         if box.key_lookup:
             Agent.objects.filter(api_key__lookup=box.key_lookup, state=AgentState.LIVE).update(
                 state=AgentState.DRAINING, drain_requested_at=timezone.now()
@@ -239,8 +236,6 @@ class DockerActuator(Actuator):
         return crashed
 
     def _mark_managed(self, lookups: list[str]) -> None:
-        from agents.models import Agent
-
         lookups = [lookup for lookup in lookups if lookup]
         if lookups:
             Agent.objects.filter(api_key__lookup__in=lookups).exclude(managed_by=MANAGED_BY).update(

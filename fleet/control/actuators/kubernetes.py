@@ -24,6 +24,7 @@ import logging
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
+from agents.models import Agent, AgentState
 from fleet.control.actuators import kubernetes_manifests as m
 from fleet.control.actuators.base import (
     Actuator,
@@ -220,8 +221,6 @@ class KubernetesActuator(Actuator):
 
     def _revoke_superseded(self, tenant: Tenant, ns: str, current_lookup: str) -> int:
         """Revoke older keys of this tenant's Deployment that no registered agent uses any more."""
-        from agents.models import Agent, AgentState
-
         stale = set(
             ApiKey.objects.filter(
                 tenant=tenant, label=KEY_LABEL_PREFIX + ns, revoked_at__isnull=True

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from django.utils import timezone
 
+from agents.models import Agent, AgentState
 from fleet.control.actuators.base import (
     Actuator,
     AgentHandle,
@@ -248,8 +249,6 @@ class ProcessActuator(Actuator):
         return Child(name, label, tenant.pk, key.lookup, proc, seq, log_path)
 
     def _drain(self, child: Child) -> None:
-        from agents.models import Agent, AgentState
-
         # Stop new work first (the dispatcher only picks live agents), then let it finish.
         Agent.objects.filter(api_key__lookup=child.key_lookup, state=AgentState.LIVE).update(
             state=AgentState.DRAINING, drain_requested_at=timezone.now()
@@ -294,8 +293,6 @@ class ProcessActuator(Actuator):
         return crashed
 
     def _mark_managed(self, kids: list[Child]) -> None:
-        from agents.models import Agent
-
         lookups = [c.key_lookup for c in kids]
         if lookups:
             Agent.objects.filter(api_key__lookup__in=lookups).exclude(managed_by=MANAGED_BY).update(

@@ -29,7 +29,7 @@ from django.db import connection
 from agents import result_batches
 from cloacina_site.config import Config
 from fleet.delivery import db as delivery_db
-from fleet.delivery import local_sockets, socket_writes
+from fleet.delivery import local_sockets, outbox_ack, socket_writes
 from fleet.delivery.batch_placement import Delivered, place_tasks
 from fleet.delivery.depth import SAMPLE_INTERVAL_S, sample_outbox_depth
 from fleet.delivery.listener import NotificationListener
@@ -88,6 +88,9 @@ class FleetExecutor(TaskExecutor):
     def __init__(self, claimer: str, config: Config) -> None:
         self.claimer = claimer
         self.config = config
+        # Its side of every outcome (ack the packet, free the slot) is the engine's
+        # settle hook; FleetConfig.ready registered it already in every process.
+        outbox_ack.register()
         local_sockets.set_server_id(claimer)
         self.relay = Relay()
         self.capacity = CapacityEstimate()

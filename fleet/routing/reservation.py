@@ -33,12 +33,12 @@ _BASE = """
 """
 
 
-def _candidates(choice: Choice) -> str:
+def candidates_sql(choice: Choice) -> str:
     return f"{_BASE} AND {choice.static} AND {choice.dynamic}"
 
 
 def _reserve_sql(choice: Choice, skip: str) -> str:
-    candidates = _candidates(choice)
+    candidates = candidates_sql(choice)
     order = choice.order.replace(CANDIDATES, candidates)
     return f"""
     UPDATE agents_agent AS r
@@ -65,7 +65,7 @@ class ReservedAgent:
     target_triple: str
 
 
-def _params(tenant_id: int, triples: Iterable[str] | None) -> dict:
+def candidate_params(tenant_id: int, triples: Iterable[str] | None) -> dict:
     config = get_config()
     return {
         "tenant": tenant_id,
@@ -93,10 +93,10 @@ def reserve_agent(
     longer than the statement and the commit
     (:func:`fleet.delivery.outbox.enqueue_on_best_agent`).  Runs in the caller's
     transaction; the slot is released by acking the outbox row
-    (:func:`fleet.engine.outbox_ack.ack_and_release`).
+    (:func:`fleet.delivery.outbox_ack.ack_and_release`).
     """
     choice = choice or UNCONSTRAINED
-    params = {**choice.params, **_params(tenant_id, triples), **(then_params or {})}
+    params = {**choice.params, **candidate_params(tenant_id, triples), **(then_params or {})}
     with connection.cursor() as cursor:
         for _ in range(SKIP_LOCKED_ROUNDS):
             sql = _reserve_sql(choice, "SKIP LOCKED")
@@ -105,7 +105,7 @@ def reserve_agent(
             if row is not None:
                 return ReservedAgent(*row)
             cursor.execute(
-                f"SELECT EXISTS (SELECT 1 FROM agents_agent a WHERE {_candidates(choice)})",
+                f"SELECT EXISTS (SELECT 1 FROM agents_agent a WHERE {candidates_sql(choice)})",
                 params,
             )
             if not cursor.fetchone()[0]:
@@ -130,7 +130,7 @@ def no_capacity_reason(tenant_id: int, triples: Iterable[str] | None = None) -> 
             FROM agents_agent WHERE tenant_id = %(tenant)s AND state = 'live'
               AND last_heartbeat > now() - make_interval(secs => %(window)s)
             """,
-            _params(tenant_id, triples),
+            candidate_params(tenant_id, triples),
         )
         live, connected, loadable = cursor.fetchone()
     if live == 0:

@@ -12,6 +12,7 @@ import importlib
 
 from cloacina_site.config import Config
 from fleet.engine.dispatcher import Dispatcher
+from fleet.executors.inprocess import InProcessExecutor
 
 DEFAULT_KEY = "default"
 FLEET_KEY = "fleet"
@@ -24,8 +25,6 @@ def build_dispatcher(config: Config, claimer: str) -> Dispatcher:
     when ``config.default_executor`` names no registered executor.
     """
     dispatcher = Dispatcher()
-    from fleet.engine.inprocess import InProcessExecutor
-
     dispatcher.register_executor(
         DEFAULT_KEY,
         InProcessExecutor(
@@ -34,7 +33,7 @@ def build_dispatcher(config: Config, claimer: str) -> Dispatcher:
     )
     if config.default_executor == FLEET_KEY:
         # Imported lazily: the fleet (and everything it pulls in) is loaded only when opted in.
-        fleet_executor = importlib.import_module("fleet.engine.fleet_executor")
+        fleet_executor = importlib.import_module("fleet.executors.fleet")
         dispatcher.register_executor(
             FLEET_KEY, fleet_executor.FleetExecutor(claimer=claimer, config=config)
         )
