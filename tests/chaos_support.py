@@ -219,6 +219,20 @@ def schedule(seed: int, seconds: float, kills: int, serve_restarts: int, pg_rest
 # -- the checks ---------------------------------------------------------------------------
 
 
+def wait_all_terminal(url: str, timeout_s: float) -> int:
+    """Poll until no execution is open (or ``timeout_s`` passes); the count still open."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        still_open = query(
+            url,
+            "SELECT count(*) FROM fleet_workflowexecution "
+            "WHERE status NOT IN ('Completed', 'Failed', 'Cancelled')",
+        )[0][0]
+        if still_open == 0 or time.monotonic() >= deadline:
+            return still_open
+        time.sleep(0.5)
+
+
 @dataclass
 class Figures:
     values: dict = field(default_factory=dict)

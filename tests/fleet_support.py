@@ -33,6 +33,16 @@ def _close_delivery_pool():
     delivery_db.close()
 
 
+@pytest.fixture
+def short_liveness():
+    """Agents are dead after 1.5 s without a beat (0.5 s × 3), for the sweeps under test."""
+    from cloacina_site.config import apply_overrides, reset_config
+
+    apply_overrides(heartbeat_interval_s=0.5, liveness_misses=3)
+    yield
+    reset_config()
+
+
 def make_agent(
     tenant,
     name: str | None = None,

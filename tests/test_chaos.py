@@ -36,6 +36,7 @@ from tests.chaos_support import (
     plan,
     query,
     schedule,
+    wait_all_terminal,
 )
 from tests.e2e_support import Processes, free_port, upload
 from tests.fleet_e2e_support import FLEET_ENV, fleet_serve, metric, run_agent
@@ -119,18 +120,7 @@ def test_chaos_run_loses_nothing_and_completes_nothing_twice(chaos_db, tmp_path,
         feeder.join(FEED_S + 120)
         assert not feeder.is_alive(), "the feeder never got all executions in"
 
-        # Wait for every execution to end.
-        deadline = time.monotonic() + SETTLE_TIMEOUT_S
-        open_ = None
-        while time.monotonic() < deadline:
-            open_ = query(
-                url,
-                "SELECT count(*) FROM fleet_workflowexecution "
-                "WHERE status NOT IN ('Completed', 'Failed', 'Cancelled')",
-            )[0][0]
-            if open_ == 0:
-                break
-            time.sleep(0.5)
+        open_ = wait_all_terminal(url, SETTLE_TIMEOUT_S)
         elapsed = time.monotonic() - started
         figures = check_invariants(url, ledger, killed)
         evicted_metric = metric(server, "cloacina_fleet_agents_evicted_total")
@@ -226,16 +216,7 @@ def test_two_replicas_one_killed_mid_run_and_restarted_lose_nothing(chaos_db, tm
         )
         feeder.join(REPLICA_FEED_S + 60)
         assert not feeder.is_alive(), "the feeder never got all executions in"
-        deadline = time.monotonic() + SETTLE_TIMEOUT_S
-        while time.monotonic() < deadline:
-            open_ = query(
-                url,
-                "SELECT count(*) FROM fleet_workflowexecution "
-                "WHERE status NOT IN ('Completed', 'Failed', 'Cancelled')",
-            )[0][0]
-            if open_ == 0:
-                break
-            time.sleep(0.5)
+        open_ = wait_all_terminal(url, SETTLE_TIMEOUT_S)
         elapsed = time.monotonic() - started
         figures = check_invariants(url, ledger, killed=None)
         for agent in agents:

@@ -8,7 +8,6 @@ import pytest
 from django.test import Client
 
 from agents.models import Agent
-from cloacina_site.config import apply_overrides, reset_config
 from fleet.delivery.liveness import reclaim_in_flight, sweep_dead_agents
 from fleet.delivery.placement import place_task
 from fleet.models import DeliveryOutbox, Eviction, TaskExecution, TaskOutcome
@@ -17,15 +16,11 @@ from tests.fleet_support import (  # noqa: F401
     _close_delivery_pool,
     make_agent,
     ready_root,
+    short_liveness,
     two_task_package,
 )
 
-
-@pytest.fixture(autouse=True)
-def short_liveness():
-    apply_overrides(heartbeat_interval_s=0.5, liveness_misses=3)
-    yield
-    reset_config()
+pytestmark = pytest.mark.usefixtures("short_liveness")
 
 
 def _running_on(tenant, agent, delivered=True):

@@ -18,7 +18,7 @@ from django.test import Client
 from django.utils import timezone
 
 from agents.models import Agent
-from cloacina_site.config import apply_overrides, reset_config
+from cloacina_site.config import apply_overrides
 from fleet.delivery.liveness import sweep_dead_agents
 from fleet.delivery.placement import place_task
 from fleet.delivery.redelivery import redeliver_unreceived
@@ -29,15 +29,11 @@ from tests.fleet_support import (  # noqa: F401
     _close_delivery_pool,
     make_agent,
     ready_root,
+    short_liveness,
     two_task_package,
 )
 
-
-@pytest.fixture(autouse=True)
-def short_liveness():
-    apply_overrides(heartbeat_interval_s=0.5, liveness_misses=3)
-    yield
-    reset_config()
+pytestmark = pytest.mark.usefixtures("short_liveness")
 
 
 def _placed(tenant, agent):
