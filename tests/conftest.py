@@ -1,6 +1,11 @@
-"""Test-wide fixtures.
+"""Fixtures every layer needs (tests/unit, tests/integration, tests/e2e).
 
-Tests run on the embedded PostgreSQL (pgserver) under a private
+The tests are layered like the code: tests/unit (no database, sockets or subprocesses),
+tests/integration (the database, in-process ASGI, fakes at the HTTP boundary) and
+tests/e2e (real `serve` and `runagent` processes, chaos, browsers); each layer's
+conftest.py holds its own fixtures, and tests/support/ the helpers they share.
+
+Tests that touch the database run on the embedded PostgreSQL (pgserver) under a private
 CLOACINA_HOME unless DATABASE_URL is given (see cloacina_site/test_settings.py).
 """
 
@@ -10,8 +15,6 @@ import os
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -28,52 +31,3 @@ def tmp_path(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
                 mode = 0o777 if folder == tmp_path else 0o711  # passable, not listable
                 os.chmod(folder, folder.stat().st_mode | mode)
     return tmp_path
-
-
-@pytest.fixture
-def tenant(db):
-    from fleet.models import Tenant
-
-    return Tenant.objects.create(name="acme")
-
-
-@pytest.fixture
-def other_tenant(db):
-    from fleet.models import Tenant
-
-    return Tenant.objects.create(name="globex")
-
-
-def _key(tenant, role):
-    from fleet.models import ApiKey
-
-    return ApiKey.mint(role, tenant=tenant)[1]
-
-
-@pytest.fixture
-def write_key(tenant) -> str:
-    return _key(tenant, "write")
-
-
-@pytest.fixture
-def read_key(tenant) -> str:
-    return _key(tenant, "read")
-
-
-@pytest.fixture
-def agent_key(tenant) -> str:
-    return _key(tenant, "agent")
-
-
-@pytest.fixture
-def admin_key(db) -> str:
-    return _key(None, "admin")
-
-
-@pytest.fixture
-def other_write_key(other_tenant) -> str:
-    return _key(other_tenant, "write")
-
-
-def bearer(key: str) -> dict:
-    return {"HTTP_AUTHORIZATION": f"Bearer {key}"}

@@ -1,0 +1,155 @@
+"""The console in real headless Chromium against a live server: what an operator does at night.
+
+Log in, scale a tenant from the overview and see desired_count change without
+a reload; let an agent die (the real liveness sweep) and see the eviction and
+the moved work appear; see outbox depth move as packets are queued and acked;
+see refused actions and failing live updates reported on the page.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from playwright.sync_api import expect
+
+from fleet.models import DeliveryOutbox, FleetChange
+from tests.support.browser import login
+from tests.support.console import PASSWORD, make_agent, make_outbox_row, with_password
+from tests.support.factories import publish_example, start
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+LIVE_UPDATE_S = 5  # partials poll every 0.5 s here (fast_polling); allow for a busy machine
+
+
+def _no_reload_marker(page) -> None:
+    page.evaluate("window.__stillTheSamePage = true")
+
+
+def _assert_not_reloaded(page) -> None:
+    assert page.evaluate("window.__stillTheSamePage === true"), "the page was reloaded"
+
+
+def test_provision_from_the_overview_updates_without_a_reload(
+    page, live_server, writer_user, tenant
+):
+    tenant.max_agents_override = 2
+    tenant.save()
+    login(page, live_server, with_password(writer_user).username, PASSWORD)
+    desired = page.locator("#desired-acme")
+    expect(desired).to_have_text("0")
+    _no_reload_marker(page)
+
+    page.locator("#tenant-row-acme button[name=provision]").click()
+    expect(desired).to_have_text("1", timeout=LIVE_UPDATE_S * 1000)
+    expect(page.locator("#flash")).to_contain_text("acme: desired_count 0 → 1")
+    page.locator("#tenant-row-acme button[name=provision]").click()
+    expect(desired).to_have_text("2", timeout=LIVE_UPDATE_S * 1000)
+    # At the limit the button is disabled and says why.
+    plus = page.locator("#tenant-row-acme button[name=provision]")
+    expect(plus).to_be_disabled()
+    expect(plus).to_have_attribute("title", "at the effective limit of 2 agents")
+    _assert_not_reloaded(page)
+    assert list(FleetChange.objects.values_list("new_value", "actor").order_by("id")) == [
+        (1, "console:wendy"),
+        (2, "console:wendy"),
+    ]
+
+
+def test_a_change_made_elsewhere_shows_up_live(page, live_server, admin_user, tenant):
+    login(page, live_server, with_password(admin_user).username, PASSWORD)
+    _no_reload_marker(page)
+    from fleet.control import limits
+
+    limits.set_fleet_overrides(tenant, "test", desired_count=3)
+    expect(page.locator("#desired-acme")).to_have_text("3", timeout=LIVE_UPDATE_S * 1000)
+    _assert_not_reloaded(page)
+
+
+def test_a_dead_agent_appears_in_the_eviction_history(page, live_server, admin_user, tenant):
+    from fleet.delivery.liveness import sweep_dead_agents
+
+    publish_example(tenant)
+    _, tasks = start(tenant, "etl", {})
+    doomed = make_agent(tenant, "doomed-1", in_flight=1)
+    make_agent(tenant, "survivor-1")
+    make_outbox_row(tasks["extract"], doomed, "delivered")
+    from fleet.models import TaskExecution
+
+    TaskExecution.objects.filter(pk=tasks["extract"].pk).update(
+        status="Running", assignment=1, agent=doomed, attempt=1
+    )
+    login(page, live_server, with_password(admin_user).username, PASSWORD)
+    page.goto(f"{live_server.url}/console/evictions/")
+    expect(page.locator("#evictions")).to_contain_text("No evictions in this range")
+    _no_reload_marker(page)
+
+    # The agent stops beating; the real liveness sweep declares it dead and moves its work.
+    from agents.models import Agent
+
+    Agent.objects.filter(pk=doomed.pk).update(last_heartbeat=timezone.now() - timedelta(hours=1))
+    [eviction] = sweep_dead_agents()
+    assert eviction.reassigned == 0 and DeliveryOutbox.objects.get().agent.name == "survivor-1"
+
+    row = page.locator('#evictions tr[data-agent="doomed-1"]')
+    expect(row).to_be_visible(timeout=LIVE_UPDATE_S * 1000)
+    expect(row).to_contain_text("extract → survivor-1")
+    expect(row).to_contain_text("no heartbeat for")
+    _assert_not_reloaded(page)
+
+    page.goto(f"{live_server.url}/console/tenants/acme/")
+    expect(page.locator('tr[data-agent="doomed-1"]')).to_contain_text("dead")
+    expect(page.locator("#tenant-fleet")).to_contain_text("1 eviction(s) in the last hour")
+
+
+def test_outbox_depth_moves_live(page, live_server, admin_user, tenant):
+    from fleet.delivery.depth import sample_outbox_depth
+
+    publish_example(tenant)
+    _, tasks = start(tenant, "etl", {})
+    agent = make_agent(tenant, "a1")
+    login(page, live_server, with_password(admin_user).username, PASSWORD)
+    page.goto(f"{live_server.url}/console/outbox/")
+    pending = page.locator("#pending-acme")
+    expect(pending).to_have_text("0")
+    _no_reload_marker(page)
+
+    for name in ("extract", "transform_a", "transform_b"):
+        make_outbox_row(tasks[name], agent, "pending")
+    sample_outbox_depth()
+    expect(pending).to_have_text("3", timeout=LIVE_UPDATE_S * 1000)
+    chart = page.locator('figure.chart[data-tenant="acme"] svg')
+    expect(chart).to_have_attribute("data-pending-now", "3")
+
+    DeliveryOutbox.objects.filter(task=tasks["extract"]).update(state="delivered")
+    DeliveryOutbox.objects.exclude(task=tasks["extract"]).update(state="acked")
+    expect(pending).to_have_text("0", timeout=LIVE_UPDATE_S * 1000)
+    expect(page.locator("#delivered-acme")).to_have_text("1")
+    _assert_not_reloaded(page)
+    # The overview shows the same depth.
+    page.goto(f"{live_server.url}/console/")
+    expect(page.locator("#outbox-acme")).to_contain_text("1")
+
+
+def test_a_refused_action_is_reported_on_the_page(page, live_server, reader_user, tenant):
+    login(page, live_server, with_password(reader_user).username, PASSWORD)
+    expect(page.locator("#tenant-row-acme button[name=provision]")).to_be_disabled()
+    # Hiding the button is not the check: the server refuses the POST itself.
+    page.evaluate(
+        "htmx.ajax('POST', '/console/tenants/acme/provision/', {source: document.body, swap: 'none'})"
+    )
+    expect(page.locator("#flash")).to_contain_text("403: your role in tenant 'acme' is read-only")
+    tenant.refresh_from_db()
+    assert tenant.desired_count == 0
+
+
+def test_failing_live_updates_raise_a_banner(page, live_server, reader_user, tenant):
+    login(page, live_server, with_password(reader_user).username, PASSWORD)
+    banner = page.locator("#stale-banner")
+    expect(banner).to_be_hidden()
+    page.route("**/console/partials/**", lambda route: route.abort())
+    expect(banner).to_be_visible(timeout=LIVE_UPDATE_S * 1000)
+    page.unroute("**/console/partials/**")
+    expect(banner).to_be_hidden(timeout=LIVE_UPDATE_S * 1000)

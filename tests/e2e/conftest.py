@@ -1,0 +1,31 @@
+"""The slow layer: real processes — `serve`, `runagent` (plain and gated), the CLI,
+agents started by the actuators, the chaos runs, docker, other architectures and
+headless Chromium (tests/e2e/browser/)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.console import *  # noqa: F403 (the console fixtures, for the browser tests)
+from tests.support.hostile import TENANT, Served
+from tests.support.keys import tenant_keys
+from tests.support.processes import Processes
+from tests.support.tenancy import (  # noqa: F401
+    admin_key,
+    agent_key,
+    close_delivery_pool,
+    other_tenant,
+    other_write_key,
+    read_key,
+    short_liveness,
+    tenant,
+    write_key,
+)
+
+
+@pytest.fixture
+def served(transactional_db, tmp_path):
+    """A `serve` (in-process executor) on the test database, with tenant acme's keys."""
+    keys = tenant_keys(TENANT)
+    with Processes(tmp_path) as procs:
+        yield Served(procs, procs.serve(), keys)

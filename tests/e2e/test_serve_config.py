@@ -1,0 +1,58 @@
+"""`serve` boot configuration: the executor registry and loud failures on bad configuration."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet.models import ServerInstance
+from tests.support.processes import Processes
+
+
+@pytest.fixture
+def procs(transactional_db, tmp_path):
+    with Processes(tmp_path) as procs:
+        yield procs
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "flags, env, message",
+    [
+        (
+            ["--default-executor", "bogus"],
+            {},
+            "unknown default executor 'bogus'; valid keys: default",
+        ),
+        ([], {"CLOACINA_DEFAULT_EXECUTOR": "bogus"}, "valid keys: default"),
+        (["--actuator", "podman"], {}, "unknown actuator 'podman'"),
+        ([], {"CLOACINA_SCHEDULER_POLL_S": "fast"}, "CLOACINA_SCHEDULER_POLL_S must be a number"),
+        ([], {"CLOACINA_DB_POOL_MAX": "10"}, "CLOACINA_DB_POOL_MAX must be at least 24"),
+        ([], {"CLOACINA_ALLOWED_HOSTS": "https://x.example"}, "CLOACINA_ALLOWED_HOSTS: 'https:"),
+        ([], {"CLOACINA_LOGIN_LOCKOUT_S": "soon"}, "CLOACINA_LOGIN_LOCKOUT_S must be an integer"),
+    ],
+)
+def test_serve_refuses_bad_configuration(procs, flags, env, message):
+    result = procs.manage("serve", "--port", "0", *flags, env=procs.env(**env), timeout=30)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1  # one clear line, no traceback
+    if "valid keys" in message:
+        assert "fleet" not in result.stderr  # not opted in: the key does not exist
+    assert result.stdout == ""  # never got as far as the ready line
+    assert not ServerInstance.objects.exists()
+
+
+@pytest.mark.e2e
+def test_serve_exits_non_zero_when_its_port_is_taken(procs):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = procs.manage("serve", "--port", str(port), timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert f"could not listen on 127.0.0.1:{port}" in result.stderr
+    assert result.stdout == ""
+    instance = ServerInstance.objects.get()  # registered, then marked stopped: no live row left
+    assert instance.stopped_at is not None

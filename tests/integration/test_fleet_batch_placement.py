@@ -1,0 +1,228 @@
+"""Placing many Ready tasks in one transaction (fleet/delivery/batch_placement.py): the same
+outcome per task as place_task, one claim statement, plain tasks reserved together."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from agents.models import Agent
+from fleet.delivery.batch_placement import Delivered, place_tasks
+from fleet.delivery.placement import NoAgent, NotClaimed, Placed, Unroutable
+from fleet.engine.context import build_task_context, encode_context
+from fleet.models import DeliveryOutbox, TaskExecution
+from tests.support.agents import make_agent
+from tests.support.factories import make_package, start
+
+SOURCE = "def noop(context):\n    return None\n"
+
+
+def wide_package(tenant, width: int, workflow: str = "wide", **task_extra):
+    tasks = [{"id": f"t{i}", "function": "demo.steps:noop", **task_extra} for i in range(width)]
+    return make_package(tenant, tasks, SOURCE, name=workflow, workflow=workflow)
+
+
+def ready_tasks(tenant, workflow: str = "wide", executions: int = 1, context=None) -> list:
+    ids = []
+    for _ in range(executions):
+        _execution, tasks = start(tenant, workflow, context or {})
+        ids += [t.pk for t in tasks.values() if t.status == "Ready"]
+    return ids
+
+
+@pytest.mark.django_db
+def test_a_batch_is_spread_over_the_agents_one_slot_per_agent_per_round(tenant):
+    wide_package(tenant, 6)
+    agents = [make_agent(tenant, f"a{i}", max_concurrency=4) for i in range(3)]
+    ids = ready_tasks(tenant)
+    placed = place_tasks(ids, "server-1")
+    assert all(isinstance(p, Placed) for p in placed.values())
+    per_agent = Counter(p.agent_id for p in placed.values())
+    assert sorted(per_agent.values()) == [2, 2, 2]
+    for agent in agents:
+        agent.refresh_from_db()
+        assert agent.in_flight == 2
+    rows = DeliveryOutbox.objects.filter(task_id__in=ids)
+    assert rows.count() == 6
+    for row in rows:
+        task = TaskExecution.objects.get(pk=row.task_id)
+        assert (task.status, task.attempt, task.agent_id) == ("Running", 1, row.agent_id)
+        assert row.assignment == task.assignment == placed[task.pk].assignment
+        # the shared context builder's exact bytes, and the agent's triple stamped on it
+        assert row.payload["context_json"] == encode_context(build_task_context(task.pk))
+        assert row.payload["target_triple"] == agents[0].target_triple
+
+
+@pytest.mark.django_db
+def test_packets_for_agents_connected_here_are_delivered_with_their_clock_started(tenant):
+    wide_package(tenant, 2)
+    local = make_agent(tenant, "local", max_concurrency=1)
+    remote = make_agent(tenant, "remote", max_concurrency=1)
+    Agent.objects.filter(pk=remote.pk).update(connected_to="another-server")
+    ids = ready_tasks(tenant)
+    placed = place_tasks(ids, "server-1")
+    by_agent = {p.agent_id: (task_id, p) for task_id, p in placed.items()}
+    task_id, here = by_agent[local.id]
+    assert isinstance(here, Delivered)
+    row = DeliveryOutbox.objects.get(task_id=task_id)
+    assert (row.state, row.attempts, row.id) == ("delivered", 1, here.outbox_id)
+    assert row.delivered_at is not None and row.received_at is None
+    assert here.packet == {**row.payload, "outbox_id": row.id}
+    assert TaskExecution.objects.get(pk=task_id).result_deadline is not None
+    task_id, there = by_agent[remote.id]
+    assert type(there) is Placed  # the relay of the server holding its socket pushes it
+    row = DeliveryOutbox.objects.get(task_id=task_id)
+    assert (row.state, row.attempts, row.delivered_at) == ("pending", 0, None)
+    assert TaskExecution.objects.get(pk=task_id).result_deadline is None
+
+
+@pytest.mark.django_db
+def test_tasks_beyond_the_free_slots_wait_with_the_reason_and_keep_their_attempt(tenant):
+    wide_package(tenant, 5)
+    make_agent(tenant, "a", max_concurrency=2)
+    ids = ready_tasks(tenant)
+    placed = place_tasks(ids, "server-1")
+    waiting = [task_id for task_id, p in placed.items() if isinstance(p, NoAgent)]
+    assert len(waiting) == 3
+    assert {placed[t].reason for t in waiting} == {"the 1 live agent is at capacity"}
+    for task in TaskExecution.objects.filter(pk__in=waiting):
+        assert (task.status, task.attempt, task.agent_id) == ("Ready", 0, None)
+        assert task.wait_reason == "the 1 live agent is at capacity"
+    assert DeliveryOutbox.objects.count() == 2
+    assert Agent.objects.get(name="a").in_flight == 2
+
+
+@pytest.mark.django_db
+def test_healthy_agents_fill_before_a_degraded_one_gets_work(tenant):
+    wide_package(tenant, 5)
+    healthy = make_agent(tenant, "healthy", max_concurrency=3)
+    slow = make_agent(tenant, "slow", max_concurrency=3)
+    # A beat older than 2 intervals (but within the liveness window): degraded.
+    Agent.objects.filter(pk=slow.pk).update(last_heartbeat=timezone.now() - timedelta(seconds=35))
+    placed = place_tasks(ready_tasks(tenant), "server-1")
+    per_agent = Counter(p.agent_id for p in placed.values() if isinstance(p, Placed))
+    assert per_agent == {healthy.id: 3, slow.id: 2}
+
+
+@pytest.mark.django_db
+def test_tasks_with_selectors_take_the_single_task_path_in_the_same_batch(tenant):
+    make_package(
+        tenant,
+        [
+            {"id": "plain", "function": "demo.steps:noop"},
+            {"id": "pinned", "function": "demo.steps:noop", "agent": "b"},
+            {"id": "nowhere", "function": "demo.steps:noop", "agent": "nobody"},
+        ],
+        SOURCE,
+        name="mixed",
+        workflow="mixed",
+    )
+    make_agent(tenant, "a", max_concurrency=4)
+    b = make_agent(tenant, "b", max_concurrency=4)
+    _execution, tasks = start(tenant, "mixed", {})
+    placed = place_tasks([t.pk for t in tasks.values()], "server-1")
+    assert placed[tasks["pinned"].pk].agent_id == b.id
+    assert isinstance(placed[tasks["plain"].pk], Placed)
+    nowhere = placed[tasks["nowhere"].pk]
+    assert isinstance(nowhere, Unroutable) and "NoMatchingAgent" in nowhere.reason
+    assert TaskExecution.objects.get(pk=tasks["nowhere"].pk).status == "Failed"
+
+
+@pytest.mark.django_db
+def test_tasks_not_ready_are_not_claimed(tenant):
+    wide_package(tenant, 2)
+    make_agent(tenant, "a", max_concurrency=4)
+    ids = ready_tasks(tenant)
+    TaskExecution.objects.filter(pk=ids[0]).update(status="Skipped")
+    placed = place_tasks(ids, "server-1")
+    assert isinstance(placed[ids[0]], NotClaimed) and not isinstance(placed[ids[0]], Unroutable)
+    assert isinstance(placed[ids[1]], Placed)
+    assert place_tasks([ids[1]], "server-1") == {ids[1]: NotClaimed()}  # already Running
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_batches_never_overfill_an_agent(tenant):
+    wide_package(tenant, 10)
+    agents = [make_agent(tenant, f"a{i}", max_concurrency=5) for i in range(2)]
+    ids = ready_tasks(tenant, executions=4)  # 40 tasks for 10 slots
+    chunks = [ids[i::4] for i in range(4)]
+    results: dict = {}
+    barrier = threading.Barrier(len(chunks))
+
+    def worker(chunk) -> None:
+        try:
+            barrier.wait()
+            results.update(place_tasks(chunk, "server-1"))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker, args=(chunk,)) for chunk in chunks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    placed = [p for p in results.values() if isinstance(p, Placed)]
+    assert len(results) == 40
+    assert len(placed) == 10  # every slot used, none twice
+    for agent in agents:
+        agent.refresh_from_db()
+        assert agent.in_flight == 5
+        assert DeliveryOutbox.objects.filter(agent=agent).count() == 5
+    assert TaskExecution.objects.filter(status="Running").count() == 10
+    assert TaskExecution.objects.filter(status="Ready", attempt=0).count() == 30
+
+
+@pytest.mark.django_db
+def test_a_batch_that_fails_is_placed_again_task_by_task(tenant, monkeypatch):
+    from django.db import OperationalError
+
+    from fleet.delivery import batch_placement
+
+    wide_package(tenant, 3)
+    make_agent(tenant, "a", max_concurrency=4)
+    ids = ready_tasks(tenant)
+
+    def deadlock(group):
+        raise OperationalError("deadlock detected")
+
+    monkeypatch.setattr(batch_placement, "_place_plain", deadlock)
+    placed = place_tasks(ids, "server-1")
+    assert all(isinstance(p, Placed) for p in placed.values())
+    # Nothing of the failed batch remained: one claim, one row per task.
+    assert DeliveryOutbox.objects.filter(task_id__in=ids).count() == 3
+    assert set(TaskExecution.objects.values_list("attempt", flat=True)) == {1}
+
+
+@pytest.mark.django_db
+def test_batch_contexts_are_the_single_builders_exact_contexts(tenant):
+    from fleet.engine.context import build_task_contexts
+    from fleet.engine.results import TaskReport, result_handler
+
+    make_package(
+        tenant,
+        [
+            {"id": "a", "function": "demo.steps:noop"},
+            {"id": "b", "function": "demo.steps:noop", "dependencies": ["a"]},
+            {"id": "c", "function": "demo.steps:noop", "dependencies": ["a"]},
+            {"id": "d", "function": "demo.steps:noop", "dependencies": ["c", "b"]},
+        ],
+        SOURCE,
+        name="diamond",
+        workflow="diamond",
+    )
+    _execution, tasks = start(tenant, "diamond", {"in": "✓", "k": 0})
+    for name, output in (("a", {"k": 1, "a": 1}), ("b", {"k": 2}), ("c", {"k": 3, "c": 1.5})):
+        task = TaskExecution.objects.get(pk=tasks[name].pk)
+        TaskExecution.objects.filter(pk=task.pk).update(status="Running", assignment=1)
+        result_handler.apply(TaskReport(task.pk, 1, "success", output=output))
+    ids = [t.pk for t in tasks.values()]
+    batch = build_task_contexts(ids + [tasks["a"].workflow_execution_id])  # + an unknown id
+    assert set(batch) == set(ids)
+    for task_id in ids:
+        assert encode_context(batch[task_id]) == encode_context(build_task_context(task_id))
+    assert batch[tasks["d"].pk] == {"in": "✓", "k": 2, "a": 1, "c": 1.5}

@@ -1,0 +1,171 @@
+"""The FleetExecutor on its own: placement outcomes, the rendezvous (local and by NOTIFY),
+the result-wait deadline, and the capacity hint — no agent process needed."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from django.db import connection
+
+from cloacina_site.config import get_config
+from fleet.delivery import rendezvous as rendezvous_module
+from fleet.engine.events import ExecutionStatus, TaskReadyEvent
+from fleet.engine.results import TaskReport, result_handler
+from fleet.executors import fleet as fleet_executor_module
+from fleet.executors.fleet import FleetExecutor
+from fleet.models import DeliveryOutbox, TaskExecution
+from tests.support.agents import make_agent
+from tests.support.factories import ready_root, two_task_package
+from tests.support.loop import run_async
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def event(task) -> TaskReadyEvent:
+    return TaskReadyEvent(task.pk, task.workflow_execution_id, task.task_id, task.attempt + 1)
+
+
+def in_thread(fn, *args):
+    """Run ``fn`` as another process would: its own thread and connection."""
+    out = {}
+
+    def target():
+        try:
+            out["value"] = fn(*args)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    return out.get("value")
+
+
+async def started_executor() -> FleetExecutor:
+    executor = FleetExecutor(claimer="test-server", config=get_config())
+    await executor.start()
+    return executor
+
+
+def test_no_agent_is_requeued_without_using_an_attempt(tenant):
+    two_task_package(tenant)
+    _, task = ready_root(tenant)
+
+    async def scenario():
+        executor = await started_executor()
+        try:
+            return await executor.execute(event(task))
+        finally:
+            await executor.stop()
+
+    result = run_async(scenario())
+    assert (result.status, result.error) == (
+        ExecutionStatus.REQUEUED,
+        "no live agent in tenant acme",
+    )
+    task.refresh_from_db()
+    assert (task.status, task.attempt, task.wait_reason) == (
+        "Ready",
+        0,
+        "no live agent in tenant acme",
+    )
+
+
+def test_an_outcome_applied_by_another_process_wakes_the_waiter_by_notify(tenant):
+    two_task_package(tenant)
+    agent = make_agent(tenant)
+    _, task = ready_root(tenant)
+
+    def other_process_reports():
+        row = DeliveryOutbox.objects.get(task=task)
+        applied = result_handler.apply(
+            TaskReport(task.pk, row.assignment, "success", output={"a": 1}, agent_id=agent.id)
+        )
+        with connection.cursor() as cursor:  # what announce() does when no waiter is local
+            cursor.execute(
+                "SELECT pg_notify('task_outcome', %s)",
+                [f"{task.pk}:{row.assignment}:{applied.status.value}"],
+            )
+
+    async def scenario():
+        executor = await started_executor()
+        try:
+            running = asyncio.ensure_future(executor.execute(event(task)))
+            while not await asyncio.to_thread(
+                in_thread, lambda: DeliveryOutbox.objects.filter(task=task).exists()
+            ):
+                await asyncio.sleep(0.01)
+            assert not running.done()
+            await asyncio.to_thread(in_thread, other_process_reports)
+            return await asyncio.wait_for(running, 2.0)  # far less than the 5 s re-check
+        finally:
+            await executor.stop()
+
+    result = run_async(scenario())
+    assert result.status == ExecutionStatus.COMPLETED
+    task.refresh_from_db()
+    assert task.status == "Completed"
+
+
+def test_a_run_past_its_result_deadline_is_declared_lost(tenant, monkeypatch):
+    monkeypatch.setattr(fleet_executor_module, "OUTCOME_RECHECK_S", 0.05)
+    two_task_package(tenant, retries=1)
+    make_agent(tenant)
+    _, task = ready_root(tenant)
+
+    async def scenario():
+        executor = await started_executor()
+        try:
+            running = asyncio.ensure_future(executor.execute(event(task)))
+            while not await asyncio.to_thread(
+                in_thread,
+                lambda: TaskExecution.objects.filter(pk=task.pk, agent__isnull=False).update(
+                    result_deadline="2000-01-01T00:00:00Z"
+                ),
+            ):
+                await asyncio.sleep(0.01)
+            return await asyncio.wait_for(running, 5.0)
+        finally:
+            await executor.stop()
+
+    result = run_async(scenario())
+    assert result.status == ExecutionStatus.RETRY
+    task.refresh_from_db()
+    assert (task.status, task.error_type, task.attempt) == ("Ready", "ResultLost", 1)
+
+
+def test_has_capacity_follows_the_free_slots(tenant):
+    agent = make_agent(tenant, max_concurrency=2)
+
+    async def scenario():
+        executor = await started_executor()
+        try:
+            for _ in range(100):
+                if executor.capacity.probed is not None:
+                    break
+                await asyncio.sleep(0.02)
+            seen = [executor.capacity.probed, executor.has_capacity()]
+            await asyncio.to_thread(
+                in_thread, lambda: type(agent).objects.filter(pk=agent.pk).update(in_flight=2)
+            )
+            await asyncio.sleep(0.4)
+            seen += [executor.capacity.probed, executor.has_capacity()]
+            return seen
+        finally:
+            await executor.stop()
+
+    assert run_async(scenario()) == [2, True, 0, False]
+
+
+def test_the_rendezvous_ignores_another_assignment():
+    async def scenario():
+        rv = rendezvous_module.Rendezvous()
+        future = rv.register("t", assignment=3)
+        rv.on_notify("not-a-uuid:1:Completed")
+        assert rv.wake("t", rendezvous_module.Outcome(2, ExecutionStatus.COMPLETED)) is False
+        assert rv.wake("t", rendezvous_module.Outcome(3, ExecutionStatus.FAILED)) is True
+        return await asyncio.wait_for(future, 1)
+
+    assert run_async(scenario()).status == ExecutionStatus.FAILED

@@ -1,0 +1,64 @@
+"""The unpacked-package cache: hits make no request, bytes are verified, LRU eviction, locking."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.support.factories import build_tar_gz, sha256
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def archive(tag: str, size: int = 100) -> tuple[str, bytes]:
+    data = build_tar_gz(
+        {"cloacina.toml": f"# {tag}\n", "workflow/blob.txt": (tag * size)[:size].encode()}
+    )
+    return sha256(data), data
+
+
+def leftovers(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name != ".locks")
+
+
+def test_concurrent_processes_sharing_a_root_fetch_a_package_once(tmp_path):
+    digest, data = archive("a")
+    (tmp_path / "pkg.tar.gz").write_bytes(data)
+    root, log = tmp_path / "cache", tmp_path / "fetches.log"
+    script = f"""
+import os, sys, time
+sys.path.insert(0, {str(REPO)!r})
+from pathlib import Path
+from agents.sandbox.package_cache import PackageCache
+def fetch():
+    with open({str(log)!r}, "a") as fh:
+        fh.write(str(os.getpid()) + "\\n")
+    time.sleep(0.3)
+    return Path({str(tmp_path / "pkg.tar.gz")!r}).read_bytes()
+while not Path({str(tmp_path / "go")!r}).exists():
+    time.sleep(0.005)
+print(PackageCache(Path({str(root)!r}), 10**6).get({digest!r}, fetch))
+"""
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    time.sleep(0.3)  # let them all reach the start line
+    (tmp_path / "go").touch()
+    outputs = [p.communicate(timeout=30)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0]
+    assert outputs == [str(root / digest)] * 3
+    assert len(log.read_text().split()) == 1
+    assert leftovers(root) == [digest]
+
+
+def test_the_cache_is_usable_from_a_db_less_process(tmp_path):
+    # The agent imports this module; it must not pull Django in.
+    code = "import sys, agents.sandbox.package_cache; print(json.dumps('django' in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", "import json; " + code], cwd=REPO, capture_output=True, text=True
+    )
+    assert json.loads(out.stdout) is False

@@ -1,0 +1,84 @@
+#!/usr/bin/env python
+"""``manage.py runagent`` with two test gates, to put a real agent process through an exact
+interleaving (tests/e2e/test_fleet_reregistration_e2e.py).  Run as
+``python tests/support/gated_runagent.py runagent --server … ``.
+
+``$CLOACINA_TEST_GATES`` names a directory; while a file exists there:
+
+* ``results``: every outcome waits before it is reported, over the socket or REST (the
+  agent holds finished outcomes, as when its server is away);
+* ``work``: a work packet pushed to any registration after the first waits before the
+  agent looks at it (pushed, but not yet seen).
+
+``CLOACINA_TEST_NO_INSTANCE_ID=1`` registers without an instance id, as an agent of an
+earlier version does.  Everything else is the real agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+GATE_POLL_S = 0.05
+
+
+async def _wait_gate(name: str) -> None:
+    gate = Path(os.environ["CLOACINA_TEST_GATES"]) / name
+    while gate.exists():
+        await asyncio.sleep(GATE_POLL_S)
+
+
+def _install_gates() -> None:
+    from agents.runtime import agent as agent_module
+    from agents.runtime.outcome_reporter import OutcomeReporter
+
+    deliver = OutcomeReporter._deliver
+
+    async def gated_deliver(self, held):
+        await _wait_gate("results")
+        return await deliver(self, held)
+
+    OutcomeReporter._deliver = gated_deliver
+
+    on_frame = agent_module.Agent._on_frame
+    first: list[str] = []
+
+    async def gated_on_frame(self, frame, agent_id):
+        first[:] = first or [agent_id]  # the first registration's agent id
+        if frame.get("type") != "work" or agent_id == first[0]:
+            return await on_frame(self, frame, agent_id)
+
+        async def later() -> None:  # the session goes on reading frames meanwhile
+            await _wait_gate("work")
+            await on_frame(self, frame, agent_id)
+
+        task = asyncio.create_task(later())
+        self._gated = [*getattr(self, "_gated", []), task]  # keep a reference
+
+    agent_module.Agent._on_frame = gated_on_frame
+
+    if os.environ.get("CLOACINA_TEST_NO_INSTANCE_ID") == "1":
+        body = agent_module.Agent._registration_body
+
+        def without_instance_id(self, wire_format):
+            return {k: v for k, v in body(self, wire_format).items() if k != "instance_id"}
+
+        agent_module.Agent._registration_body = without_instance_id
+
+
+def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "cloacina_site.settings")
+    os.environ["CLOACINA_DB_LESS"] = "1"
+    _install_gates()
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line([str(REPO / "manage.py"), *sys.argv[1:]])
+
+
+if __name__ == "__main__":
+    main()

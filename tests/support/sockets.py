@@ -1,0 +1,27 @@
+"""The delivery socket in process: a Channels communicator on the ASGI application, the
+agent's hello and the close code the server answers with."""
+
+from __future__ import annotations
+
+from channels.testing import WebsocketCommunicator
+
+from cloacina_site.asgi import application
+
+
+def socket(agent_id, key: str | None) -> WebsocketCommunicator:
+    headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
+    return WebsocketCommunicator(application, f"/ws/agents/{agent_id}/", headers=headers)
+
+
+async def close_code(comm: WebsocketCommunicator, timeout: float = 3.0) -> int:
+    """Skip any frames until the server closes; return the close code."""
+    while True:
+        message = await comm.receive_output(timeout)
+        if message["type"] == "websocket.close":
+            return message.get("code")
+
+
+async def opened(comm: WebsocketCommunicator, hello: list | None = None) -> None:
+    connected, _ = await comm.connect()
+    assert connected
+    await comm.send_json_to({"type": "hello", "holding": hello or []})

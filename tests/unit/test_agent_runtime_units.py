@@ -1,0 +1,390 @@
+"""The agent runtime's pieces that need no server: backoff, packets, URLs, close codes.
+
+The outcome reporter and REST client are driven through an httpx MockTransport (the HTTP
+boundary) for the answers a live server will not give on demand: 503s, 422s, a revoked key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from agents.protocol import work
+from agents.runtime import backoff, connection
+from agents.runtime.client import (
+    AgentClient,
+    AuthRejected,
+    ProtocolMismatch,
+    RequestRejected,
+    ServerUnavailable,
+    UnknownAgent,
+    normalise_server_url,
+    websocket_url,
+)
+from agents.runtime.heartbeat import BeatBody, BeatTarget, HeartbeatLoop
+from agents.runtime.outcome_reporter import HeldTask, OutcomeReporter
+from tests.support.loop import run_async
+
+DIGEST = "ab" * 32
+PACKET = {
+    "outbox_id": 17,
+    "task_execution_id": "7f9c2b1e-8a40-4f5e-9a53-2b0f7f7c1d11",
+    "assignment": 3,
+    "attempt": 2,
+    "workflow_execution_id": "0b0c4f8e-3a4e-4d8e-8f7e-1d2c3b4a5f6e",
+    "task_name": "extract",
+    "function": "etl_demo.steps:extract",
+    "context_json": '{"a": 1}',
+    "artifact_digest": DIGEST,
+    "package_kind": "python",
+    "target_triple": "x86_64-unknown-linux-gnu",
+    "timeout_s": 30.0,
+    "tenant": "acme",
+}
+
+
+# -- backoff -------------------------------------------------------------------------------
+
+
+def test_backoff_grows_to_its_cap_with_jitter_and_resets():
+    b = backoff.Backoff(base_s=0.2, cap_s=10.0, rng=random.Random(1))
+    delays = [b.next_delay() for _ in range(12)]
+    assert all(0.1 <= d <= 10.0 for d in delays)
+    assert delays[0] <= 0.2 and delays[-1] >= 5.0  # from a fraction of a second to near the cap
+    assert max(delays) <= 10.0
+    b.reset()
+    assert b.next_delay() <= 0.2
+
+
+def test_heartbeat_jitter_stays_within_ten_percent():
+    rng = random.Random(7)
+    samples = [backoff.jittered(15.0, rng) for _ in range(1000)]
+    assert 13.5 <= min(samples) < 14.0 and 16.0 < max(samples) <= 16.5
+
+
+def test_wait_event_lets_a_loop_be_cancelled_as_its_event_fires():
+    # asyncio.wait_for on Python 3.11 can swallow this cancellation; the agent's loops
+    # would then never stop (a hung drain).  wait_event must not.
+    async def scenario() -> bool:
+        event = asyncio.Event()
+
+        async def loop() -> None:
+            while True:
+                await backoff.wait_event(event, 10.0)
+                event.clear()
+
+        for _ in range(50):
+            task = asyncio.create_task(loop())
+            await asyncio.sleep(0)
+            event.set()
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=2.0)
+            if not done:  # the cancellation was swallowed: the loop runs on
+                task.cancel()
+                return False
+        return True
+
+    assert run_async(scenario())
+
+
+def test_wait_event_reports_whether_the_event_fired():
+    async def scenario() -> tuple[bool, bool]:
+        event = asyncio.Event()
+        timed_out = await backoff.wait_event(event, 0.01)
+        event.set()
+        return timed_out, await backoff.wait_event(event, 1.0)
+
+    assert run_async(scenario()) == (False, True)
+
+
+# -- work packets --------------------------------------------------------------------------
+
+
+def test_a_valid_packet_parses():
+    packet = work.parse_packet(PACKET)
+    assert packet.key == (PACKET["task_execution_id"], 3)
+    assert (packet.outbox_id, packet.attempt, packet.timeout_s) == (17, 2, 30.0)
+
+
+IDS = (17, PACKET["task_execution_id"], 3)
+
+
+@pytest.mark.parametrize(
+    "change, message, ids",
+    [
+        ({"function": None}, "missing function", IDS),
+        ({"timeout_s": "30"}, "timeout_s has the wrong type", IDS),
+        ({"artifact_digest": "../../etc/passwd"}, "not a sha256 hex digest", IDS),
+        ({"timeout_s": 0}, "timeout_s must be positive", IDS),
+        ({"assignment": True}, "assignment has the wrong type", None),
+        ({"task_execution_id": "not-a-uuid"}, "bad outbox_id, task_execution_id", None),
+    ],
+)
+def test_a_bad_packet_is_refused_naming_the_field_and_keeping_its_ids(change, message, ids):
+    with pytest.raises(work.PacketError, match=message) as info:
+        work.parse_packet({**PACKET, **change})
+    assert info.value.ids == ids
+
+
+def test_a_packet_without_ids_cannot_even_be_refused():
+    with pytest.raises(work.PacketError) as info:
+        work.parse_packet({"type": "nonsense"})
+    assert info.value.ids is None
+    with pytest.raises(work.PacketError, match="not an object"):
+        work.parse_packet(["a", "list"])
+
+
+def test_the_triple_check_fails_closed_and_names_both_triples():
+    packet = work.parse_packet(PACKET)
+    assert work.triple_mismatch(packet, "x86_64-unknown-linux-gnu") is None
+    reason = work.triple_mismatch(packet, "aarch64-unknown-linux-gnu")
+    assert "x86_64-unknown-linux-gnu" in reason and "aarch64-unknown-linux-gnu" in reason
+    # A python package is checked all the same: the server stamps the agent's own triple.
+    assert work.triple_mismatch(packet, "x86_64-unknown-linux-musl") is not None
+
+
+def test_run_outcomes_map_to_protocol_outcomes():
+    packet = work.parse_packet(PACKET)
+    ok = work.run_result(packet, SimpleNamespace(status="success", output={"x": 1}))
+    assert (ok["outcome"], ok["output"], ok["outbox_id"], ok["assignment"]) == (
+        "success",
+        {"x": 1},
+        17,
+        3,
+    )
+    late = SimpleNamespace(
+        status="timeout",
+        output=None,
+        error_type="TaskTimeout",
+        error_message="task exceeded its 30s timeout",
+        traceback="",
+    )
+    failed = work.run_result(packet, late)
+    assert (failed["outcome"], failed["error_type"]) == ("failure", "TaskTimeout")
+    refused = work.refusal(packet, "agent draining")
+    assert (refused["outcome"], refused["error_message"]) == ("refused", "agent draining")
+
+
+# -- URLs and close codes ------------------------------------------------------------------
+
+
+def test_server_urls_are_normalised_and_mapped_to_the_socket_url():
+    assert normalise_server_url("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
+    assert (
+        websocket_url("http://127.0.0.1:8000", "/ws/agents/x/")
+        == "ws://127.0.0.1:8000/ws/agents/x/"
+    )
+    assert (
+        websocket_url(normalise_server_url("https://fleet.example/cloacina/"), "/ws/agents/x/")
+        == "wss://fleet.example/cloacina/ws/agents/x/"
+    )
+    for bad in ("127.0.0.1:8000", "ftp://host", "http://"):
+        with pytest.raises(ValueError, match="server URL"):
+            normalise_server_url(bad)
+
+
+@pytest.mark.parametrize(
+    "code, action",
+    [
+        (4401, connection.Action.AUTH_FAILED),
+        (4403, connection.Action.AUTH_FAILED),
+        (4404, connection.Action.REREGISTER),
+        (4408, connection.Action.RECONNECT),
+        (4429, connection.Action.RECONNECT),
+        (1006, connection.Action.RECONNECT),
+        (None, connection.Action.RECONNECT),
+    ],
+)
+def test_close_codes_decide_what_the_agent_does(code, action):
+    assert connection.action_for_close(code) is action
+
+
+# -- the REST client and the outcome reporter, at the HTTP boundary --------------------------
+
+
+class ScriptedServer:
+    """Answers each request with the next scripted (status, body); records what it got."""
+
+    def __init__(self, *answers: tuple[int, dict]) -> None:
+        self.answers = list(answers)
+        self.requests: list[tuple[str, str, dict]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else {}
+        self.requests.append((request.method, request.url.path, body))
+        assert request.headers["Authorization"] == "Bearer the-key"
+        status, answer = self.answers.pop(0)
+        if status == 0:
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(status, json=answer)
+
+
+def _client(server: ScriptedServer) -> AgentClient:
+    return AgentClient("http://server:8000", "the-key", transport=httpx.MockTransport(server))
+
+
+@pytest.mark.parametrize(
+    "status, error",
+    [
+        (0, ServerUnavailable),
+        (503, ServerUnavailable),
+        (401, AuthRejected),
+        (403, AuthRejected),
+        (409, ProtocolMismatch),
+        (422, RequestRejected),
+    ],
+)
+def test_registration_failures_are_sorted_by_what_the_agent_must_do(status, error):
+    server = ScriptedServer((status, {"detail": "the reason"}))
+
+    async def scenario():
+        client = _client(server)
+        try:
+            await client.register({"name": "a"})
+        finally:
+            await client.close()
+
+    with pytest.raises(error) as info:
+        run_async(scenario())
+    if status:
+        assert "the reason" in str(info.value)
+    assert server.requests[0][:2] == ("POST", "/api/v1/agents/register")
+
+
+def test_an_unknown_agent_heartbeat_is_its_own_error():
+    server = ScriptedServer((404, {"detail": "unknown agent"}))
+
+    async def scenario():
+        client = _client(server)
+        try:
+            await client.heartbeat("abc", {"in_flight": 0})
+        finally:
+            await client.close()
+
+    with pytest.raises(UnknownAgent):
+        run_async(scenario())
+
+
+def _report(server: ScriptedServer, agent_id: str = "agent-1") -> dict:
+    """Run one outcome through an OutcomeReporter; what settled and what the server saw."""
+    packet = work.parse_packet(PACKET)
+
+    async def scenario() -> dict:
+        client = _client(server)
+        settled: list[HeldTask] = []
+        auth_errors: list[AuthRejected] = []
+        reporter = OutcomeReporter(client, settled.append, auth_errors.append)
+        held = HeldTask(packet.key, agent_id, packet.describe())
+        held.result = work.run_result(packet, SimpleNamespace(status="success", output={"x": 1}))
+        try:
+            reporter.submit(held)
+            for _ in range(500):
+                if settled or auth_errors:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await reporter.cancel_all()
+            await client.close()
+        return {"settled": settled, "auth": auth_errors, "held": held}
+
+    return run_async(scenario())
+
+
+def test_an_outcome_is_retried_until_the_server_answers(monkeypatch):
+    monkeypatch.setattr(backoff.Backoff, "next_delay", lambda self: 0.01)
+    server = ScriptedServer(
+        (0, {}), (503, {"detail": "restarting"}), (0, {}), (200, {"applied": True, "reason": ""})
+    )
+    got = _report(server)
+    assert len(got["settled"]) == 1
+    assert [r[1] for r in server.requests] == ["/api/v1/agents/agent-1/results"] * 4
+    assert all(r[2] == server.requests[0][2] for r in server.requests)  # the same outcome each time
+
+
+@pytest.mark.parametrize("status", [404, 409])
+def test_an_outcome_the_server_no_longer_wants_is_let_go(monkeypatch, status):
+    monkeypatch.setattr(backoff.Backoff, "next_delay", lambda self: 0.01)
+    server = ScriptedServer((status, {"detail": "never addressed to this agent"}))
+    got = _report(server)
+    assert len(got["settled"]) == 1 and len(server.requests) == 1
+
+
+def test_an_outcome_the_server_rejects_is_replaced_by_a_failure_naming_why(monkeypatch):
+    monkeypatch.setattr(backoff.Backoff, "next_delay", lambda self: 0.01)
+    server = ScriptedServer(
+        (422, {"detail": "output: too large"}), (200, {"applied": True, "reason": ""})
+    )
+    got = _report(server)
+    first, second = server.requests[0][2], server.requests[1][2]
+    assert first["outcome"] == "success"
+    assert (second["outcome"], second["error_type"], second["output"]) == (
+        "failure",
+        "ResultRejected",
+        None,
+    )
+    assert "output: too large" in second["error_message"]
+    assert len(got["settled"]) == 1
+
+
+def test_a_revoked_key_while_reporting_stops_the_agent(monkeypatch):
+    monkeypatch.setattr(backoff.Backoff, "next_delay", lambda self: 0.01)
+    got = _report(ScriptedServer((401, {"detail": "invalid or revoked API key"})))
+    assert len(got["auth"]) == 1 and "revoked" in str(got["auth"][0])
+
+
+def _beat(server: ScriptedServer) -> dict:
+    """One REST heartbeat (no socket) through a HeartbeatLoop; which callbacks fired."""
+    fired: dict = {"unknown": [], "drain": 0, "auth": []}
+
+    async def scenario() -> None:
+        client = _client(server)
+        loop = HeartbeatLoop(
+            client,
+            lambda: BeatTarget("agent-1", None, 15.0),
+            lambda: BeatBody(1, ["t-1"], {"free_cpu_pct": 50.0}, False),
+            fired["unknown"].append,
+            lambda: fired.__setitem__("drain", fired["drain"] + 1),
+            fired["auth"].append,
+        )
+        try:
+            await loop.beat_once()
+        finally:
+            await client.close()
+
+    run_async(scenario())
+    return fired
+
+
+def test_a_rest_heartbeat_sends_what_the_agent_holds():
+    server = ScriptedServer((200, {"state": "live", "drain": False}))
+    assert _beat(server) == {"unknown": [], "drain": 0, "auth": []}
+    method, path, body = server.requests[0]
+    assert (method, path) == ("POST", "/api/v1/agents/agent-1/heartbeat")
+    assert body == {
+        "in_flight": 1,
+        "running": ["t-1"],
+        "metrics": {"free_cpu_pct": 50.0},
+        "draining": False,
+    }
+
+
+def test_a_rest_heartbeat_for_an_unknown_agent_asks_for_a_new_registration():
+    fired = _beat(ScriptedServer((404, {"detail": "unknown agent"})))
+    assert fired["unknown"] == ["agent-1"] and fired["drain"] == 0
+
+
+def test_a_rest_heartbeat_answered_with_drain_starts_the_drain():
+    assert _beat(ScriptedServer((200, {"state": "draining", "drain": True})))["drain"] == 1
+
+
+def test_a_rest_heartbeat_with_a_revoked_key_stops_the_agent():
+    assert len(_beat(ScriptedServer((401, {"detail": "invalid or revoked API key"})))["auth"]) == 1
+
+
+def test_a_failed_rest_heartbeat_is_only_skipped():
+    assert _beat(ScriptedServer((0, {}))) == {"unknown": [], "drain": 0, "auth": []}

@@ -1,0 +1,118 @@
+"""The kubernetes actuator: rendered objects validated against the client's schema models,
+and the actuator driven against a fake API server at the HTTP boundary."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from kubernetes import client as k8s
+
+from fleet.control.actuators import kubernetes_manifests as m
+from fleet.control.actuators.kubernetes import KubernetesActuator
+from fleet.control.naming import tenant_label, tenant_namespace
+from tests.support.fakes.kubernetes_api import SETTINGS, FakeKubernetesApi
+
+MODELS = {
+    "Deployment": k8s.V1Deployment,
+    "NetworkPolicy": k8s.V1NetworkPolicy,
+    "Secret": k8s.V1Secret,
+    "Namespace": k8s.V1Namespace,
+}
+
+
+def schema_round_trip(obj: dict) -> dict:
+    """Parse ``obj`` with the generated (pydantic) model of its kind and serialise it back.
+
+    The models know every field of the Kubernetes OpenAPI schema (release-1.37)
+    and validate types and required fields; a field they do not know is dropped,
+    so a lossless round trip means no unknown or misspelt fields.
+    """
+    model = MODELS[obj["kind"]]
+    parsed = k8s.ApiClient().deserialize(json.dumps(obj), model.__name__, "application/json")
+    assert isinstance(parsed, model)
+    return json.loads(parsed.to_json())
+
+
+# -- rendered objects ------------------------------------------------------------------
+def test_the_rendered_objects_match_the_kubernetes_schema():
+    label = tenant_label("acme")
+    ns = tenant_namespace("acme")
+    server = m.server_coordinates(SETTINGS, None)
+    for obj in (
+        m.render_namespace(ns, label),
+        m.render_secret(ns, label, "clk_x_y", "x"),
+        m.render_deployment(ns, label, 3, SETTINGS),
+        m.render_network_policy(ns, label, server),
+    ):
+        assert schema_round_trip(obj) == obj, obj["kind"]
+
+
+def test_the_schema_check_catches_a_misspelt_field():
+    dep = m.render_deployment("ns", "l", 1, SETTINGS)
+    bad = copy.deepcopy(dep)
+    bad["spec"]["template"]["spec"]["securityContext"]["runAsNonRot"] = True
+    assert schema_round_trip(bad) != bad
+    missing = copy.deepcopy(dep)
+    del missing["spec"]["template"]["spec"]["containers"][0]["name"]  # required by the schema
+    with pytest.raises(Exception, match="name"):
+        schema_round_trip(missing)
+
+
+def test_the_agent_pod_is_hardened():
+    dep = m.render_deployment("ns", "l", 1, SETTINGS)
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "runAsGroup": 10001,
+        "fsGroup": 10001,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    [c] = pod["containers"]
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "runAsGroup": 10001,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert c["resources"] == {
+        "requests": {"cpu": "100m", "memory": "256Mi"},
+        "limits": {"cpu": "1", "memory": "1Gi"},
+    }
+    assert {v["name"]: v for v in pod["volumes"]} == {
+        "home": {"name": "home", "emptyDir": {}},
+        "tmp": {"name": "tmp", "emptyDir": {}},
+    }
+    assert {v["mountPath"] for v in c["volumeMounts"]} == {"/home/agent", "/tmp"}
+    assert {"name": "HOME", "value": "/home/agent"} in c["env"]
+    assert {"name": "CLOACINA_HOME", "value": "/home/agent/.cloacina"} in c["env"]
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert probe not in c
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["terminationGracePeriodSeconds"] == 120
+    key_env = next(e for e in c["env"] if e["name"] == "CLOACINA_AGENT_API_KEY")
+    assert key_env["valueFrom"] == {
+        "secretKeyRef": {"name": "cloacina-agent-key", "key": "api-key"}
+    }
+
+
+# -- the actuator against the fake API server -----------------------------------------
+@pytest.fixture
+def api():
+    with FakeKubernetesApi() as fake:
+        yield fake
+
+
+def make_actuator(api, settings=SETTINGS):
+    configuration = k8s.Configuration(host=api.host)
+    return KubernetesActuator(settings, k8s.ApiClient(configuration))
+
+
+@pytest.fixture
+def actuator(api):
+    return make_actuator(api)

@@ -1,0 +1,14 @@
+"""`fleetbench` end to end on a tiny workload: its own database, a real server, a table."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet.bench.workload import PhaseResult
+
+
+def test_percentiles_and_throughput():
+    phase = PhaseResult("p", tasks=100, wall_s=0.5, latencies_ms=[float(i) for i in range(1, 101)])
+    assert phase.throughput == 200
+    assert phase.percentile(50) == pytest.approx(50.5)
+    assert phase.percentile(99) == pytest.approx(99.01)
