@@ -1,4 +1,7 @@
-"""The tenant/key/console-user CLI: idempotency, stdout hygiene, one-line errors."""
+"""The tenant/key/console-user CLI: idempotency, stdout hygiene, one-line errors.
+
+Here: the end-to-end tests (real processes); the rest are in tests/integration/test_cli.py.
+"""
 
 from __future__ import annotations
 

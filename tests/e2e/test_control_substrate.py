@@ -1,4 +1,7 @@
-"""Substrate guards: every misconfigured actuator is a loud boot error naming the problem."""
+"""Substrate guards: every misconfigured actuator is a loud boot error naming the problem.
+
+Here: the end-to-end tests (real processes); the rest are in tests/unit/test_control_substrate.py, tests/integration/test_control_substrate.py.
+"""
 
 from __future__ import annotations
 

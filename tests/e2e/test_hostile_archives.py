@@ -2,7 +2,7 @@
 problem, nothing is stored, the server's memory stays bounded and it keeps serving.
 
 The archive cases themselves (``..``, absolute paths, symlinks and hard links out of
-the tree, member count, a cycle, …) are the ones tests/test_packages_api.py checks
+the tree, member count, a cycle, …) are the ones tests/integration/test_packages_api.py checks
 in-process; here they travel through daphne and Twisted like any upload, together with
 bombs by total size (zip and gzip) and manifests whose numbers would overflow.
 """

@@ -1,6 +1,9 @@
 """The agent is DB-less: its runtime imports no model (no Django at all), `runagent` refuses
 any database connection, and a real agent with an unreachable DATABASE_URL still registers
-and runs work against a live server."""
+and runs work against a live server.
+
+Here: the end-to-end tests (real processes); the rest are in tests/integration/test_runagent_dbless.py.
+"""
 
 from __future__ import annotations
 

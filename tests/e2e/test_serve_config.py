@@ -1,4 +1,7 @@
-"""`serve` boot configuration: the executor registry and loud failures on bad configuration."""
+"""`serve` boot configuration: the executor registry and loud failures on bad configuration.
+
+Here: the end-to-end tests (real processes); the rest are in tests/unit/test_serve_config.py.
+"""
 
 from __future__ import annotations
 

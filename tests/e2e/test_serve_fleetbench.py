@@ -1,4 +1,7 @@
-"""`fleetbench` end to end on a tiny workload: its own database, a real server, a table."""
+"""`fleetbench` end to end on a tiny workload: its own database, a real server, a table.
+
+Here: the end-to-end tests (real processes); the rest are in tests/unit/test_serve_fleetbench.py.
+"""
 
 from __future__ import annotations
 

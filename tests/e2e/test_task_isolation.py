@@ -5,6 +5,8 @@ and database password files under CLOACINA_HOME, postmaster.pid and a superuser 
 the embedded PostgreSQL's unix socket, and the parent's /proc/<pid>/environ.  Tried
 through the in-process executor and through a real `runagent` started by the process
 actuator.  The suite runs as root here, so the children run as the task user (nobody).
+
+Here: the end-to-end tests (real processes); the rest are in tests/integration/test_task_isolation.py, tests/unit/test_task_isolation.py.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """Transport security: `serve` with TLS and mutual TLS, `runagent` verifying it.
 
-A throw-away CA (tests/tls_support.py) signs the server's certificate (for
+A throw-away CA (tests/support/tls.py) signs the server's certificate (for
 127.0.0.1 and localhost) and the agents' client certificates.  The end-to-end
 tests run a real `serve --default-executor fleet` and real `runagent`
 processes: a workflow runs over https:// and wss://, and every way of getting
 the certificates wrong ends the agent with one clear line and exit code 2.
+
+Here: the end-to-end tests (real processes); the rest are in tests/unit/test_tls.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Version gating: the server refuses, at registration, an agent whose protocol version it
-does not speak, naming both versions; the agent stops with that message and exit code 2."""
+does not speak, naming both versions; the agent stops with that message and exit code 2.
+
+Here: the end-to-end tests (real processes); the rest are in tests/integration/test_version_gating.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The tenant/key/console-user CLI: idempotency, stdout hygiene, one-line errors."""
+"""The tenant/key/console-user CLI: idempotency, stdout hygiene, one-line errors.
+
+Here: the integration tests (database, in-process ASGI, fakes); the rest are in tests/e2e/test_cli.py.
+"""
 
 from __future__ import annotations
 

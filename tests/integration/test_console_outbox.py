@@ -1,4 +1,7 @@
-"""Outbox depth per tenant and state, the oldest pending age, and the SVG depth chart."""
+"""Outbox depth per tenant and state, the oldest pending age, and the SVG depth chart.
+
+Here: the integration tests (database, in-process ASGI, fakes); the rest are in tests/unit/test_console_outbox.py.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """The kubernetes actuator: rendered objects validated against the client's schema models,
-and the actuator driven against a fake API server at the HTTP boundary."""
+and the actuator driven against a fake API server at the HTTP boundary.
+
+Here: the integration tests (database, in-process ASGI, fakes); the rest are in tests/unit/test_control_kubernetes.py.
+"""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The children here are a small stand-in script with runagent's command line
 (it records what it was given and exits on SIGTERM, or refuses to when told),
 so drain timeouts and crashes take milliseconds.  The real `runagent` is
-driven by tests/test_control_process_e2e.py.
+driven by tests/e2e/test_control_process_e2e.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Substrate guards: every misconfigured actuator is a loud boot error naming the problem."""
+"""Substrate guards: every misconfigured actuator is a loud boot error naming the problem.
+
+Here: the integration tests (database, in-process ASGI, fakes); the rest are in tests/e2e/test_control_substrate.py, tests/unit/test_control_substrate.py.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """The embedded PostgreSQL asks for a password: a data directory pgserver initialised with
-trust authentication (as every Cloacina before this one left it) is migrated at boot."""
+trust authentication (as every Cloacina before this one left it) is migrated at boot.
+
+Here: the integration tests (database, in-process ASGI, fakes); the rest are in tests/unit/test_embedded_db_auth.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The shared context builder, and proof that the in-process child gets exactly its bytes."""
+"""The shared context builder, and proof that the in-process child gets exactly its bytes.
+
+Here: the integration tests (database, in-process ASGI, fakes); the rest are in tests/unit/test_engine_context.py.
+"""
 
 from __future__ import annotations
 

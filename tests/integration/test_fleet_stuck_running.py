@@ -1,5 +1,5 @@
 """No interleaving leaves a run Running for ever (the server's half; the agent's half is
-tests/test_agent_repeated_push.py, the whole scenario tests/test_fleet_reregistration_e2e.py).
+tests/unit/test_agent_repeated_push.py, the whole scenario tests/e2e/test_fleet_reregistration_e2e.py).
 
 * Re-pushes of one packet are bounded: ``CLOACINA_OUTBOX_MAX_PUSHES`` unconfirmed
   pushes to one agent and the run is declared lost, through the task's retry policy.

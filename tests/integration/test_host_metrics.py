@@ -2,6 +2,8 @@
 
 There is no GPU on this machine: the nvidia-smi cases run a stand-in executable that
 prints what the real one prints for ``--query-gpu … --format=csv,noheader,nounits``.
+
+Here: the integration tests (database, in-process ASGI, fakes); the rest are in tests/unit/test_host_metrics.py.
 """
 
 from __future__ import annotations

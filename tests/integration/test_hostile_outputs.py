@@ -2,6 +2,8 @@
 output that is not an object, a hostile agent posting such outputs itself, and the same
 outcome posted many times at once.  A bad output fails its task with a clear error and
 stores nothing of it; of concurrent copies of one outcome exactly one is applied.
+
+Here: the integration tests (database, in-process ASGI, fakes); the rest are in tests/e2e/test_hostile_outputs.py.
 """
 
 from __future__ import annotations

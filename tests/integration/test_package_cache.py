@@ -1,4 +1,7 @@
-"""The unpacked-package cache: hits make no request, bytes are verified, LRU eviction, locking."""
+"""The unpacked-package cache: hits make no request, bytes are verified, LRU eviction, locking.
+
+Here: the integration tests (database, in-process ASGI, fakes); the rest are in tests/unit/test_package_cache.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Package format, archive safety, manifest rules and the build step (no HTTP, mostly no DB)."""
+"""Package format, archive safety, manifest rules and the build step (no HTTP, mostly no DB).
+
+Here: the integration tests (database, in-process ASGI, fakes); the rest are in tests/unit/test_packages_validation.py.
+"""
 
 from __future__ import annotations
 

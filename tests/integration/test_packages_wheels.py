@@ -4,6 +4,8 @@ run as a background job: artifacts/build_jobs.py, artifacts/build_runner.py).
 Most tests run the real ``pip download`` against a local find-links directory of
 wheels built here (no index, no operator pip config), so they are fast and offline;
 the ``network`` test fetches a real compiled wheel from the package index.
+
+Here: the integration tests (database, in-process ASGI, fakes); the rest are in tests/unit/test_packages_wheels.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Overflow fairness: tenants take turns, then priority, then age; the backlog limit."""
+"""Overflow fairness: tenants take turns, then priority, then age; the backlog limit.
+
+Here: the integration tests (database, in-process ASGI, fakes); the rest are in tests/unit/test_routing_fairness.py.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """The agent is DB-less: its runtime imports no model (no Django at all), `runagent` refuses
 any database connection, and a real agent with an unreachable DATABASE_URL still registers
-and runs work against a live server."""
+and runs work against a live server.
+
+Here: the integration tests (database, in-process ASGI, fakes); the rest are in tests/e2e/test_runagent_dbless.py.
+"""
 
 from __future__ import annotations
 

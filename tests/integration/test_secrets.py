@@ -1,6 +1,8 @@
 """Secrets: API keys are stored hashed (a database dump holds no usable key), compared in
 constant time, revocable (everywhere at once, an open delivery socket included) and
 carry a last-used timestamp; the keys actuators mint for their agents are never logged.
+
+Here: the integration tests (database, in-process ASGI, fakes); the rest are in tests/e2e/test_secrets.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The wire codec (agents/protocol/wire.py): round trips, and wrong-format frames refused."""
+"""The wire codec (agents/protocol/wire.py): round trips, and wrong-format frames refused.
+
+Here: the integration tests (database, in-process ASGI, fakes); the rest are in tests/unit/test_wire.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Schemathesis hooks for the hostile-body run of tests/test_fuzz_api.py.
+"""Schemathesis hooks for the hostile-body run of tests/e2e/test_fuzz_api.py.
 
 Loaded with ``SCHEMATHESIS_HOOKS=tests.fuzz_hostile_hooks``.  Every generated request
 keeps its URL, parameters and key, but its body is replaced, in turn, by one the server

@@ -1,6 +1,8 @@
 """`manage.py runagent` as a command: its flags, environment fallbacks and exit codes.
 
 No server is needed here: a closed port stands in for one that is not up yet.
+
+Here: the unit tests (no database, socket or process); the rest are in tests/e2e/test_agent_runtime_cli.py.
 """
 
 from __future__ import annotations

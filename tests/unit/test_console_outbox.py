@@ -1,4 +1,7 @@
-"""Outbox depth per tenant and state, the oldest pending age, and the SVG depth chart."""
+"""Outbox depth per tenant and state, the oldest pending age, and the SVG depth chart.
+
+Here: the unit tests (no database, socket or process); the rest are in tests/integration/test_console_outbox.py.
+"""
 
 from __future__ import annotations
 

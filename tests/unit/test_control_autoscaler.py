@@ -1,4 +1,7 @@
-"""The autoscaler: the decision table (time passed in, never slept) and the tick on a real DB."""
+"""The autoscaler: the decision table (time passed in, never slept) and the tick on a real DB.
+
+Here: the unit tests (no database, socket or process); the rest are in tests/integration/test_control_autoscaler.py.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """The kubernetes actuator: rendered objects validated against the client's schema models,
-and the actuator driven against a fake API server at the HTTP boundary."""
+and the actuator driven against a fake API server at the HTTP boundary.
+
+Here: the unit tests (no database, socket or process); the rest are in tests/integration/test_control_kubernetes.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Substrate guards: every misconfigured actuator is a loud boot error naming the problem."""
+"""Substrate guards: every misconfigured actuator is a loud boot error naming the problem.
+
+Here: the unit tests (no database, socket or process); the rest are in tests/e2e/test_control_substrate.py, tests/integration/test_control_substrate.py.
+"""
 
 from __future__ import annotations
 

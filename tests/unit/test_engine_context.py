@@ -1,4 +1,7 @@
-"""The shared context builder, and proof that the in-process child gets exactly its bytes."""
+"""The shared context builder, and proof that the in-process child gets exactly its bytes.
+
+Here: the unit tests (no database, socket or process); the rest are in tests/integration/test_engine_context.py.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 
 There is no GPU on this machine: the nvidia-smi cases run a stand-in executable that
 prints what the real one prints for ``--query-gpu … --format=csv,noheader,nounits``.
+
+Here: the unit tests (no database, socket or process); the rest are in tests/integration/test_host_metrics.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Where tasks cannot be isolated (serve not root) and tenants share the server, serve says
-so at boot in one line and the console shows it to platform admins."""
+so at boot in one line and the console shows it to platform admins.
+
+Here: the unit tests (no database, socket or process); the rest are in tests/integration/test_isolation_warning.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The unpacked-package cache: hits make no request, bytes are verified, LRU eviction, locking."""
+"""The unpacked-package cache: hits make no request, bytes are verified, LRU eviction, locking.
+
+Here: the unit tests (no database, socket or process); the rest are in tests/integration/test_package_cache.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Package format, archive safety, manifest rules and the build step (no HTTP, mostly no DB)."""
+"""Package format, archive safety, manifest rules and the build step (no HTTP, mostly no DB).
+
+Here: the unit tests (no database, socket or process); the rest are in tests/integration/test_packages_validation.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Overflow fairness: tenants take turns, then priority, then age; the backlog limit."""
+"""Overflow fairness: tenants take turns, then priority, then age; the backlog limit.
+
+Here: the unit tests (no database, socket or process); the rest are in tests/integration/test_routing_fairness.py.
+"""
 
 from __future__ import annotations
 

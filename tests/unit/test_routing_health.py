@@ -1,5 +1,8 @@
 """Health classes (healthy / degraded / unhealthy) and the connection-generation counter,
-over real WebSockets through the ASGI application."""
+over real WebSockets through the ASGI application.
+
+Here: the unit tests (no database, socket or process); the rest are in tests/integration/test_routing_health.py.
+"""
 
 from __future__ import annotations
 

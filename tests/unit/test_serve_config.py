@@ -1,4 +1,7 @@
-"""`serve` boot configuration: the executor registry and loud failures on bad configuration."""
+"""`serve` boot configuration: the executor registry and loud failures on bad configuration.
+
+Here: the unit tests (no database, socket or process); the rest are in tests/e2e/test_serve_config.py.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""`fleetbench` end to end on a tiny workload: its own database, a real server, a table."""
+"""`fleetbench` end to end on a tiny workload: its own database, a real server, a table.
+
+Here: the unit tests (no database, socket or process); the rest are in tests/e2e/test_serve_fleetbench.py.
+"""
 
 from __future__ import annotations
 

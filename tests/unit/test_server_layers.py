@@ -1,6 +1,9 @@
 """The server's layers only point down: import-linter's server-* contracts hold
 (pyproject.toml [tool.importlinter]; docs/architecture.md draws the layers), none of
-them ignores an import, and the engine names no executor's table in its SQL."""
+them ignores an import, and the engine names no executor's table in its SQL.
+
+Here: the unit tests (no database, socket or process); the rest are in tests/integration/test_server_layers.py.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """The browser-facing layer: API docs served from this server, a Content-Security-Policy on
 HTML pages, ALLOWED_HOSTS from the configuration, Secure cookies and HSTS over TLS,
 console/admin login lockout (django-axes), and /metrics behind a bearer token.
+
+Here: the unit tests (no database, socket or process); the rest are in tests/integration/test_web_security.py, tests/e2e/test_web_security.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The wire codec (agents/protocol/wire.py): round trips, and wrong-format frames refused."""
+"""The wire codec (agents/protocol/wire.py): round trips, and wrong-format frames refused.
+
+Here: the unit tests (no database, socket or process); the rest are in tests/integration/test_wire.py.
+"""
 
 from __future__ import annotations
 
