@@ -21,7 +21,13 @@ import pytest
 from artifacts.testing import example_archive
 from cloacina_site.tls import PLAINTEXT_WARNING
 from tests.support.keys import cli_agent_key, cli_tenant_key
-from tests.support.processes import AGENT_READY, FLEET_ENV, ManagedProcess, Processes, ServeHandle
+from tests.support.processes import (
+    FLEET_ENV,
+    ManagedProcess,
+    Processes,
+    ServeHandle,
+    start_agent,
+)
 from tests.support.tls import TestCA
 from tests.support.waiting import wait_until
 
@@ -69,21 +75,6 @@ def tls_serve(procs: Processes, *flags: str) -> ServeHandle:
     return ServeHandle(process, url)
 
 
-def tls_agent(
-    procs: Processes, server: ServeHandle, key: str, name: str, *flags: str, wait: bool = True
-) -> ManagedProcess:
-    process = procs.start(
-        [
-            "runagent", "--server", server.url, "--api-key", key, "--name", name,
-            "--cache-dir", str(procs.tmp_path / f"cache-{name}"), *flags,
-        ],
-        name=f"agent-{name}",
-    )  # fmt: skip
-    if wait:
-        process.wait_for_output(AGENT_READY, 60)
-    return process
-
-
 def refused(process: ManagedProcess) -> tuple[int, str]:
     """The exit code and the last log line of an agent that must stop on its own."""
     try:
@@ -124,8 +115,8 @@ def test_a_workflow_runs_on_an_agent_over_https_and_wss(procs, ca, tmp_path):
     server = tls_serve(procs, "--tls-cert", str(cert.cert), "--tls-key", str(cert.key))
     assert PLAINTEXT_WARNING not in server.process.output()
 
-    stranger = tls_agent(procs, server, akey, "no-ca", wait=False)
-    agent = tls_agent(procs, server, akey, "w1", "--ca-cert", str(ca.cert_path))
+    stranger = start_agent(procs, server, akey, "no-ca", wait=False)
+    agent = start_agent(procs, server, akey, "w1", "--ca-cert", str(ca.cert_path))
     assert "TLS trusting CA" in agent.output()
 
     # Without the CA the agent cannot trust the server: it stops, it does not retry forever.
@@ -160,11 +151,11 @@ def test_with_a_client_ca_only_agents_with_a_certificate_from_it_get_in(procs, c
     mine = ("--client-cert", str(w1.cert), "--client-key", str(w1.key))
     theirs = ("--client-cert", str(outsider.cert), "--client-key", str(outsider.key))
     # Started together (each one boots Django and its task processes): three that must fail…
-    no_cert = tls_agent(procs, server, akey, "no-cert", *trust, wait=False)
-    intruder = tls_agent(procs, server, akey, "intruder", *trust, *theirs, wait=False)
-    bad_key = tls_agent(procs, server, "clk_bogus_key", "bad-key", *trust, *mine, wait=False)
+    no_cert = start_agent(procs, server, akey, "no-cert", *trust, wait=False)
+    intruder = start_agent(procs, server, akey, "intruder", *trust, *theirs, wait=False)
+    bad_key = start_agent(procs, server, "clk_bogus_key", "bad-key", *trust, *mine, wait=False)
     # …and one that must get in.
-    tls_agent(procs, server, akey, "w1", *trust, *mine)
+    start_agent(procs, server, akey, "w1", *trust, *mine)
 
     code, line = refused(no_cert)
     assert code == EXIT_CONFIG

@@ -13,7 +13,7 @@ from agents.models import Agent
 from agents.protocol.triples import host_triple
 from agents.runtime.agent_config import ENV_PROTOCOL_VERSION_OVERRIDE
 from tests.support.keys import cli_agent_key
-from tests.support.processes import AGENT_READY, Processes
+from tests.support.processes import AGENT_READY, Processes, start_agent
 
 EXIT_CONFIG = 2
 
@@ -38,17 +38,14 @@ def test_an_agent_of_another_protocol_exits_2_with_both_versions(procs):
     assert procs.manage("createtenant", "acme").returncode == 0
     key = cli_agent_key(procs)
 
-    def runagent(name: str) -> list[str]:
-        return [
-            "runagent", "--server", server.url, "--api-key", key, "--name", name,
-            "--cache-dir", str(procs.tmp_path / name),
-        ]  # fmt: skip
-
-    current = procs.start(runagent("current"), name="agent-current")
-    future = procs.start(
-        runagent("future"),
-        name="agent-future",
+    current = start_agent(procs, server, key, "current", wait=False)
+    future = start_agent(
+        procs,
+        server,
+        key,
+        "future",
         env=procs.env(**{ENV_PROTOCOL_VERSION_OVERRIDE: "2"}),
+        wait=False,
     )
     assert future.popen.wait(60) == EXIT_CONFIG, future.tail()
     last = future.output().strip().splitlines()[-1]
