@@ -17,7 +17,7 @@ from ninja import Field, Router, Schema, Status
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
 
-from agents import roster
+from agents import lifecycle, roster
 from agents.models import Agent
 from agents.protocol.triples import MAX_TRIPLE_CHARS, TRIPLE_PATTERN
 from agents.result_intake import UNKNOWN_AGENT, ResultIn, apply_result
@@ -26,7 +26,6 @@ from cloacina_site.config import get_config
 from fleet.delivery import context_ref
 from fleet.delivery import db as delivery_db
 from fleet.models import Role
-from fleet.routing import drain
 from fleet.routing.metrics import HEARTBEATS
 
 router = Router()
@@ -203,7 +202,7 @@ async def agent_result(request: HttpRequest, agent_id: uuid.UUID, body: ResultIn
     summary="Leave the fleet cleanly (the agent is dead; no eviction is recorded)",
 )
 def deregister_agent(request: HttpRequest, agent_id: uuid.UUID):
-    if not roster.deregister(request.tenant.pk, agent_id):
+    if not lifecycle.deregister(request.tenant.pk, agent_id):
         return Status(404, {"detail": UNKNOWN_AGENT})
     return Status(200, {})
 
@@ -220,7 +219,7 @@ class DrainIn(Schema):
     timeout_s: float | None = Field(
         None,
         gt=0,
-        le=drain.MAX_DRAIN_TIMEOUT_S,
+        le=lifecycle.MAX_DRAIN_TIMEOUT_S,
         description="seconds the agent gets to finish its in-flight work before it is "
         "evicted and the work moves on (default CLOACINA_AGENT_DRAIN_TIMEOUT_S)",
     )
@@ -245,8 +244,8 @@ def drain_agent(request: HttpRequest, agent_id: uuid.UUID, body: DrainIn | None 
         return Status(404, {"detail": UNKNOWN_AGENT})
     timeout_s = (body.timeout_s if body else None) or get_config().agent_drain_timeout_s
     try:
-        done = drain.request_drain(agent_id, timeout_s, f"api:{request.api_key.lookup}")
-    except drain.DrainRefused as exc:
+        done = lifecycle.request_drain(agent_id, timeout_s, f"api:{request.api_key.lookup}")
+    except lifecycle.DrainRefused as exc:
         return Status(exc.status, {"detail": exc.detail})
     return Status(200, done.__dict__)
 

@@ -15,7 +15,7 @@ from django.contrib import admin, messages
 from django.db import transaction
 from django.http import HttpRequest
 
-from agents.roster import revoke_key
+from agents.lifecycle import revoke_key
 from artifacts import quota
 from fleet.control import limits
 from fleet.management.commands.createtenant import TENANT_NAME, create_tenant

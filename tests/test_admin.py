@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agents.models import Agent
-from agents.roster import revoke_key
+from agents.lifecycle import revoke_key
 from fleet.models import ApiKey, FleetChange, Tenant
 from tests.console_fixtures import *  # noqa: F403
 from tests.console_fixtures import make_agent, make_eviction

@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 
 from agents.models import Agent
-from agents.roster import revoke_key
+from agents.lifecycle import revoke_key
 from fleet.delivery.placement import place_task
 from fleet.models import ApiKey, DeliveryOutbox, Eviction, TaskExecution, TaskOutcome
 from tests.conftest import bearer

@@ -11,7 +11,7 @@ from channels.testing import WebsocketCommunicator
 
 from agents import consumers
 from agents.models import Agent
-from agents.roster import revoke_key
+from agents.lifecycle import revoke_key
 from cloacina_site.asgi import application
 from fleet.delivery import local_sockets
 from fleet.delivery.placement import place_task
@@ -382,7 +382,8 @@ def test_a_result_frame_without_an_outbox_id_is_closed_4400(tenant, agent_key):
 
 
 def test_a_packet_placed_for_a_socket_here_is_pushed_at_once_without_the_relay(tenant, agent_key):
-    from fleet.delivery.batch_placement import Delivered, place_tasks
+    from fleet.delivery.batch_placement import place_tasks
+    from fleet.delivery.placement import Delivered
 
     two_task_package(tenant)
     agent = make_agent(tenant, connected=False)
@@ -412,7 +413,8 @@ def test_a_packet_placed_for_a_socket_here_is_pushed_at_once_without_the_relay(t
 
 
 def test_a_delivered_packet_that_cannot_be_pushed_goes_back_to_pending(tenant):
-    from fleet.delivery.batch_placement import Delivered, place_tasks
+    from fleet.delivery.batch_placement import place_tasks
+    from fleet.delivery.placement import Delivered
 
     two_task_package(tenant)
     make_agent(tenant)  # connected here per the roster, but no socket in this process

@@ -6,9 +6,10 @@ import threading
 
 import pytest
 from django.db import connection, transaction
+from fleet.delivery.placement import reserve_agent
+from fleet.routing.candidates import no_capacity_reason
 
 from agents.models import Agent
-from fleet.routing.reservation import no_capacity_reason, reserve_agent
 from tests.fleet_support import _close_delivery_pool, make_agent  # noqa: F401
 
 

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from agents.models import Agent
 from cloacina_site.config import apply_overrides
-from fleet.delivery.liveness import sweep_dead_agents
+from agents.lifecycle import sweep_dead_agents
 from fleet.delivery.placement import place_task
 from fleet.delivery.redelivery import redeliver_unreceived
 from fleet.metrics import UNCONFIRMED_LOST

@@ -6,14 +6,14 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from agents.lifecycle import request_drain
 
 from agents.models import Agent
-from fleet.delivery.liveness import evict_agent, sweep_dead_agents
+from agents.lifecycle import evict_agent, sweep_dead_agents
 from fleet.delivery.placement import NoAgent, Placed, place_task
 from fleet.engine.results import TaskReport, result_handler
 from fleet.models import AffinityBinding, DeliveryOutbox, TaskExecution
 from fleet.routing import groups
-from fleet.routing.drain import request_drain
 from tests.factories import start
 from tests.fleet_support import _close_delivery_pool  # noqa: F401
 from tests.routing_support import agent, place_root, routed_package

@@ -10,7 +10,7 @@ from django.test import Client
 from django.utils import timezone
 
 from agents.models import Agent
-from fleet.delivery.liveness import sweep_dead_agents
+from agents.lifecycle import sweep_dead_agents
 from fleet.models import ApiKey, DeliveryOutbox, Eviction, TenantMembership
 from tests.conftest import bearer
 from tests.fleet_support import _close_delivery_pool  # noqa: F401

@@ -16,7 +16,7 @@ import psutil
 import pytest
 from django.test import Client
 
-from agents.roster import revoke_key
+from agents.lifecycle import revoke_key
 from fleet.models import ApiKey, Role
 from tests.conftest import bearer
 from tests.e2e_support import Processes

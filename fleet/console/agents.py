@@ -6,12 +6,12 @@ import uuid
 
 from django.http import Http404, HttpRequest, HttpResponse
 
+from agents import lifecycle
 from agents.models import Agent
 from cloacina_site.config import get_config
 from fleet.console.access import _get_rw_tenant_for_user
 from fleet.console.responses import ConsoleError, action_done, console_view
 from fleet.console.tenants import _back, actor_of
-from fleet.routing import drain
 
 
 @console_view(methods=["POST"])
@@ -22,8 +22,10 @@ def drain_agent(request: HttpRequest, name: str, agent_id: uuid.UUID) -> HttpRes
     if not Agent.objects.filter(pk=agent_id, tenant=tenant).exists():
         raise Http404(f"no agent {agent_id} in this tenant")
     try:
-        done = drain.request_drain(agent_id, get_config().agent_drain_timeout_s, actor_of(request))
-    except drain.DrainRefused as exc:
+        done = lifecycle.request_drain(
+            agent_id, get_config().agent_drain_timeout_s, actor_of(request)
+        )
+    except lifecycle.DrainRefused as exc:
         raise ConsoleError(exc.detail, exc.status) from None
     return action_done(
         request,

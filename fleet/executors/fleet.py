@@ -27,15 +27,23 @@ import psycopg
 from django.db import connection
 
 from agents import result_batches
+from agents.lifecycle import sweep_dead_agents
 from cloacina_site.config import Config
+from fleet import ledger
 from fleet.delivery import db as delivery_db
 from fleet.delivery import local_sockets, outbox_ack, socket_writes
-from fleet.delivery.batch_placement import Delivered, place_tasks
+from fleet.delivery.batch_placement import place_tasks
 from fleet.delivery.depth import SAMPLE_INTERVAL_S, sample_outbox_depth
 from fleet.delivery.listener import NotificationListener
-from fleet.delivery.liveness import sweep_dead_agents
 from fleet.delivery.pg import connect_async
-from fleet.delivery.placement import NoAgent, NotClaimed, Placed, place_task, run_status
+from fleet.delivery.placement import (
+    Delivered,
+    NoAgent,
+    NotClaimed,
+    Placed,
+    place_task,
+    run_status,
+)
 from fleet.delivery.pruning import prune_acked, prune_depth_samples
 from fleet.delivery.redelivery import redeliver_unreceived
 from fleet.delivery.relay import Relay
@@ -55,10 +63,10 @@ CAPACITY_PROBE_S = 0.1  # how stale has_capacity's view of free agent slots may 
 PRUNE_INTERVAL_S = 60.0
 PLACE_BATCH = 128  # most tasks placed in one transaction
 
-_FREE_SLOTS = """
-SELECT coalesce(sum(max_concurrency - in_flight), 0) FROM agents_agent
-WHERE state = 'live' AND connected_to <> '' AND in_flight < max_concurrency
-  AND last_heartbeat > now() - make_interval(secs => %s)
+_FREE_SLOTS = f"""
+SELECT coalesce(sum({ledger.free_slots("a")}), 0) FROM {ledger.AGENTS} a
+WHERE a.state = 'live' AND a.connected_to <> '' AND {ledger.has_free_slot("a")}
+  AND a.last_heartbeat > now() - make_interval(secs => %s)
 """
 
 
@@ -109,7 +117,7 @@ class FleetExecutor(TaskExecutor):
         self._started_at = self._database_seen_at = time.monotonic()
         self._probe_wake = asyncio.Event()
         self.listener = NotificationListener(
-            {"delivery_outbox": self.relay.on_notify, OUTCOME_CHANNEL: rendezvous.on_notify},
+            {ledger.OUTBOX_CHANNEL: self.relay.on_notify, OUTCOME_CHANNEL: rendezvous.on_notify},
             on_reconnect=self._after_listener_reconnect,
         )
         self.listener.start()

@@ -70,7 +70,7 @@ def test_a_change_made_elsewhere_shows_up_live(page, live_server, admin_user, te
 
 
 def test_a_dead_agent_appears_in_the_eviction_history(page, live_server, admin_user, tenant):
-    from fleet.delivery.liveness import sweep_dead_agents
+    from agents.lifecycle import sweep_dead_agents
 
     publish_example(tenant)
     _, tasks = start(tenant, "etl", {})
