@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agents.models import Agent
 from agents.lifecycle import revoke_key
+from agents.models import Agent
 from fleet.models import ApiKey, FleetChange, Tenant
 from tests.console_fixtures import *  # noqa: F403
 from tests.console_fixtures import make_agent, make_eviction

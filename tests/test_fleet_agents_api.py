@@ -8,8 +8,8 @@ import uuid
 import pytest
 from django.test import Client
 
-from agents.models import Agent
 from agents.lifecycle import revoke_key
+from agents.models import Agent
 from fleet.delivery.placement import place_task
 from fleet.models import ApiKey, DeliveryOutbox, Eviction, TaskExecution, TaskOutcome
 from tests.conftest import bearer

@@ -13,8 +13,7 @@ from django.utils import timezone
 
 from agents.models import Agent
 from fleet.delivery.batch_placement import place_tasks
-from fleet.delivery.placement import Delivered
-from fleet.delivery.placement import NoAgent, NotClaimed, Placed, Unroutable
+from fleet.delivery.placement import Delivered, NoAgent, NotClaimed, Placed, Unroutable
 from fleet.engine.context import build_task_context, encode_context
 from fleet.models import DeliveryOutbox, TaskExecution
 from tests.factories import make_package, start

@@ -10,8 +10,8 @@ import pytest
 from channels.testing import WebsocketCommunicator
 
 from agents import consumers
-from agents.models import Agent
 from agents.lifecycle import revoke_key
+from agents.models import Agent
 from cloacina_site.asgi import application
 from fleet.delivery import local_sockets
 from fleet.delivery.placement import place_task

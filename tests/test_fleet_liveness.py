@@ -7,8 +7,8 @@ import json
 import pytest
 from django.test import Client
 
-from agents.models import Agent
 from agents.lifecycle import sweep_dead_agents
+from agents.models import Agent
 from fleet.delivery.liveness import reclaim_in_flight
 from fleet.delivery.placement import place_task
 from fleet.models import DeliveryOutbox, Eviction, TaskExecution, TaskOutcome

@@ -6,10 +6,10 @@ import threading
 
 import pytest
 from django.db import connection, transaction
-from fleet.delivery.placement import reserve_agent
-from fleet.routing.candidates import no_capacity_reason
 
 from agents.models import Agent
+from fleet.delivery.placement import reserve_agent
+from fleet.routing.candidates import no_capacity_reason
 from tests.fleet_support import _close_delivery_pool, make_agent  # noqa: F401
 
 

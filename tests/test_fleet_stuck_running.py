@@ -17,9 +17,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from agents.lifecycle import sweep_dead_agents
 from agents.models import Agent
 from cloacina_site.config import apply_overrides
-from agents.lifecycle import sweep_dead_agents
 from fleet.delivery.placement import place_task
 from fleet.delivery.redelivery import redeliver_unreceived
 from fleet.metrics import UNCONFIRMED_LOST

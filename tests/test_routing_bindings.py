@@ -6,10 +6,9 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from agents.lifecycle import request_drain
 
+from agents.lifecycle import evict_agent, request_drain, sweep_dead_agents
 from agents.models import Agent
-from agents.lifecycle import evict_agent, sweep_dead_agents
 from fleet.delivery.placement import NoAgent, Placed, place_task
 from fleet.engine.results import TaskReport, result_handler
 from fleet.models import AffinityBinding, DeliveryOutbox, TaskExecution

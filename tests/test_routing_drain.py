@@ -9,8 +9,8 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from agents.models import Agent
 from agents.lifecycle import sweep_dead_agents
+from agents.models import Agent
 from fleet.models import ApiKey, DeliveryOutbox, Eviction, TenantMembership
 from tests.conftest import bearer
 from tests.fleet_support import _close_delivery_pool  # noqa: F401

@@ -9,8 +9,8 @@ from django.test import Client
 from prometheus_client import REGISTRY
 
 from agents import roster
-from agents.protocol.triples import host_triple
 from agents.lifecycle import evict_agent
+from agents.protocol.triples import host_triple
 from fleet.models import ApiKey
 from tests.conftest import bearer
 from tests.fleet_support import _close_delivery_pool  # noqa: F401
