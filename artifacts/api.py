@@ -113,7 +113,7 @@ def _package_out(package: WorkflowPackage) -> dict:
         "digest": package.digest,
         "kind": package.kind,
         "workflow": package.workflow_name,
-        "tasks": package.task_ids,
+        "tasks": package.task_names,
         "superseded": package.superseded,
         "host_triple": package.host_triple,
     }

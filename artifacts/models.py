@@ -53,7 +53,7 @@ class WorkflowPackage(models.Model):
         return f"{self.name}=={self.version}"
 
     @property
-    def task_ids(self) -> list[str]:
+    def task_names(self) -> list[str]:
         return [task["id"] for task in self.manifest.get("tasks", [])]
 
 

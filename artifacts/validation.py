@@ -95,7 +95,7 @@ class ValidatedPackage:
         return self.manifest["workflow"]["name"]
 
     @property
-    def task_ids(self) -> list[str]:
+    def task_names(self) -> list[str]:
         return [task["id"] for task in self.manifest["tasks"]]
 
 

@@ -227,14 +227,14 @@ class DeliveryOutboxAdmin(ReadOnlyAdmin):
         "id",
         "tenant",
         "agent",
-        "task",
+        "task_execution",
         "assignment",
         "state",
         "attempts",
         "created_at",
     ]
     list_filter = ["state", "tenant"]
-    list_select_related = ["tenant", "agent", "task"]
+    list_select_related = ["tenant", "agent", "task_execution"]
     # The payload carries the task's input context: tenant data, not shown in lists.
     exclude = ["payload"]
 

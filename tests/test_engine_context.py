@@ -112,7 +112,7 @@ def test_the_in_process_child_gets_exactly_the_shared_builders_bytes(tenant, tmp
 
     def builder_says(function: str) -> tuple[str, str]:
         task = next(x for x in tasks_of(execution).values() if x.function == function)
-        return task.task_id, encode_context(build_task_context(task.pk))
+        return task.task_name, encode_context(build_task_context(task.pk))
 
     db = DbThreadPool(1, "test-context")
     with running_executor(tmp_path / "cache") as (executor, sink):

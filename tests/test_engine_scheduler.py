@@ -234,8 +234,8 @@ def test_started_tasks_carry_the_manifest_and_start_at_the_defaults(tenant):
         SOURCE,
     )
     execution, roots = start_execution_with_roots(tenant, "demo", {"k": 1}, priority=10)
-    a = TaskExecution.objects.get(workflow_execution=execution, task_id="a")
-    b = TaskExecution.objects.get(workflow_execution=execution, task_id="b")
+    a = TaskExecution.objects.get(workflow_execution=execution, task_name="a")
+    b = TaskExecution.objects.get(workflow_execution=execution, task_name="b")
     assert [(r.task_execution_id, r.task_name, r.attempt, r.priority) for r in roots] == [
         (a.id, "a", 1, 13)
     ]

@@ -60,7 +60,7 @@ def run_task(execution_id: str, task_id: str, **report) -> None:
     PostgreSQL's ``now()``, which inside the test's wrapping transaction would
     stay at the moment the test began.
     """
-    task = TaskExecution.objects.get(workflow_execution_id=execution_id, task_id=task_id)
+    task = TaskExecution.objects.get(workflow_execution_id=execution_id, task_name=task_id)
     claim = claim_task(task.pk, "test")
     assert claim is not None
     result_handler.apply(TaskReport(task.pk, claim.assignment, **report))

@@ -47,10 +47,10 @@ def test_a_batch_is_spread_over_the_agents_one_slot_per_agent_per_round(tenant):
     for agent in agents:
         agent.refresh_from_db()
         assert agent.in_flight == 2
-    rows = DeliveryOutbox.objects.filter(task_id__in=ids)
+    rows = DeliveryOutbox.objects.filter(task_execution_id__in=ids)
     assert rows.count() == 6
     for row in rows:
-        task = TaskExecution.objects.get(pk=row.task_id)
+        task = TaskExecution.objects.get(pk=row.task_execution_id)
         assert (task.status, task.attempt, task.agent_id) == ("Running", 1, row.agent_id)
         assert row.assignment == task.assignment == placed[task.pk].assignment
         # the shared context builder's exact bytes, and the agent's triple stamped on it
@@ -69,14 +69,14 @@ def test_packets_for_agents_connected_here_are_delivered_with_their_clock_starte
     by_agent = {p.agent_id: (task_id, p) for task_id, p in placed.items()}
     task_id, here = by_agent[local.id]
     assert isinstance(here, Delivered)
-    row = DeliveryOutbox.objects.get(task_id=task_id)
+    row = DeliveryOutbox.objects.get(task_execution_id=task_id)
     assert (row.state, row.attempts, row.id) == ("delivered", 1, here.outbox_id)
     assert row.delivered_at is not None and row.received_at is None
     assert here.packet == {**row.payload, "outbox_id": row.id}
     assert TaskExecution.objects.get(pk=task_id).result_deadline is not None
     task_id, there = by_agent[remote.id]
     assert type(there) is Placed  # the relay of the server holding its socket pushes it
-    row = DeliveryOutbox.objects.get(task_id=task_id)
+    row = DeliveryOutbox.objects.get(task_execution_id=task_id)
     assert (row.state, row.attempts, row.delivered_at) == ("pending", 0, None)
     assert TaskExecution.objects.get(pk=task_id).result_deadline is None
 
@@ -194,7 +194,7 @@ def test_a_batch_that_fails_is_placed_again_task_by_task(tenant, monkeypatch):
     placed = place_tasks(ids, "server-1")
     assert all(isinstance(p, Placed) for p in placed.values())
     # Nothing of the failed batch remained: one claim, one row per task.
-    assert DeliveryOutbox.objects.filter(task_id__in=ids).count() == 3
+    assert DeliveryOutbox.objects.filter(task_execution_id__in=ids).count() == 3
     assert set(TaskExecution.objects.values_list("attempt", flat=True)) == {1}
 
 

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("short_liveness")
 def _running_on(tenant, agent, delivered=True):
     _, task = ready_root(tenant)
     place_task(task.pk, "s")
-    row = DeliveryOutbox.objects.get(task=task)
+    row = DeliveryOutbox.objects.get(task_execution=task)
     assert row.agent_id == agent.id
     if delivered:
         DeliveryOutbox.objects.filter(pk=row.pk).update(
@@ -160,7 +160,9 @@ def test_a_late_result_from_an_evicted_agent_is_recorded_not_applied(tenant, age
     task.refresh_from_db()
     assert (task.status, task.output_context) == ("Completed", {"a": 1})
     outcomes = list(
-        TaskOutcome.objects.filter(task=task).order_by("id").values_list("agent_name", "applied")
+        TaskOutcome.objects.filter(task_execution=task)
+        .order_by("id")
+        .values_list("agent_name", "applied")
     )
     assert outcomes == [("doomed", False), ("survivor", True)]
     assert Eviction.objects.get(agent=doomed).reassigned == 1

@@ -153,7 +153,7 @@ def test_a_packet_reclaimed_onto_its_own_agents_new_registration_completes_once(
     tasks = TaskExecution.objects.filter(workflow_execution_id=execution_id)
     assert sorted(tasks.values_list("status", flat=True)) == ["Completed"] * TASKS
     for task in tasks:
-        applied = TaskOutcome.objects.filter(task=task, applied=True)
+        applied = TaskOutcome.objects.filter(task_execution=task, applied=True)
         assert applied.count() == 1, list(applied.values())
         assert (task.attempt, task.output_context) == (1, {"quick": 0})  # ran once, no retry
     assert not DeliveryOutbox.objects.filter(

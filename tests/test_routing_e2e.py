@@ -99,7 +99,10 @@ def test_selectors_exclusive_agents_and_a_context_too_large_for_a_frame(procs):
     assert {t["task_id"]: t["agent"] for t in body["tasks"]} == {
         "measure": "big", "after1": "big", "after2": "big",
     }  # fmt: skip
-    packets = {r.task.task_id: r.payload for r in DeliveryOutbox.objects.select_related("task")}
+    packets = {
+        r.task_execution.task_name: r.payload
+        for r in DeliveryOutbox.objects.select_related("task_execution")
+    }
     assert "context_json" not in packets["measure"]
     assert packets["measure"]["context_ref"]["bytes"] > 1024 * 1024
     assert "context_ref" in packets["after1"]  # the blob flows down to the dependents too

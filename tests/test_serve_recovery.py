@@ -68,7 +68,7 @@ def test_a_run_past_its_deadline_is_lost_and_retried_by_its_policy(tenant, submi
     task.refresh_from_db()
     assert (task.status, task.attempt, task.error_type) == ("Ready", 1, "ResultLost")
     assert [e.task_execution_id for e in submitted] == [task.pk]  # no backoff: offered at once
-    outcome = TaskOutcome.objects.get(task=task)
+    outcome = TaskOutcome.objects.get(task_execution=task)
     assert (outcome.outcome, outcome.applied, outcome.assignment) == ("lost", True, 1)
 
     overdue(claimed(task, "s:1:a"))
@@ -95,7 +95,11 @@ def test_a_silent_servers_in_process_claims_go_back_to_ready(tenant, submitted, 
     elsewhere = claimed(tasks["c"], alive.id)
     agent = Agent.objects.create(tenant=tenant, name="ag", target_triple="x86_64-unknown-linux-gnu")
     DeliveryOutbox.objects.create(
-        tenant=tenant, agent=agent, task=on_agent, assignment=on_agent.assignment, payload={}
+        tenant=tenant,
+        agent=agent,
+        task_execution=on_agent,
+        assignment=on_agent.assignment,
+        payload={},
     )
 
     assert recovery.sweep_dead_servers() == [dead.id]

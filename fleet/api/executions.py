@@ -122,7 +122,7 @@ def _task_out(task: TaskExecution) -> dict:
             f"{task.error_type}: {task.error_message}" if task.error_type else task.error_message
         )
     return {
-        "task_id": task.task_id,
+        "task_id": task.task_name,  # the API keeps its published name (CONTRACT.md)
         "status": task.status,
         "attempt": task.attempt,
         "error": error,
@@ -166,7 +166,7 @@ def _check_backlog(tenant: Tenant, workflow: str) -> None:
     if not fairness.max_backlog(tenant)[0]:
         return
     package = active_package(tenant, workflow)
-    refusal = fairness.backlog_refusal(tenant, len(package.task_ids) if package else 0)
+    refusal = fairness.backlog_refusal(tenant, len(package.task_names) if package else 0)
     if refusal:
         raise HttpError(429, refusal)
 

@@ -62,7 +62,7 @@ def attach_reassigned_tasks(evictions: list[Eviction]) -> None:
         return
     rows = (
         DeliveryOutbox.objects.filter(former_agents__has_any_keys=list(by_agent))
-        .select_related("task", "agent")
+        .select_related("task_execution", "agent")
         .order_by("created_at")
     )
     for row in rows:

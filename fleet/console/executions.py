@@ -77,28 +77,28 @@ def _depths(by_id: dict[str, TaskExecution]) -> dict[str, int]:
             continue
         stack = [root]
         while stack:
-            task_id = stack[-1]
-            if task_id in depth:  # pushed twice (two tasks depend on it): done already
+            task_name = stack[-1]
+            if task_name in depth:  # pushed twice (two tasks depend on it): done already
                 stack.pop()
                 continue
-            on_path.add(task_id)
-            deps = [d for d in by_id[task_id].dependencies if d in by_id and d not in on_path]
+            on_path.add(task_name)
+            deps = [d for d in by_id[task_name].dependencies if d in by_id and d not in on_path]
             pending = [d for d in deps if d not in depth]
             if pending:
                 stack.extend(pending)
                 continue
             stack.pop()
-            on_path.discard(task_id)
-            depth[task_id] = 1 + max((depth[d] for d in deps), default=-1)
+            on_path.discard(task_name)
+            depth[task_name] = 1 + max((depth[d] for d in deps), default=-1)
     return depth
 
 
 def dependency_layers(tasks: list[TaskExecution]) -> list[list[TaskExecution]]:
     """Tasks grouped by depth: roots first, each task one layer after its deepest dependency."""
-    depth = _depths({t.task_id: t for t in tasks})
+    depth = _depths({t.task_name: t for t in tasks})
     layers: list[list[TaskExecution]] = []
     for task in sorted(tasks, key=lambda t: t.position):
-        n = depth[task.task_id]
+        n = depth[task.task_name]
         while len(layers) <= n:
             layers.append([])
         layers[n].append(task)

@@ -109,7 +109,7 @@ def _context(request: HttpRequest) -> dict:
         DeliveryOutbox.objects.filter(
             tenant__in=shown, state__in=[OutboxState.PENDING, OutboxState.DELIVERED]
         )
-        .select_related("tenant", "agent", "task")
+        .select_related("tenant", "agent", "task_execution")
         .order_by("updated_at")[:OLDEST_SHOWN]
     )
     return {

@@ -68,7 +68,7 @@ def start_execution_with_roots(
     rows = [_task_values(spec, position, priority) for position, spec in enumerate(tasks)]
     _insert_execution(execution, rows)
     roots = [
-        TaskReadyEvent(row["id"], execution.id, row["task_id"], 1, tenant.pk, row["priority"])
+        TaskReadyEvent(row["id"], execution.id, row["task_name"], 1, tenant.pk, row["priority"])
         for row in rows
         if row["root"]
     ]
@@ -79,7 +79,7 @@ def _task_values(spec: dict, position: int, execution_priority: int) -> dict:
     """The manifest-derived columns of one task execution (the rest start at their defaults)."""
     return {
         "id": uuid.uuid4(),
-        "task_id": spec["id"],
+        "task_name": spec["id"],
         "function": spec["function"],
         "dependencies": list(spec.get("dependencies") or []),
         "trigger_rule": spec.get("trigger_rule") or TriggerRule.ALL_SUCCESS,
@@ -104,7 +104,7 @@ WORKFLOW_INSERT_COLUMNS = (
     "finished_at",
 )  # fmt: skip
 TASK_INSERT_COLUMNS = (
-    "id", "workflow_execution_id", "tenant_id", "task_id", "function", "dependencies",
+    "id", "workflow_execution_id", "tenant_id", "task_name", "function", "dependencies",
     "trigger_rule", "position", "status", "attempt", "max_retries", "retry_backoff_s",
     "timeout_s", "routing", "priority", "ready_at", "assignment", "claimed_by", "claimed_at",
     "started_at", "finished_at", "result_deadline", "agent_id", "refusals", "wait_reason",
@@ -117,13 +117,13 @@ WITH execution AS (
             '', %(priority)s, %(open)s, %(now)s, NULL, NULL)
 )
 INSERT INTO fleet_taskexecution ({", ".join(TASK_INSERT_COLUMNS)})
-SELECT r.id, %(workflow)s, %(tenant)s, r.task_id, r.function, r.dependencies,
+SELECT r.id, %(workflow)s, %(tenant)s, r.task_name, r.function, r.dependencies,
     r.trigger_rule, r.position, CASE WHEN r.root THEN 'Ready' ELSE 'NotStarted' END, 0,
     r.max_retries, r.retry_backoff_s, r.timeout_s, r.routing, r.priority,
     CASE WHEN r.root THEN %(now)s::timestamptz END, 0, '', NULL, NULL, NULL, NULL, NULL, 0, '',
     NULL, '', '', ''
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(
-    id uuid, task_id text, function text, dependencies jsonb, trigger_rule text, position int,
+    id uuid, task_name text, function text, dependencies jsonb, trigger_rule text, position int,
     root boolean, max_retries int, retry_backoff_s float8, timeout_s float8, routing jsonb,
     priority int)
 """
@@ -185,18 +185,18 @@ def rule_outcome(rule: str, dependency_states: list[str]) -> str | None:
 
 
 _LOCK_DEPENDENTS = """
-SELECT id, task_id, trigger_rule, attempt, dependencies, tenant_id, priority FROM fleet_taskexecution
+SELECT id, task_name, trigger_rule, attempt, dependencies, tenant_id, priority FROM fleet_taskexecution
 WHERE workflow_execution_id = %s AND status = 'NotStarted' AND dependencies ?| %s::text[]
 ORDER BY id FOR UPDATE
 """
 _DEPENDENCY_STATES = """
-SELECT task_id, status FROM fleet_taskexecution
-WHERE workflow_execution_id = %s AND task_id = ANY(%s::text[])
+SELECT task_name, status FROM fleet_taskexecution
+WHERE workflow_execution_id = %s AND task_name = ANY(%s::text[])
 """
 
 
 def settle(task) -> tuple[list[TaskReadyEvent], int]:
-    """Decide the dependents of ``task`` (a row with task_id and workflow_execution_id),
+    """Decide the dependents of ``task`` (a row with task_name and workflow_execution_id),
     which just reached a terminal state.
 
     Runs inside the outcome's transaction, after the task's own row was
@@ -209,7 +209,7 @@ def settle(task) -> tuple[list[TaskReadyEvent], int]:
     workflow_id = task.workflow_execution_id
     events: list[TaskReadyEvent] = []
     skipped = 0
-    frontier = [task.task_id]
+    frontier = [task.task_name]
     cancelled: bool | None = None
     with connection.cursor() as cursor:
         while frontier:
@@ -248,11 +248,11 @@ def settle(task) -> tuple[list[TaskReadyEvent], int]:
     return events, skipped
 
 
-def _set_status(cursor, task_ids: list, status: str, stamp_column: str) -> None:
-    if task_ids:
+def _set_status(cursor, task_execution_ids: list, status: str, stamp_column: str) -> None:
+    if task_execution_ids:
         cursor.execute(
             f"UPDATE fleet_taskexecution SET status = %s, {stamp_column} = now() WHERE id = ANY(%s)",
-            [status, task_ids],
+            [status, task_execution_ids],
         )
 
 
@@ -297,11 +297,11 @@ def finish_if_done(workflow_execution_id: uuid.UUID, open_tasks: int, status: st
 # output in manifest order (a later task's key wins, as in the context builder).
 _FINISH = """
 WITH tasks AS (
-    SELECT task_id, status, output_context, position FROM fleet_taskexecution
+    SELECT task_name, status, output_context, position FROM fleet_taskexecution
     WHERE workflow_execution_id = %(workflow)s
 ), outcome AS (
     SELECT
-        (SELECT array_agg(task_id ORDER BY task_id COLLATE "C") FROM tasks
+        (SELECT array_agg(task_name ORDER BY task_name COLLATE "C") FROM tasks
          WHERE status = 'Failed') AS failed,
         (SELECT jsonb_object_agg(kv.key, kv.value ORDER BY t.position)
          FROM tasks t CROSS JOIN LATERAL jsonb_each(t.output_context) AS kv
