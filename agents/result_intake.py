@@ -64,7 +64,7 @@ Answer = tuple[int, dict]
 _AGENTS_AND_PACKETS = f"""
 SELECT r.i, a.name, a.id IS NOT NULL AND EXISTS (
     SELECT 1 FROM {ledger.OUTBOX} o
-    WHERE o.id = r.outbox AND o.tenant_id = a.tenant_id AND o.task_id = r.task
+    WHERE o.id = r.outbox AND o.tenant_id = a.tenant_id AND o.task_execution_id = r.task
       AND o.assignment = r.assignment
       AND (o.agent_id = a.id OR o.former_agents @> jsonb_build_array(a.id::text))
 ), t.workflow_execution_id, h.id

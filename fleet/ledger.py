@@ -100,7 +100,7 @@ RESERVED_AGENT = "SELECT id, name, target_triple FROM reserved"
 # and the artifact built for it, and the task naming the agent.
 ENQUEUE_ON_RESERVED = """
 , packet AS (
-    INSERT INTO delivery_outbox (tenant_id, agent_id, task_id, assignment, state, payload,
+    INSERT INTO delivery_outbox (tenant_id, agent_id, task_execution_id, assignment, state, payload,
                                  attempts, created_at, updated_at, former_agents)
     SELECT %(o_tenant)s, r.id, %(o_task)s, %(o_assignment)s, 'pending',
            %(o_payload)s::jsonb || jsonb_build_object(
@@ -146,10 +146,10 @@ WITH locked AS (
            row_number() OVER (ORDER BY r.degraded, s.n, r.rank) AS k
     FROM ranked r CROSS JOIN LATERAL generate_series(1, LEAST(r.free, %(count)s)) AS s(n)
 ), work AS (
-    SELECT w.task_id, w.assignment, w.payload, s.id AS agent_id, s.name, s.target_triple,
+    SELECT w.task_execution_id, w.assignment, w.payload, s.id AS agent_id, s.name, s.target_triple,
            s.local
     FROM unnest(%(tasks)s::uuid[], %(assignments)s::int[], %(payloads)s::jsonb[])
-         WITH ORDINALITY AS w(task_id, assignment, payload, k)
+         WITH ORDINALITY AS w(task_execution_id, assignment, payload, k)
     JOIN slots s ON s.k = w.k
 ), reserved AS (
     UPDATE agents_agent r SET """
@@ -158,9 +158,9 @@ WITH locked AS (
     FROM (SELECT agent_id, count(*) AS n FROM work GROUP BY agent_id) c
     WHERE r.id = c.agent_id
 ), packets AS (
-    INSERT INTO delivery_outbox (tenant_id, agent_id, task_id, assignment, state, payload,
+    INSERT INTO delivery_outbox (tenant_id, agent_id, task_execution_id, assignment, state, payload,
                                  attempts, delivered_at, created_at, updated_at, former_agents)
-    SELECT %(tenant)s, w.agent_id, w.task_id, w.assignment,
+    SELECT %(tenant)s, w.agent_id, w.task_execution_id, w.assignment,
            CASE WHEN w.local THEN 'delivered' ELSE 'pending' END,
            w.payload || jsonb_build_object(
                'target_triple', w.target_triple,
@@ -169,21 +169,21 @@ WITH locked AS (
            CASE WHEN w.local THEN 1 ELSE 0 END, CASE WHEN w.local THEN now() END,
            now(), now(), '[]'::jsonb
     FROM work w
-    RETURNING id, task_id, payload
+    RETURNING id, task_execution_id, payload
 ), assigned AS (
     UPDATE fleet_taskexecution t SET agent_id = w.agent_id,
         result_deadline = CASE WHEN w.local
                                THEN now() + make_interval(secs => t.timeout_s + %(grace)s) END
     FROM work w
-    WHERE t.id = w.task_id AND t.assignment = w.assignment
+    WHERE t.id = w.task_execution_id AND t.assignment = w.assignment
     RETURNING t.id, extract(epoch FROM now() - t.ready_at) AS waited_s
 ), relax AS (
     -- As for a single dispatch: a lost one leaves the tasks Ready (they run again), and
     -- the outcome's synchronous commit flushes it anyway.
     SELECT set_config('synchronous_commit', 'off', true)
 )
-SELECT w.task_id, w.agent_id, w.name, w.local, p.id, p.payload, a.waited_s
-FROM work w JOIN packets p ON p.task_id = w.task_id JOIN assigned a ON a.id = w.task_id, relax
+SELECT w.task_execution_id, w.agent_id, w.name, w.local, p.id, p.payload, a.waited_s
+FROM work w JOIN packets p ON p.task_execution_id = w.task_execution_id JOIN assigned a ON a.id = w.task_execution_id, relax
 """
 )
 
@@ -230,7 +230,7 @@ UPDATE delivery_outbox o SET
     attempts = o.attempts + 1, updated_at = now()
 FROM due, agents_agent a
 WHERE o.id = due.id AND a.id = o.agent_id AND a.connected_to = %(me)s AND a.state <> 'dead'
-RETURNING o.id, o.agent_id, o.task_id, o.assignment, o.attempts, o.payload
+RETURNING o.id, o.agent_id, o.task_execution_id, o.assignment, o.attempts, o.payload
 """
 
 UNTAKE = """
@@ -248,7 +248,7 @@ WHERE agent_id = %s AND id = ANY(%s) AND state = 'delivered' AND received_at IS 
 
 MARK_RUNNING_RECEIVED = """
 UPDATE delivery_outbox SET received_at = now()
-WHERE agent_id = %s AND task_id = ANY(%s) AND state = 'delivered' AND received_at IS NULL
+WHERE agent_id = %s AND task_execution_id = ANY(%s) AND state = 'delivered' AND received_at IS NULL
 """
 
 # The socket writer's batched forms.  Confirmations never wait for a row lock: a packet
@@ -272,28 +272,28 @@ RETURNING o.id
 RUNNING_MANY = """
 WITH wanted AS (
     SELECT o.id FROM delivery_outbox o
-    JOIN unnest(%(agents)s::uuid[], %(tasks)s::uuid[]) AS r(agent_id, task_id)
-      ON o.agent_id = r.agent_id AND o.task_id = r.task_id
+    JOIN unnest(%(agents)s::uuid[], %(tasks)s::uuid[]) AS r(agent_id, task_execution_id)
+      ON o.agent_id = r.agent_id AND o.task_execution_id = r.task_execution_id
     WHERE o.state = 'delivered' AND o.received_at IS NULL
     FOR UPDATE OF o SKIP LOCKED
 )
 UPDATE delivery_outbox o SET received_at = now() FROM wanted w WHERE o.id = w.id
 """
 
-# A reconnected agent's ``hello`` (``{held}``: its (task_id, assignment) list): rows it
+# A reconnected agent's ``hello`` (``{held}``: its (task_execution_id, assignment) list): rows it
 # holds count as received, delivered rows it does not hold go back to pending.
 HELLO_CONFIRM = """
 UPDATE delivery_outbox o SET received_at = coalesce(o.received_at, now())
 FROM ({held}) AS h
 WHERE o.agent_id = %s AND o.state = 'delivered'
-  AND o.task_id = h.task_id AND o.assignment = h.assignment
+  AND o.task_execution_id = h.task_execution_id AND o.assignment = h.assignment
 """
 
 HELLO_REQUEUE = """
 UPDATE delivery_outbox o SET state = 'pending', delivered_at = NULL,
     received_at = NULL, updated_at = now()
 WHERE o.agent_id = %s AND o.state = 'delivered'
-  AND (o.task_id, o.assignment) NOT IN ({held})
+  AND (o.task_execution_id, o.assignment) NOT IN ({held})
 """
 
 
@@ -302,7 +302,7 @@ WHERE o.agent_id = %s AND o.state = 'delivered'
 # Delivered rows of living agents that no ``received`` answered in time; the fourth
 # column says the row had its share of pushes to this agent.
 UNCONFIRMED = """
-SELECT o.id, o.task_id, o.assignment, o.redeliveries + 1 >= %(max_pushes)s, a.name
+SELECT o.id, o.task_execution_id, o.assignment, o.redeliveries + 1 >= %(max_pushes)s, a.name
 FROM delivery_outbox o JOIN agents_agent a ON a.id = o.agent_id
 WHERE a.state <> 'dead' AND o.state = 'delivered' AND o.received_at IS NULL
   AND o.delivered_at < now() - make_interval(secs => %(seconds)s)
@@ -334,7 +334,7 @@ UPDATE agents_agent a SET {give_back_slots("a")} WHERE id IN (SELECT agent_id FR
 # Locked after the task and workflow rows, the agent row last.
 SETTLE_ACK = """, held AS (
     UPDATE delivery_outbox o SET state = 'acked', acked_at = now(), updated_at = now()
-    FROM {settling} s WHERE o.task_id = s.task_execution_id
+    FROM {settling} s WHERE o.task_execution_id = s.task_execution_id
       AND o.assignment = s.assignment AND o.state <> 'acked'
     RETURNING o.agent_id AS holder
 )"""
@@ -358,7 +358,7 @@ FROM n, locked WHERE a.id = n.agent_id AND locked.id = a.id
 _ACK_AND_RELEASE = f"""
 WITH acked AS (
     UPDATE delivery_outbox SET state = 'acked', acked_at = now(), updated_at = now()
-    WHERE task_id = %s AND assignment = %s AND state <> 'acked'
+    WHERE task_execution_id = %s AND assignment = %s AND state <> 'acked'
     RETURNING agent_id
 )
 UPDATE agents_agent a SET {give_back_slots("a")}
@@ -369,16 +369,16 @@ _WITHDRAW_UNDELIVERED = f"""
 WITH rows AS (
     UPDATE delivery_outbox o SET state = 'acked', acked_at = now(), updated_at = now()
     FROM fleet_taskexecution t
-    WHERE o.task_id = t.id AND o.assignment = t.assignment AND o.state = 'pending'
+    WHERE o.task_execution_id = t.id AND o.assignment = t.assignment AND o.state = 'pending'
       AND t.workflow_execution_id = %s AND t.status = 'Running'
-    RETURNING o.agent_id, o.task_id
+    RETURNING o.agent_id, o.task_execution_id
 ), freed AS (
     UPDATE agents_agent a SET {give_back_slots("a", "n.cnt")}
     FROM (SELECT agent_id, count(*) AS cnt FROM rows GROUP BY agent_id) n
     WHERE a.id = n.agent_id
 )
 UPDATE fleet_taskexecution SET status = %s, finished_at = now(), error_message = 'cancelled'
-WHERE id IN (SELECT task_id FROM rows)
+WHERE id IN (SELECT task_execution_id FROM rows)
 """
 
 
@@ -393,7 +393,7 @@ def holds_sql(task: str) -> str:
     """SQL: the task row aliased ``task`` has a packet (so an agent holds its run)."""
     return (
         f"EXISTS (SELECT 1 FROM delivery_outbox o"
-        f" WHERE o.task_id = {task}.id AND o.assignment = {task}.assignment)"
+        f" WHERE o.task_execution_id = {task}.id AND o.assignment = {task}.assignment)"
     )
 
 

@@ -300,7 +300,7 @@ def check_invariants(url: str, ledger: Path, killed: set[str] | None) -> Figures
     status_of = {
         (execution, task): status
         for execution, task, status in query(
-            url, "SELECT workflow_execution_id::text, task_id, status FROM fleet_taskexecution"
+            url, "SELECT workflow_execution_id::text, task_name, status FROM fleet_taskexecution"
         )
     }
     v["task functions run"] = sum(ran.values())

@@ -20,8 +20,8 @@ from tests.own_loop import run_async
 SOURCE = "def f(ctx):\n    return {}\n"
 
 
-def t(task_id: str, deps: list[str] | None = None, rule: str | None = None) -> dict:
-    spec = {"id": task_id, "function": "demo.steps:f"}
+def t(task_name: str, deps: list[str] | None = None, rule: str | None = None) -> dict:
+    spec = {"id": task_name, "function": "demo.steps:f"}
     if deps:
         spec["dependencies"] = deps
     if rule:
@@ -120,8 +120,8 @@ def test_the_in_process_child_gets_exactly_the_shared_builders_bytes(tenant, tmp
 
         async def recording_run(package_dir, function, context_json, timeout_s):
             # What the shared builder says, computed independently at the moment of the run.
-            task_id, expected[task_id] = await db.call(builder_says, function)
-            handed[task_id] = context_json
+            task_name, expected[task_name] = await db.call(builder_says, function)
+            handed[task_name] = context_json
             return await real_run(package_dir, function, context_json, timeout_s)
 
         executor.runner.run = recording_run

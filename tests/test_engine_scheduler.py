@@ -13,8 +13,8 @@ SOURCE = "def f(ctx):\n    return {}\n"
 pytestmark = pytest.mark.django_db
 
 
-def task(task_id: str, deps: list[str] | None = None, rule: str | None = None, **extra) -> dict:
-    spec = {"id": task_id, "function": "demo.steps:f", **extra}
+def task(task_name: str, deps: list[str] | None = None, rule: str | None = None, **extra) -> dict:
+    spec = {"id": task_name, "function": "demo.steps:f", **extra}
     if deps:
         spec["dependencies"] = deps
     if rule:
@@ -206,7 +206,7 @@ def test_every_outcome_is_recorded_once(tenant):
     execution, tasks = start(tenant, "demo")
     for tid in ("a", "b", "c", "d"):
         finish(tasks[tid], output={tid: 1})
-    outcomes = TaskOutcome.objects.filter(task__workflow_execution=execution)
+    outcomes = TaskOutcome.objects.filter(task_execution__workflow_execution=execution)
     assert outcomes.count() == 4
     assert all(o.applied and o.outcome == "success" and o.attempt == 1 for o in outcomes)
     assert set(statuses(execution).values()) == {TaskStatus.COMPLETED}

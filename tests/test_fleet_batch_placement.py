@@ -66,19 +66,19 @@ def test_packets_for_agents_connected_here_are_delivered_with_their_clock_starte
     Agent.objects.filter(pk=remote.pk).update(connected_to="another-server")
     ids = ready_tasks(tenant)
     placed = place_tasks(ids, "server-1")
-    by_agent = {p.agent_id: (task_id, p) for task_id, p in placed.items()}
-    task_id, here = by_agent[local.id]
+    by_agent = {p.agent_id: (task_execution_id, p) for task_execution_id, p in placed.items()}
+    task_execution_id, here = by_agent[local.id]
     assert isinstance(here, Delivered)
-    row = DeliveryOutbox.objects.get(task_execution_id=task_id)
+    row = DeliveryOutbox.objects.get(task_execution_id=task_execution_id)
     assert (row.state, row.attempts, row.id) == ("delivered", 1, here.outbox_id)
     assert row.delivered_at is not None and row.received_at is None
     assert here.packet == {**row.payload, "outbox_id": row.id}
-    assert TaskExecution.objects.get(pk=task_id).result_deadline is not None
-    task_id, there = by_agent[remote.id]
+    assert TaskExecution.objects.get(pk=task_execution_id).result_deadline is not None
+    task_execution_id, there = by_agent[remote.id]
     assert type(there) is Placed  # the relay of the server holding its socket pushes it
-    row = DeliveryOutbox.objects.get(task_execution_id=task_id)
+    row = DeliveryOutbox.objects.get(task_execution_id=task_execution_id)
     assert (row.state, row.attempts, row.delivered_at) == ("pending", 0, None)
-    assert TaskExecution.objects.get(pk=task_id).result_deadline is None
+    assert TaskExecution.objects.get(pk=task_execution_id).result_deadline is None
 
 
 @pytest.mark.django_db
@@ -87,7 +87,9 @@ def test_tasks_beyond_the_free_slots_wait_with_the_reason_and_keep_their_attempt
     make_agent(tenant, "a", max_concurrency=2)
     ids = ready_tasks(tenant)
     placed = place_tasks(ids, "server-1")
-    waiting = [task_id for task_id, p in placed.items() if isinstance(p, NoAgent)]
+    waiting = [
+        task_execution_id for task_execution_id, p in placed.items() if isinstance(p, NoAgent)
+    ]
     assert len(waiting) == 3
     assert {placed[t].reason for t in waiting} == {"the 1 live agent is at capacity"}
     for task in TaskExecution.objects.filter(pk__in=waiting):
@@ -223,6 +225,8 @@ def test_batch_contexts_are_the_single_builders_exact_contexts(tenant):
     ids = [t.pk for t in tasks.values()]
     batch = build_task_contexts(ids + [tasks["a"].workflow_execution_id])  # + an unknown id
     assert set(batch) == set(ids)
-    for task_id in ids:
-        assert encode_context(batch[task_id]) == encode_context(build_task_context(task_id))
+    for task_execution_id in ids:
+        assert encode_context(batch[task_execution_id]) == encode_context(
+            build_task_context(task_execution_id)
+        )
     assert batch[tasks["d"].pk] == {"in": "✓", "k": 2, "a": 1, "c": 1.5}

@@ -72,7 +72,7 @@ def test_the_diamond_completes_on_the_fleet_as_it_does_in_process(procs, tmp_pat
     assert tasks["extract"]["attempt"] == 2  # the task's own retry policy, on the fleet
     assert {t["agent"] for t in tasks.values()} <= {"w1", "w2"}
     assert all(t["agent"] is None for t in local["tasks"])
-    rows = DeliveryOutbox.objects.filter(task__workflow_execution_id=fleet_id)
+    rows = DeliveryOutbox.objects.filter(task_execution__workflow_execution_id=fleet_id)
     assert rows.count() == 5 and set(rows.values_list("state", flat=True)) == {"acked"}
 
 

@@ -139,7 +139,7 @@ def measure_fleet(name: str, execution_ids: list[str]) -> workload.PhaseResult:
             f"""
             SELECT EXTRACT(EPOCH FROM o.received_at - t.ready_at) * 1000.0
             FROM fleet_taskexecution t
-            JOIN {ledger.OUTBOX} o ON o.task_id = t.id AND o.assignment = t.assignment
+            JOIN {ledger.OUTBOX} o ON o.task_execution_id = t.id AND o.assignment = t.assignment
             WHERE t.workflow_execution_id = ANY(%s::uuid[]) AND o.received_at IS NOT NULL
             """,
             [execution_ids],
@@ -175,7 +175,7 @@ def failover(api: Api, agents: Agents, home: Path) -> workload.PhaseResult:
     while holder is None and time.monotonic() < deadline:
         name = (
             DeliveryOutbox.objects.filter(
-                task__workflow_execution_id=execution_id, received_at__isnull=False
+                task_execution__workflow_execution_id=execution_id, received_at__isnull=False
             )
             .values_list("agent__name", flat=True)
             .first()

@@ -64,12 +64,12 @@ def _place_plain(group: list[Prepared]) -> dict[uuid.UUID, Placement]:
     return results
 
 
-def _place_batch(task_ids: list[uuid.UUID], claimer: str) -> dict[uuid.UUID, Placement]:
+def _place_batch(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid.UUID, Placement]:
     results: dict[uuid.UUID, Placement] = {}
     plain: dict[tuple[int, int], list[Prepared]] = defaultdict(list)
     others: list[Prepared] = []
     with transaction.atomic():
-        claims = sorted(claim_tasks(task_ids, claimer, deadline=False), key=_claim_key)
+        claims = sorted(claim_tasks(task_execution_ids, claimer, deadline=False), key=_claim_key)
         contexts = build_task_contexts([claim.task_execution_id for claim in claims])
         for claim in claims:
             prepared = placement.prepare(claim, contexts[claim.task_execution_id])
@@ -92,26 +92,29 @@ def _claim_key(claim) -> str:
     return str(claim.task_execution_id)
 
 
-def place_tasks(task_ids: list[uuid.UUID], claimer: str) -> dict[uuid.UUID, Placement]:
+def place_tasks(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid.UUID, Placement]:
     """Claim and place these tasks (see the module docstring): task id → Placed, NoAgent
     (claim released, the reason written), Unroutable (failed for good) or NotClaimed."""
-    if not task_ids:
+    if not task_execution_ids:
         return {}
     try:
-        results = _place_batch(task_ids, claimer)
+        results = _place_batch(task_execution_ids, claimer)
     except DatabaseError:
-        if len(task_ids) == 1:
+        if len(task_execution_ids) == 1:
             raise
         log.warning(
             "placing a batch of %d tasks failed; placing them one by one",
-            len(task_ids),
+            len(task_execution_ids),
             exc_info=True,
         )
         results = {}
-        for task_id in task_ids:
+        for task_execution_id in task_execution_ids:
             try:
-                results[task_id] = placement.place_task(task_id, claimer)
+                results[task_execution_id] = placement.place_task(task_execution_id, claimer)
             except DatabaseError:
-                log.exception("placing task %s failed", task_id)
-                results[task_id] = NotClaimed("placement failed: the task stays Ready")
-    return {task_id: results.get(task_id, NotClaimed()) for task_id in task_ids}
+                log.exception("placing task %s failed", task_execution_id)
+                results[task_execution_id] = NotClaimed("placement failed: the task stays Ready")
+    return {
+        task_execution_id: results.get(task_execution_id, NotClaimed())
+        for task_execution_id in task_execution_ids
+    }

@@ -69,8 +69,8 @@ _OPEN_PACKET = f"""
 SELECT EXISTS (SELECT 1 FROM {ledger.AGENTS} WHERE id = %(agent)s AND tenant_id = %(tenant)s),
        EXISTS (
            SELECT 1 FROM {ledger.OUTBOX} o
-           JOIN fleet_taskexecution t ON t.id = o.task_id
-           WHERE o.task_id = %(task)s AND o.assignment = %(assignment)s
+           JOIN fleet_taskexecution t ON t.id = o.task_execution_id
+           WHERE o.task_execution_id = %(task)s AND o.assignment = %(assignment)s
              AND o.agent_id = %(agent)s AND o.tenant_id = %(tenant)s AND {ledger.open_row("o")}
              AND t.status = 'Running' AND t.assignment = o.assignment
        )

@@ -40,11 +40,11 @@ def reclaim_in_flight(agent_id: uuid.UUID) -> tuple[int, int]:
     rows = list(
         DeliveryOutbox.objects.filter(agent_id=agent_id, state__in=ledger.OPEN_STATES)
         .order_by("id")
-        .values_list("id", "task_id")
+        .values_list("id", "task_execution_id")
     )
     moved = 0
-    for index, (row_id, task_id) in enumerate(rows):
-        result = move_row(row_id, task_id, agent_id)
+    for index, (row_id, task_execution_id) in enumerate(rows):
+        result = move_row(row_id, task_execution_id, agent_id)
         if result is None:  # no survivor with room: the rest wait for the next sweep
             left = len(rows) - index
             log.info("agent %s: %d packet(s) wait for a live agent of the tenant", agent_id, left)
@@ -63,13 +63,13 @@ def reclaim_orphaned_work() -> int:
     return sum(reclaim_in_flight(agent_id)[0] for agent_id in list(dead))
 
 
-def move_row(row_id: int, task_id: uuid.UUID, dead_id: uuid.UUID) -> int | None:
+def move_row(row_id: int, task_execution_id: uuid.UUID, dead_id: uuid.UUID) -> int | None:
     """Re-address one row; 1 moved, 0 nothing to move (acked meanwhile), None no survivor."""
     with transaction.atomic():
         # Lock order task → outbox row → agent, as the result handler does (workflow → task → …).
         task = (
             TaskExecution.objects.select_for_update()
-            .filter(pk=task_id)
+            .filter(pk=task_execution_id)
             .values(
                 "status",
                 "assignment",
@@ -93,7 +93,7 @@ def move_row(row_id: int, task_id: uuid.UUID, dead_id: uuid.UUID) -> int | None:
             ledger.close_row(row_id)
             return 0
         package = WorkflowPackage.objects.get(pk=task["workflow_execution__package_id"])
-        survivor = reserve_for_reclaim(task_id, task, runnable_triples(package))
+        survivor = reserve_for_reclaim(task_execution_id, task, runnable_triples(package))
         if survivor is None:
             return None
         artifact = resolve_artifact(package, survivor.target_triple)
@@ -101,7 +101,7 @@ def move_row(row_id: int, task_id: uuid.UUID, dead_id: uuid.UUID) -> int | None:
         if artifact is not None:
             payload.update(artifact_digest=artifact.digest, target_triple=artifact.target_triple)
         ledger.readdress_row(row, survivor.id, payload)
-        TaskExecution.objects.filter(pk=task_id, assignment=row.assignment).update(
+        TaskExecution.objects.filter(pk=task_execution_id, assignment=row.assignment).update(
             agent_id=survivor.id, result_deadline=None
         )
         _count_reassigned(dead_id, row.tenant_id)

@@ -331,14 +331,24 @@ def reserve_and_enqueue(group: list[Prepared]) -> dict[uuid.UUID, Placed]:
     placed: dict[uuid.UUID, Placed] = {}
     with connection.cursor() as cursor:
         cursor.execute(_reserve_many_sql(), params)
-        for task_id, agent_id, name, local, outbox_id, payload, waited_s in cursor.fetchall():
-            claim = claims[task_id]
+        for (
+            task_execution_id,
+            agent_id,
+            name,
+            local,
+            outbox_id,
+            payload,
+            waited_s,
+        ) in cursor.fetchall():
+            claim = claims[task_execution_id]
             if not local:
-                placed[task_id] = Placed(claim.tenant_id, claim.assignment, agent_id, name)
+                placed[task_execution_id] = Placed(
+                    claim.tenant_id, claim.assignment, agent_id, name
+                )
                 continue
             packet = json.loads(payload) if isinstance(payload, str) else dict(payload)
             packet["outbox_id"] = outbox_id
-            placed[task_id] = Delivered(
+            placed[task_execution_id] = Delivered(
                 claim.tenant_id, claim.assignment, agent_id, name,
                 outbox_id=outbox_id, packet=packet, waited_s=float(waited_s or 0.0),
             )  # fmt: skip
@@ -424,7 +434,9 @@ def run_status(task_execution_id: uuid.UUID, assignment: int) -> ExecutionStatus
         ready_queue.submit(applied.ready)
         return applied.status if applied.applied else run_status(task_execution_id, assignment)
     outcome = (
-        TaskOutcome.objects.filter(task_id=task_execution_id, assignment=assignment, applied=True)
+        TaskOutcome.objects.filter(
+            task_execution_id=task_execution_id, assignment=assignment, applied=True
+        )
         .values_list("outcome", flat=True)
         .first()
     )

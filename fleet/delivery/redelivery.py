@@ -114,7 +114,7 @@ def apply_hello(agent_id: uuid.UUID, holding: list[tuple[uuid.UUID, int]]) -> tu
     """After a reconnect: rows the agent holds count as received, delivered rows it does
     not hold go back to pending.  Returns (confirmed, requeued)."""
     tasks, assignments = _holding_arrays(holding)
-    held = "SELECT * FROM unnest(%s::uuid[], %s::int[]) AS h(task_id, assignment)"
+    held = "SELECT * FROM unnest(%s::uuid[], %s::int[]) AS h(task_execution_id, assignment)"
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(ledger.HELLO_CONFIRM.format(held=held), [tasks, assignments, agent_id])
         confirmed = cursor.rowcount
@@ -131,10 +131,10 @@ def mark_received(agent_id: uuid.UUID, outbox_ids: list[int]) -> int:
         return cursor.rowcount
 
 
-def mark_running_received(agent_id: uuid.UUID, task_ids: list[uuid.UUID]) -> int:
+def mark_running_received(agent_id: uuid.UUID, task_execution_ids: list[uuid.UUID]) -> int:
     """A heartbeat's ``running`` list confirms those packets too (a lost ``received`` frame)."""
-    if not task_ids:
+    if not task_execution_ids:
         return 0
     with connection.cursor() as cursor:
-        cursor.execute(ledger.MARK_RUNNING_RECEIVED, [agent_id, task_ids])
+        cursor.execute(ledger.MARK_RUNNING_RECEIVED, [agent_id, task_execution_ids])
         return cursor.rowcount

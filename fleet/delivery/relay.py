@@ -52,8 +52,8 @@ _START_CLOCK = """
 UPDATE fleet_taskexecution t
 SET result_deadline = now() + make_interval(secs => t.timeout_s + %(grace)s)
 FROM unnest(%(tasks)s::uuid[], %(assignments)s::int[], %(attempts)s::int[])
-     AS d(task_id, assignment, attempts)
-WHERE t.id = d.task_id AND t.assignment = d.assignment AND t.status = 'Running'
+     AS d(task_execution_id, assignment, attempts)
+WHERE t.id = d.task_execution_id AND t.assignment = d.assignment AND t.status = 'Running'
 RETURNING d.attempts, extract(epoch FROM now() - t.ready_at)
 """
 
@@ -206,7 +206,7 @@ class Relay:
         layer = get_channel_layer()
         failed: list[int] = []
         delivered: list[tuple] = []
-        for outbox_id, agent_id, task_id, assignment, attempts, payload in rows:
+        for outbox_id, agent_id, task_execution_id, assignment, attempts, payload in rows:
             socket = local_sockets.get(agent_id)
             if socket is None:
                 failed.append(outbox_id)
@@ -218,7 +218,7 @@ class Relay:
                 self._backoff[agent_id] = time.monotonic() + FULL_CHANNEL_BACKOFF_S
                 failed.append(outbox_id)
                 continue
-            delivered.append((task_id, assignment, attempts))
+            delivered.append((task_execution_id, assignment, attempts))
         if failed:
             await conn.execute(ledger.UNTAKE, [failed])
         if delivered:
