@@ -8,6 +8,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 
 from agents.models import Agent
 from cloacina_site.config import get_config
+from cloacina_site.error_status import http_status
 from fleet.console.access import _get_rw_tenant_for_user
 from fleet.console.responses import ConsoleError, action_done, console_view
 from fleet.console.tenants import _back, actor_of
@@ -24,7 +25,7 @@ def drain_agent(request: HttpRequest, name: str, agent_id: uuid.UUID) -> HttpRes
     try:
         done = drain.request_drain(agent_id, get_config().agent_drain_timeout_s, actor_of(request))
     except drain.DrainRefused as exc:
-        raise ConsoleError(exc.detail, exc.status) from None
+        raise ConsoleError(exc.detail, http_status(exc)) from None
     return action_done(
         request,
         f"{tenant.name}: agent {done.name} draining, {done.in_flight} task(s) in flight "

@@ -10,6 +10,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 
+from cloacina_site.error_status import http_status
 from fleet.console import filters
 from fleet.console.access import _get_execution_for_user, _tenants_for_user
 from fleet.console.responses import ConsoleError, action_done, console_view
@@ -146,7 +147,7 @@ def cancel(request: HttpRequest, execution_id: uuid.UUID) -> HttpResponse:
     try:
         scheduler.cancel_execution(execution.tenant, execution.pk)
     except scheduler.SchedulingError as exc:
-        raise ConsoleError(str(exc), exc.status) from None
+        raise ConsoleError(str(exc), http_status(exc)) from None
     return action_done(
         request,
         f"execution {str(execution.pk)[:8]} cancelled",

@@ -18,6 +18,7 @@ from django.utils import timezone
 from agents.models import Agent, AgentState
 from artifacts import build_jobs
 from cloacina_site.config import get_config
+from cloacina_site.error_status import http_status
 from fleet.console.access import (
     _get_rw_tenant_for_user,
     _get_tenant_for_user,
@@ -151,7 +152,7 @@ def _scale(request: HttpRequest, name: str, step: int) -> HttpResponse:
     try:
         new = change(tenant, actor_of(request))
     except limits.FleetLimitError as exc:
-        raise ConsoleError(f"{tenant.name}: {exc}", exc.status) from None
+        raise ConsoleError(f"{tenant.name}: {exc}", http_status(exc)) from None
     # The step is atomic, so the value before it is exactly new − step (the row
     # read above may be stale if someone else scaled in between).
     return action_done(
@@ -188,7 +189,7 @@ def fleet_overrides(request: HttpRequest, name: str) -> HttpResponse:
     try:
         tenant = limits.set_fleet_overrides(tenant, actor_of(request), **changes)
     except limits.FleetLimitError as exc:
-        raise ConsoleError(f"{tenant.name}: {exc}", exc.status) from None
+        raise ConsoleError(f"{tenant.name}: {exc}", http_status(exc)) from None
     limit = "platform default" if tenant.max_agents_override is None else tenant.max_agents_override
     return action_done(
         request,

@@ -24,6 +24,7 @@ from django.db import connection
 from django.utils import timezone
 
 from agents.models import Agent
+from fleet.errors import DomainError, ErrorKind
 from fleet.routing import affinity
 
 log = logging.getLogger(__name__)
@@ -32,13 +33,8 @@ DEFAULT_DRAIN_TIMEOUT_S = 300.0
 MAX_DRAIN_TIMEOUT_S = 7 * 24 * 3600.0
 
 
-class DrainRefused(Exception):
-    """The agent cannot be drained (``status``: the HTTP code)."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
+class DrainRefused(DomainError):
+    """The agent cannot be drained (``kind``: invalid timeout or a dead agent)."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +51,7 @@ def request_drain(agent_id: uuid.UUID, timeout_s: float, actor: str) -> Drain:
     already set is kept); 409 for a dead agent.  Tenant checks are the caller's."""
     if not 0 < timeout_s <= MAX_DRAIN_TIMEOUT_S:
         raise DrainRefused(
-            422, f"timeout_s must be in (0, {MAX_DRAIN_TIMEOUT_S:g}], got {timeout_s}"
+            ErrorKind.INVALID, f"timeout_s must be in (0, {MAX_DRAIN_TIMEOUT_S:g}], got {timeout_s}"
         )
     deadline = timezone.now() + timedelta(seconds=timeout_s)
     with connection.cursor() as cursor:
@@ -72,7 +68,9 @@ def request_drain(agent_id: uuid.UUID, timeout_s: float, actor: str) -> Drain:
         row = cursor.fetchone()
     if row is None:
         name = Agent.objects.filter(pk=agent_id).values_list("name", flat=True).first()
-        raise DrainRefused(409, f"agent {name or agent_id} is dead: there is nothing to drain")
+        raise DrainRefused(
+            ErrorKind.CONFLICT, f"agent {name or agent_id} is dead: there is nothing to drain"
+        )
     drain = Drain(*row)
     affinity.clear_agent(agent_id)
     log.info(
