@@ -148,7 +148,7 @@ def _insert_execution(execution: WorkflowExecution, rows: list[dict]) -> None:
     execution._state.db = connection.alias
 
 
-def _task_row(execution: WorkflowExecution, spec: dict, position: int, now) -> TaskExecution:
+def unsaved_task_row(execution: WorkflowExecution, spec: dict, position: int, now) -> TaskExecution:
     """An unsaved TaskExecution for ``spec`` (tests build executions with it)."""
     values = _task_values(spec, position, execution.priority)
     root = values.pop("root")
