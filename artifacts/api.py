@@ -18,6 +18,7 @@ from agents.protocol.triples import MAX_TRIPLE_CHARS, TRIPLE_PATTERN
 from artifacts import build_jobs, queries, services, wheels
 from artifacts.models import BuildJob, PackageArtifact, WorkflowPackage
 from cloacina_site.auth import agent_auth, read_auth, write_auth
+from cloacina_site.config import get_config
 from cloacina_site.error_status import http_status
 
 router = Router(tags=["packages"])
@@ -97,8 +98,6 @@ UPLOAD_ERRORS = {**ERRORS, 413: ErrorOut, 422: ErrorOut}
 
 def _read_upload(file: UploadedFile) -> bytes:
     # Refuse before reading an oversized upload into memory.
-    from cloacina_site.config import get_config
-
     limit = get_config().max_package_bytes
     if file.size is not None and file.size > limit:
         raise HttpError(
