@@ -543,5 +543,5 @@ def build_target_artifact(
     tenant: Tenant, name: str, version: str, target_triple: str
 ) -> PackageArtifact:
     """The per-target artifact for ``target_triple``, built by vendoring wheels (or the
-    identical one already stored). Raises :class:`UploadRejected` with an HTTP status."""
+    identical one already stored). Raises :class:`UploadRejected` with its kind."""
     return build_target(tenant, name, version, target_triple)[0]

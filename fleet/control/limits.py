@@ -111,12 +111,12 @@ def _refusal(tenant_id: int, delta: int, default_max: int) -> FleetLimitError:
 
 
 def provision(tenant: Tenant, actor: str) -> int:
-    """desired_count + 1 (tenant self-service); FleetLimitError 409 at the effective limit."""
+    """desired_count + 1 (tenant self-service); a conflict at the effective limit."""
     return _step(tenant, actor, +1)
 
 
 def deprovision(tenant: Tenant, actor: str) -> int:
-    """desired_count − 1 down to 0 (the autoscaler's floor does not apply); 409 at 0."""
+    """desired_count − 1 down to 0 (the autoscaler's floor does not apply); a conflict at 0."""
     return _step(tenant, actor, -1)
 
 
@@ -149,7 +149,7 @@ def set_fleet_overrides(
     ``max_agents_override=None`` clears the override (back to the platform
     default).  Lowering the limit below desired_count clamps desired_count and
     records that as a ``clamp`` change.  An explicit desired_count above the
-    (new) limit is refused with 422 and nothing is changed.
+    (new) limit is refused as invalid and nothing is changed.
     """
     if max_agents_override is not UNSET:
         max_agents_override = _check_count("max_agents_override", max_agents_override)
