@@ -105,25 +105,22 @@ class Empty(Schema):
     summary="Register an agent (replaces a live agent of the same name)",
 )
 def register_agent(request: HttpRequest, body: RegisterIn):
-    try:
-        agent = roster.register(
-            request.api_key,
-            roster.Registration(
-                name=body.name,
-                target_triple=body.target_triple,
-                max_concurrency=body.max_concurrency,
-                version=body.version,
-                protocol_version=body.protocol_version,
-                wire_format=body.wire_format,
-                tags=tuple(body.tags),
-                capabilities=tuple(body.capabilities),
-                exclusive=body.exclusive,
-                metrics=body.metrics,
-                instance_id=body.instance_id,
-            ),
-        )
-    except roster.RosterError as exc:
-        return Status(exc.status, {"detail": exc.detail})
+    agent = roster.register(
+        request.api_key,
+        roster.Registration(
+            name=body.name,
+            target_triple=body.target_triple,
+            max_concurrency=body.max_concurrency,
+            version=body.version,
+            protocol_version=body.protocol_version,
+            wire_format=body.wire_format,
+            tags=tuple(body.tags),
+            capabilities=tuple(body.capabilities),
+            exclusive=body.exclusive,
+            metrics=body.metrics,
+            instance_id=body.instance_id,
+        ),
+    )
     config = get_config()
     return Status(
         201,
@@ -147,10 +144,7 @@ def register_agent(request: HttpRequest, body: RegisterIn):
     summary="Heartbeat over REST (the socket carries them too)",
 )
 def agent_heartbeat(request: HttpRequest, agent_id: uuid.UUID, body: HeartbeatIn):
-    try:
-        metrics = roster.check_metrics(body.metrics) if body.metrics else None
-    except roster.RosterError as exc:
-        return Status(exc.status, {"detail": exc.detail})
+    metrics = roster.check_metrics(body.metrics) if body.metrics else None
     HEARTBEATS.labels(via="rest").inc()
     beat = roster.heartbeat(request.tenant.pk, agent_id, body.running, metrics, body.draining)
     if beat is None:
@@ -243,10 +237,7 @@ def drain_agent(request: HttpRequest, agent_id: uuid.UUID, body: DrainIn | None 
     if not Agent.objects.filter(pk=agent_id, tenant=request.tenant).exists():
         return Status(404, {"detail": UNKNOWN_AGENT})
     timeout_s = (body.timeout_s if body else None) or get_config().agent_drain_timeout_s
-    try:
-        done = lifecycle.request_drain(agent_id, timeout_s, f"api:{request.api_key.lookup}")
-    except lifecycle.DrainRefused as exc:
-        return Status(exc.status, {"detail": exc.detail})
+    done = lifecycle.request_drain(agent_id, timeout_s, f"api:{request.api_key.lookup}")
     return Status(200, done.__dict__)
 
 

@@ -42,6 +42,7 @@ from agents.models import Agent, AgentState
 from cloacina_site.config import get_config
 from fleet import ledger
 from fleet.delivery.liveness import reclaim_in_flight, reclaim_orphaned_work
+from fleet.errors import DomainError, ErrorKind
 from fleet.models import ApiKey, Eviction
 from fleet.routing import affinity, groups
 
@@ -161,13 +162,8 @@ def disconnect(agent_id: uuid.UUID, server: str, generation: int) -> bool:
 # -- drain -----------------------------------------------------------------------------
 
 
-class DrainRefused(Exception):
-    """The agent cannot be drained (``status``: the HTTP code)."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
+class DrainRefused(DomainError):
+    """The agent cannot be drained (``kind``: invalid timeout or a dead agent)."""
 
 
 @dataclass(frozen=True)
@@ -195,7 +191,7 @@ def request_drain(agent_id: uuid.UUID, timeout_s: float, actor: str) -> Drain:
     the deadline is evicted by the sweep.  Tenant checks are the caller's."""
     if not 0 < timeout_s <= MAX_DRAIN_TIMEOUT_S:
         raise DrainRefused(
-            422, f"timeout_s must be in (0, {MAX_DRAIN_TIMEOUT_S:g}], got {timeout_s}"
+            ErrorKind.INVALID, f"timeout_s must be in (0, {MAX_DRAIN_TIMEOUT_S:g}], got {timeout_s}"
         )
     deadline = timezone.now() + timedelta(seconds=timeout_s)
     with connection.cursor() as cursor:
@@ -203,7 +199,9 @@ def request_drain(agent_id: uuid.UUID, timeout_s: float, actor: str) -> Drain:
         row = cursor.fetchone()
     if row is None:
         name = Agent.objects.filter(pk=agent_id).values_list("name", flat=True).first()
-        raise DrainRefused(409, f"agent {name or agent_id} is dead: there is nothing to drain")
+        raise DrainRefused(
+            ErrorKind.CONFLICT, f"agent {name or agent_id} is dead: there is nothing to drain"
+        )
     drain = Drain(*row)
     affinity.clear_agent(agent_id)  # bound work binds afresh, to an agent that stays
     log.info(

@@ -27,6 +27,7 @@ from cloacina_site.auth import ROLE_IMPLIES, touch_last_used
 from cloacina_site.config import get_config
 from fleet.delivery.redelivery import mark_running_received
 from fleet.engine.context import unstorable
+from fleet.errors import DomainError, ErrorKind
 from fleet.models import ApiKey, Role, Tenant
 
 PROTOCOL_VERSION = 1
@@ -45,13 +46,8 @@ LIVE_AGENTS_PER_LIMIT = 4  # the cap is max(MIN_LIVE_AGENTS_CAP, 4 × effective 
 REGISTRATIONS_PER_KEY_PER_MINUTE = 60
 
 
-class RosterError(Exception):
-    """A request the roster refuses; ``status`` is the HTTP status, the message says why."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
+class RosterError(DomainError):
+    """A request the roster refuses; ``kind`` says what kind of refusal, the message says why."""
 
 
 @dataclass(frozen=True)
@@ -73,11 +69,14 @@ class Registration:
 def _check_strings(field: str, values) -> list[str]:
     values = list(values or [])
     if len(values) > MAX_LIST_ITEMS:
-        raise RosterError(422, f"{field}: at most {MAX_LIST_ITEMS} entries, got {len(values)}")
+        raise RosterError(
+            ErrorKind.INVALID, f"{field}: at most {MAX_LIST_ITEMS} entries, got {len(values)}"
+        )
     for value in values:
         if not isinstance(value, str) or not value or len(value) > MAX_ITEM_CHARS:
             raise RosterError(
-                422, f"{field}: each entry must be a string of 1..{MAX_ITEM_CHARS} characters"
+                ErrorKind.INVALID,
+                f"{field}: each entry must be a string of 1..{MAX_ITEM_CHARS} characters",
             )
     return values
 
@@ -86,18 +85,20 @@ def check_metrics(metrics) -> dict:
     """``metrics`` if it is an object jsonb can store within the size limit, else a 422."""
     metrics = metrics or {}
     if not isinstance(metrics, dict):
-        raise RosterError(422, "metrics must be a JSON object")
+        raise RosterError(ErrorKind.INVALID, "metrics must be a JSON object")
     try:  # jsonb refuses NaN and Infinity: a 500 at the UPDATE otherwise
         size = len(json.dumps(metrics, default=str, allow_nan=False))
     except ValueError:
         raise RosterError(
-            422, "metrics must hold finite numbers only (no NaN or Infinity)"
+            ErrorKind.INVALID, "metrics must hold finite numbers only (no NaN or Infinity)"
         ) from None
     problem = unstorable(metrics)
     if problem:
-        raise RosterError(422, f"metrics hold {problem}")
+        raise RosterError(ErrorKind.INVALID, f"metrics hold {problem}")
     if size > MAX_METRICS_BYTES:
-        raise RosterError(422, f"metrics is {size} bytes, over the {MAX_METRICS_BYTES}-byte limit")
+        raise RosterError(
+            ErrorKind.INVALID, f"metrics is {size} bytes, over the {MAX_METRICS_BYTES}-byte limit"
+        )
     return metrics
 
 
@@ -114,25 +115,26 @@ def protocol_refusal(agent_protocol: int, agent_version: str = "") -> str:
 def _validate(reg: Registration) -> Registration:
     config = get_config()
     if reg.protocol_version not in SUPPORTED_PROTOCOL_VERSIONS:
-        raise RosterError(409, protocol_refusal(reg.protocol_version, reg.version))
+        raise RosterError(ErrorKind.CONFLICT, protocol_refusal(reg.protocol_version, reg.version))
     try:
         require_same_format(config.wire_format, reg.wire_format)
     except WireFormatError as exc:
         raise RosterError(
-            409,
+            ErrorKind.CONFLICT,
             f"{exc} (protocol version: agent {reg.protocol_version}, server {PROTOCOL_VERSION})",
         ) from None
     try:
         parse_triple(reg.target_triple)
     except TripleError as exc:
-        raise RosterError(422, f"target_triple: {exc}") from None
+        raise RosterError(ErrorKind.INVALID, f"target_triple: {exc}") from None
     if not 1 <= reg.max_concurrency <= MAX_CONCURRENCY:
         raise RosterError(
-            422, f"max_concurrency must be 1..{MAX_CONCURRENCY}, got {reg.max_concurrency}"
+            ErrorKind.INVALID,
+            f"max_concurrency must be 1..{MAX_CONCURRENCY}, got {reg.max_concurrency}",
         )
     name = (reg.name or "").strip() or f"agent-{secrets.token_hex(4)}"
     if len(name) > 200:
-        raise RosterError(422, "name must be at most 200 characters")
+        raise RosterError(ErrorKind.INVALID, "name must be at most 200 characters")
     return Registration(
         name=name,
         target_triple=reg.target_triple,
@@ -154,7 +156,7 @@ def _check_rate(key: ApiKey) -> None:
     recent = Agent.objects.filter(api_key=key, registered_at__gt=since).count()
     if recent >= REGISTRATIONS_PER_KEY_PER_MINUTE:
         raise RosterError(
-            429,
+            ErrorKind.LIMITED,
             f"this key registered {recent} agents in the last minute (at most "
             f"{REGISTRATIONS_PER_KEY_PER_MINUTE}); an agent registers once and keeps its name",
         )
@@ -167,7 +169,7 @@ def _check_cap(key: ApiKey, name: str) -> None:
     cap = max(MIN_LIVE_AGENTS_CAP, LIVE_AGENTS_PER_LIMIT * key.tenant.effective_limit())
     if live.count() >= cap and not live.filter(name=name).exists():
         raise RosterError(
-            429,
+            ErrorKind.LIMITED,
             f"tenant {key.tenant.name!r} already has {cap} agents that are not dead (the cap is "
             f"max({MIN_LIVE_AGENTS_CAP}, {LIVE_AGENTS_PER_LIMIT} × its agent limit)); "
             "deregister some, or wait for silent ones to be evicted",
@@ -204,7 +206,9 @@ def register(key: ApiKey, registration: Registration) -> Agent:
         admit,
     )
     if agent is None:
-        raise RosterError(409, f"agent name {reg.name!r} is being registered concurrently; retry")
+        raise RosterError(
+            ErrorKind.CONFLICT, f"agent name {reg.name!r} is being registered concurrently; retry"
+        )
     return agent
 
 

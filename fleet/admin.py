@@ -91,7 +91,7 @@ class TenantAdminForm(forms.ModelForm):
             except _DryRun:
                 pass
             except limits.FleetLimitError as exc:
-                raise forms.ValidationError(exc.message) from None
+                raise forms.ValidationError(exc.detail) from None
         return cleaned
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from cloacina_site.error_status import http_status
 from fleet.engine.events import ExecutionStatus
 from fleet.engine.scheduler import SchedulingError, cancel_execution, rule_outcome
 from fleet.models import TaskOutcome, TaskStatus, WorkflowExecution, WorkflowStatus
@@ -67,7 +68,7 @@ def test_it_starts_with_only_the_roots_ready(tenant):
 def test_an_unknown_workflow_is_a_404(tenant):
     with pytest.raises(SchedulingError, match="no active package provides workflow 'nope'") as exc:
         start(tenant, "nope")
-    assert exc.value.status == 404
+    assert http_status(exc.value) == 404
     assert not WorkflowExecution.objects.exists()
 
 
@@ -193,12 +194,12 @@ def test_cancel_refuses_a_finished_execution_and_other_tenants(tenant, other_ten
     execution, tasks = start(tenant, "demo")
     with pytest.raises(SchedulingError, match="execution not found") as exc:
         cancel_execution(other_tenant, execution.pk)
-    assert exc.value.status == 404
+    assert http_status(exc.value) == 404
     assert reload(execution).status == WorkflowStatus.PENDING
     finish(tasks["a"], output={})
     with pytest.raises(SchedulingError, match="already Completed") as exc:
         cancel_execution(tenant, execution.pk)
-    assert exc.value.status == 409
+    assert http_status(exc.value) == 409
 
 
 def test_every_outcome_is_recorded_once(tenant):

@@ -133,7 +133,7 @@ def world(transactional_db) -> World:
     world.b_build = BuildJob.objects.create(
         id=uuid.uuid4(), tenant=b, package=b_package, package_name=b_package.name,
         version=b_package.version, target_triple="aarch64-unknown-linux-gnu", state="failed",
-        detail="globex build detail", error_status=422,
+        detail="globex build detail", error_kind="invalid",
     )  # fmt: skip
     world.b_snapshot = snapshot_of_b(world)
     return world

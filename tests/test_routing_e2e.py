@@ -170,7 +170,7 @@ def test_a_drained_agent_finishes_its_work_then_exits_and_new_work_goes_elsewher
 def _queue_executions(tenant: Tenant, workflow: str, count: int) -> None:
     """``count`` executions of a one-task workflow, committed at once (their roots Ready)."""
     from artifacts.services import active_package
-    from fleet.engine.scheduler import _task_row
+    from fleet.engine.scheduler import unsaved_task_row
 
     package = active_package(tenant, workflow)
     spec = package.manifest["tasks"][0]
@@ -188,7 +188,7 @@ def _queue_executions(tenant: Tenant, workflow: str, count: int) -> None:
             for i in range(count)
         ]  # fmt: skip
     )
-    TaskExecution.objects.bulk_create([_task_row(e, spec, 0, now) for e in executions])
+    TaskExecution.objects.bulk_create([unsaved_task_row(e, spec, 0, now) for e in executions])
 
 
 def test_one_tenants_backlog_does_not_starve_another(procs):

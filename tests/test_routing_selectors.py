@@ -12,6 +12,7 @@ import pytest
 from django.test import Client
 
 from agents.models import Agent
+from cloacina_site.error_status import http_status
 from fleet.delivery.placement import NoAgent, Placed, Unroutable, place_task
 from fleet.engine.events import ExecutionStatus
 from fleet.models import TaskExecution, TaskOutcome
@@ -267,7 +268,7 @@ def test_an_affinity_of_neither_form_is_refused_at_upload(tenant):
 
     with pytest.raises(UploadRejected) as refused:
         routed_package(tenant, affinity="sticky")
-    assert refused.value.status == 422
+    assert http_status(refused.value) == 422
     assert str(refused.value).endswith(
         'affinity must be "definition" or "payload:<context key>", got \'sticky\''
     )

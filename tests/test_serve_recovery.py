@@ -152,7 +152,7 @@ def test_heartbeat_interval_comes_from_the_environment(monkeypatch):
 def test_only_the_lock_holder_runs_a_leader_only_job():
     calls = []
     job = PeriodicJob("test_leader_job", lambda: calls.append(1), 1.0, leader_only=True)
-    other = leader._connect()  # another "server" holding the job's lock
+    other = leader.dedicated_connection()  # another "server" holding the job's lock
     try:
         other.execute("SELECT pg_advisory_lock(%s)", [leader.lock_id_for(job.name)])
         assert run_job_once(job) is False and calls == []

@@ -184,12 +184,9 @@ def start_execution(request: HttpRequest, workflow: str, body: StartIn):
     except ContextError as exc:
         raise HttpError(422, str(exc)) from None
     _check_backlog(tenant, workflow)
-    try:
-        execution, roots = scheduler.start_execution_with_roots(
-            tenant, workflow, context, priority=body.priority or 0
-        )
-    except scheduler.SchedulingError as exc:
-        raise HttpError(exc.status, str(exc)) from None
+    execution, roots = scheduler.start_execution_with_roots(
+        tenant, workflow, context, priority=body.priority or 0
+    )
     ready_queue.submit(roots)
     return Status(201, {"id": execution.id, "status": execution.status})
 
@@ -233,8 +230,5 @@ def get_execution(request: HttpRequest, execution_id: uuid.UUID):
 )
 def cancel_execution(request: HttpRequest, execution_id: uuid.UUID):
     execution = _execution_for(request.tenant, execution_id)
-    try:
-        execution = scheduler.cancel_execution(request.tenant, execution.pk)
-    except scheduler.SchedulingError as exc:
-        raise HttpError(exc.status, str(exc)) from None
+    execution = scheduler.cancel_execution(request.tenant, execution.pk)
     return _execution_out(execution)

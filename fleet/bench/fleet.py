@@ -32,7 +32,7 @@ from agents.models import Agent, AgentState
 from artifacts.testing import build_archive, manifest_toml
 from fleet import ledger
 from fleet.bench import workload
-from fleet.bench.cpu import CpuMeter, _tree_cpu
+from fleet.bench.cpu import CpuMeter, tree_cpu_seconds
 from fleet.bench.default import BENCH_TENANT, bench_tenant_key
 from fleet.bench.server import REPO, Api, BenchServer
 from fleet.models import ApiKey, DeliveryOutbox, Tenant
@@ -127,7 +127,7 @@ class FleetCpuMeter(CpuMeter):
 
     def sample(self) -> dict[str, float]:
         sample = super().sample()
-        sample["agents"] = sum(_tree_cpu(pid) for pid in self.agent_pids)
+        sample["agents"] = sum(tree_cpu_seconds(pid) for pid in self.agent_pids)
         return sample
 
 

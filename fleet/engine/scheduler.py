@@ -16,6 +16,7 @@ from django.utils import timezone
 from artifacts.queries import active_package
 from fleet.engine import hooks
 from fleet.engine.events import TaskReadyEvent
+from fleet.errors import DomainError, ErrorKind
 from fleet.models import (
     TASK_TERMINAL,
     WORKFLOW_TERMINAL,
@@ -28,12 +29,8 @@ from fleet.models import (
 )
 
 
-class SchedulingError(Exception):
-    """A request the scheduler refuses (unknown workflow, bad state); ``status`` is the HTTP code."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
+class SchedulingError(DomainError):
+    """A request the scheduler refuses: an unknown workflow or execution, or a bad state."""
 
 
 def start_execution(
@@ -50,7 +47,8 @@ def start_execution_with_roots(
     package = active_package(tenant, workflow_name)
     if package is None:
         raise SchedulingError(
-            f"no active package provides workflow {workflow_name!r} in this tenant", 404
+            ErrorKind.NOT_FOUND,
+            f"no active package provides workflow {workflow_name!r} in this tenant",
         )
     now = timezone.now()
     tasks = package.manifest["tasks"]
@@ -150,7 +148,7 @@ def _insert_execution(execution: WorkflowExecution, rows: list[dict]) -> None:
     execution._state.db = connection.alias
 
 
-def _task_row(execution: WorkflowExecution, spec: dict, position: int, now) -> TaskExecution:
+def unsaved_task_row(execution: WorkflowExecution, spec: dict, position: int, now) -> TaskExecution:
     """An unsaved TaskExecution for ``spec`` (tests build executions with it)."""
     values = _task_values(spec, position, execution.priority)
     root = values.pop("root")
@@ -332,9 +330,9 @@ def cancel_execution(tenant: Tenant, execution_id: uuid.UUID) -> WorkflowExecuti
     with transaction.atomic():
         execution = WorkflowExecution.objects.filter(tenant=tenant, pk=execution_id).first()
         if execution is None:
-            raise SchedulingError("execution not found", 404)
+            raise SchedulingError(ErrorKind.NOT_FOUND, "execution not found")
         if execution.status in WORKFLOW_TERMINAL:
-            raise SchedulingError(f"execution is already {execution.status}", 409)
+            raise SchedulingError(ErrorKind.CONFLICT, f"execution is already {execution.status}")
         now = timezone.now()
         skipped = TaskExecution.objects.filter(
             workflow_execution=execution, status__in=[TaskStatus.NOT_STARTED, TaskStatus.READY]
@@ -355,6 +353,8 @@ def cancel_execution(tenant: Tenant, execution_id: uuid.UUID) -> WorkflowExecuti
                 ],
             )
             if cursor.rowcount != 1:
-                raise SchedulingError("execution finished before it could be cancelled", 409)
+                raise SchedulingError(
+                    ErrorKind.CONFLICT, "execution finished before it could be cancelled"
+                )
     execution.refresh_from_db()
     return execution
