@@ -17,7 +17,7 @@ from ninja import Field, Router, Schema, Status
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
 
-from agents import roster
+from agents import lifecycle, roster
 from agents.models import Agent
 from agents.protocol.triples import MAX_TRIPLE_CHARS, TRIPLE_PATTERN
 from agents.result_intake import UNKNOWN_AGENT, ResultIn, apply_result
@@ -26,7 +26,6 @@ from cloacina_site.config import get_config
 from fleet.delivery import context_ref
 from fleet.delivery import db as delivery_db
 from fleet.models import Role
-from fleet.routing import drain
 from fleet.routing.metrics import HEARTBEATS
 
 router = Router()
@@ -106,25 +105,22 @@ class Empty(Schema):
     summary="Register an agent (replaces a live agent of the same name)",
 )
 def register_agent(request: HttpRequest, body: RegisterIn):
-    try:
-        agent = roster.register(
-            request.api_key,
-            roster.Registration(
-                name=body.name,
-                target_triple=body.target_triple,
-                max_concurrency=body.max_concurrency,
-                version=body.version,
-                protocol_version=body.protocol_version,
-                wire_format=body.wire_format,
-                tags=tuple(body.tags),
-                capabilities=tuple(body.capabilities),
-                exclusive=body.exclusive,
-                metrics=body.metrics,
-                instance_id=body.instance_id,
-            ),
-        )
-    except roster.RosterError as exc:
-        return Status(exc.status, {"detail": exc.detail})
+    agent = roster.register(
+        request.api_key,
+        roster.Registration(
+            name=body.name,
+            target_triple=body.target_triple,
+            max_concurrency=body.max_concurrency,
+            version=body.version,
+            protocol_version=body.protocol_version,
+            wire_format=body.wire_format,
+            tags=tuple(body.tags),
+            capabilities=tuple(body.capabilities),
+            exclusive=body.exclusive,
+            metrics=body.metrics,
+            instance_id=body.instance_id,
+        ),
+    )
     config = get_config()
     return Status(
         201,
@@ -148,10 +144,7 @@ def register_agent(request: HttpRequest, body: RegisterIn):
     summary="Heartbeat over REST (the socket carries them too)",
 )
 def agent_heartbeat(request: HttpRequest, agent_id: uuid.UUID, body: HeartbeatIn):
-    try:
-        metrics = roster.check_metrics(body.metrics) if body.metrics else None
-    except roster.RosterError as exc:
-        return Status(exc.status, {"detail": exc.detail})
+    metrics = roster.check_metrics(body.metrics) if body.metrics else None
     HEARTBEATS.labels(via="rest").inc()
     beat = roster.heartbeat(request.tenant.pk, agent_id, body.running, metrics, body.draining)
     if beat is None:
@@ -203,7 +196,7 @@ async def agent_result(request: HttpRequest, agent_id: uuid.UUID, body: ResultIn
     summary="Leave the fleet cleanly (the agent is dead; no eviction is recorded)",
 )
 def deregister_agent(request: HttpRequest, agent_id: uuid.UUID):
-    if not roster.deregister(request.tenant.pk, agent_id):
+    if not lifecycle.deregister(request.tenant.pk, agent_id):
         return Status(404, {"detail": UNKNOWN_AGENT})
     return Status(200, {})
 
@@ -220,7 +213,7 @@ class DrainIn(Schema):
     timeout_s: float | None = Field(
         None,
         gt=0,
-        le=drain.MAX_DRAIN_TIMEOUT_S,
+        le=lifecycle.MAX_DRAIN_TIMEOUT_S,
         description="seconds the agent gets to finish its in-flight work before it is "
         "evicted and the work moves on (default CLOACINA_AGENT_DRAIN_TIMEOUT_S)",
     )
@@ -244,10 +237,7 @@ def drain_agent(request: HttpRequest, agent_id: uuid.UUID, body: DrainIn | None 
     if not Agent.objects.filter(pk=agent_id, tenant=request.tenant).exists():
         return Status(404, {"detail": UNKNOWN_AGENT})
     timeout_s = (body.timeout_s if body else None) or get_config().agent_drain_timeout_s
-    try:
-        done = drain.request_drain(agent_id, timeout_s, f"api:{request.api_key.lookup}")
-    except drain.DrainRefused as exc:
-        return Status(exc.status, {"detail": exc.detail})
+    done = lifecycle.request_drain(agent_id, timeout_s, f"api:{request.api_key.lookup}")
     return Status(200, done.__dict__)
 
 

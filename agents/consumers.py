@@ -100,8 +100,8 @@ def _holding(holding: Any) -> list[tuple[uuid.UUID, int]]:
     pairs = []
     for item in holding:
         try:
-            task_id, assignment = item
-            task_uuid = uuid.UUID(task_id) if isinstance(task_id, str) else None
+            task_execution_id, assignment = item
+            task_uuid = uuid.UUID(task_execution_id) if isinstance(task_execution_id, str) else None
         except (TypeError, ValueError):
             task_uuid = None
             assignment = None

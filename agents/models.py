@@ -42,7 +42,7 @@ class Agent(models.Model):
     connection_generation = models.PositiveIntegerField(default=0)
     drain_requested_at = models.DateTimeField(null=True, blank=True)
     # A drain asked through the API/console: past this the sweep evicts the agent and
-    # moves its unfinished work (fleet/routing/drain.py).  Null: no deadline.
+    # moves its unfinished work (agents/lifecycle.py).  Null: no deadline.
     drain_deadline = models.DateTimeField(null=True, blank=True)
     # When a reservation last picked it: selection round-robins on it (fleet/routing/).
     last_selected_at = models.DateTimeField(null=True, blank=True)

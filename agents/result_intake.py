@@ -20,6 +20,7 @@ from typing import Any, Literal, NamedTuple
 from django.db import DatabaseError, connection
 from ninja import Field, Schema
 
+from fleet import ledger
 from fleet.delivery.rendezvous import Outcome as Wake
 from fleet.delivery.rendezvous import announce_many
 from fleet.engine import ready_queue
@@ -60,19 +61,19 @@ Answer = tuple[int, dict]
 # execution; and the agent now holding the task when that is the reporter's own process
 # under a newer registration (same instance_id) — the outcome it owes under its old id
 # counts for the new one: applied once, never lost to the fence.
-_AGENTS_AND_PACKETS = """
+_AGENTS_AND_PACKETS = f"""
 SELECT r.i, a.name, a.id IS NOT NULL AND EXISTS (
-    SELECT 1 FROM delivery_outbox o
-    WHERE o.id = r.outbox AND o.tenant_id = a.tenant_id AND o.task_id = r.task
+    SELECT 1 FROM {ledger.OUTBOX} o
+    WHERE o.id = r.outbox AND o.tenant_id = a.tenant_id AND o.task_execution_id = r.task
       AND o.assignment = r.assignment
       AND (o.agent_id = a.id OR o.former_agents @> jsonb_build_array(a.id::text))
 ), t.workflow_execution_id, h.id
 FROM unnest(%(tenants)s::bigint[], %(agents)s::uuid[], %(outboxes)s::bigint[],
             %(tasks)s::uuid[], %(assignments)s::bigint[]) WITH ORDINALITY
      AS r(tenant, agent, outbox, task, assignment, i)
-LEFT JOIN agents_agent a ON a.id = r.agent AND a.tenant_id = r.tenant
+LEFT JOIN {ledger.AGENTS} a ON a.id = r.agent AND a.tenant_id = r.tenant
 LEFT JOIN fleet_taskexecution t ON t.id = r.task
-LEFT JOIN agents_agent h ON h.id = t.agent_id AND h.id <> a.id
+LEFT JOIN {ledger.AGENTS} h ON h.id = t.agent_id AND h.id <> a.id
      AND h.tenant_id = a.tenant_id AND h.instance_id = a.instance_id
 """
 

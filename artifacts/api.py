@@ -18,6 +18,8 @@ from agents.protocol.triples import MAX_TRIPLE_CHARS, TRIPLE_PATTERN
 from artifacts import build_jobs, queries, services, wheels
 from artifacts.models import BuildJob, PackageArtifact, WorkflowPackage
 from cloacina_site.auth import agent_auth, read_auth, write_auth
+from cloacina_site.config import get_config
+from cloacina_site.error_status import http_status
 
 router = Router(tags=["packages"])
 
@@ -96,8 +98,6 @@ UPLOAD_ERRORS = {**ERRORS, 413: ErrorOut, 422: ErrorOut}
 
 def _read_upload(file: UploadedFile) -> bytes:
     # Refuse before reading an oversized upload into memory.
-    from cloacina_site.config import get_config
-
     limit = get_config().max_package_bytes
     if file.size is not None and file.size > limit:
         raise HttpError(
@@ -113,7 +113,7 @@ def _package_out(package: WorkflowPackage) -> dict:
         "digest": package.digest,
         "kind": package.kind,
         "workflow": package.workflow_name,
-        "tasks": package.task_ids,
+        "tasks": package.task_names,
         "superseded": package.superseded,
         "host_triple": package.host_triple,
     }
@@ -127,10 +127,7 @@ def _package_out(package: WorkflowPackage) -> dict:
 )
 def upload_package(request: HttpRequest, file: File[UploadedFile]):
     """201 for a new version, 200 when this exact content is already stored for it."""
-    try:
-        package, created = services.publish_package(request.tenant, _read_upload(file))
-    except services.UploadRejected as exc:
-        raise HttpError(exc.status, exc.detail) from None
+    package, created = services.publish_package(request.tenant, _read_upload(file))
     return Status(201 if created else 200, _package_out(package))
 
 
@@ -178,12 +175,9 @@ def upload_target_artifact(
     digest: Form[str | None] = None,
 ):
     """``digest``, if sent, must be the sha256 of the uploaded file (integrity check)."""
-    try:
-        artifact, created = services.publish_target_artifact(
-            request.tenant, name, version, target_triple, _read_upload(file), digest=digest
-        )
-    except services.UploadRejected as exc:
-        raise HttpError(exc.status, exc.detail) from None
+    artifact, created = services.publish_target_artifact(
+        request.tenant, name, version, target_triple, _read_upload(file), digest=digest
+    )
     return Status(201 if created else 200, _artifact_out(artifact))
 
 
@@ -198,7 +192,7 @@ def _build_out(job: BuildJob) -> dict:
         "digest": job.digest or None,
         "new_artifact": job.new_artifact,
         "detail": job.detail or None,
-        "error_status": job.error_status,
+        "error_status": http_status(job.error_kind) if job.error_kind else None,
         "bytes_downloaded": job.bytes_downloaded,
         "attempts": job.attempts,
         "created_at": job.created_at,
@@ -219,12 +213,9 @@ def build_target_artifact(request: HttpRequest, name: str, version: str, body: T
     package's requirements.txt in the background (see docs/packages.md). One build per
     tenant at a time: the same build again joins the queued or running one (202, same
     ``id``), another build is a 409 until it finishes."""
-    try:
-        build_jobs.refuse_if_busy(request.tenant, name, version, body.target_triple)
-        build = wheels.prepare_build(request.tenant, name, version, body.target_triple)
-        job, _ = build_jobs.enqueue_build(request.tenant, build.package, body.target_triple)
-    except services.UploadRejected as exc:
-        raise HttpError(exc.status, exc.detail) from None
+    build_jobs.refuse_if_busy(request.tenant, name, version, body.target_triple)
+    build = wheels.prepare_build(request.tenant, name, version, body.target_triple)
+    job, _ = build_jobs.enqueue_build(request.tenant, build.package, body.target_triple)
     return Status(202, _build_out(job))
 
 

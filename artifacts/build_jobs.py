@@ -26,6 +26,7 @@ from artifacts.models import ACTIVE_BUILD_STATES, BuildJob, BuildState, Workflow
 from artifacts.queries import find_package
 from artifacts.services import UploadRejected
 from fleet.engine import server_registry
+from fleet.errors import ErrorKind
 from fleet.models import ServerInstance
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ def _same_build(job: BuildJob, package: WorkflowPackage, target_triple: str) -> 
 
 def _busy(job: BuildJob) -> UploadRejected:
     return UploadRejected(
-        409,
+        ErrorKind.CONFLICT,
         f"this tenant already has a build {job.state}: {job.package_name} {job.version} for "
         f"{job.target_triple} ({status_url(job)}); one build per tenant at a time — "
         "wait for it to finish, then ask again",
@@ -115,7 +116,9 @@ def enqueue_build(
             return job, True
         except IntegrityError:
             continue  # another request queued one first (the partial unique index): look again
-    raise UploadRejected(409, "this tenant's builds are changing too fast; ask again")
+    raise UploadRejected(
+        ErrorKind.CONFLICT, "this tenant's builds are changing too fast; ask again"
+    )
 
 
 def job_for(tenant: Tenant, job_id: uuid.UUID) -> BuildJob | None:
@@ -162,11 +165,11 @@ def succeed_build(job: BuildJob, digest: str, new_artifact: bool, bytes_download
     )
 
 
-def fail_build(job: BuildJob, status: int, detail: str, bytes_downloaded: int) -> bool:
+def fail_build(job: BuildJob, kind: ErrorKind, detail: str, bytes_downloaded: int) -> bool:
     return (
         _running(job).update(
             state=BuildState.FAILED,
-            error_status=status,
+            error_kind=kind,
             detail=detail[:MAX_DETAIL_CHARS],
             bytes_downloaded=bytes_downloaded,
             finished_at=timezone.now(),
@@ -213,7 +216,7 @@ def recover_orphaned_builds(now=None) -> int:
             reason = f"server {job.claimed_by or '?'} stopped while running this build"
         if job.attempts >= MAX_BUILD_ATTEMPTS:
             detail = f"{reason}, after {job.attempts} attempts; not retried again"
-            moved += fail_build(job, 500, detail, job.bytes_downloaded)
+            moved += fail_build(job, ErrorKind.INTERNAL, detail, job.bytes_downloaded)
         else:
             moved += _running(job).update(
                 state=BuildState.QUEUED, claimed_by="", started_at=None, detail=reason

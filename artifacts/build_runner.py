@@ -24,6 +24,7 @@ from artifacts.services import UploadRejected, publish_target_artifact
 from cloacina_site.config import Config, get_config
 from fleet.engine import server_registry
 from fleet.engine.executor import PeriodicJob
+from fleet.errors import ErrorKind
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +113,11 @@ def run_build(job: BuildJob, stop: threading.Event | None = None) -> None:
     except wheels.BuildInterrupted as exc:
         build_jobs.requeue_build(job, str(exc))
     except UploadRejected as exc:
-        build_jobs.fail_build(job, exc.status, exc.detail, meter.bytes)
-        log.info("build %s failed (%d): %s", job.pk, exc.status, exc.detail)
+        build_jobs.fail_build(job, exc.kind, exc.detail, meter.bytes)
+        log.info("build %s failed (%s): %s", job.pk, exc.kind, exc.detail)
     except Exception as exc:
         log.exception("build %s crashed", job.pk)
         detail = f"the build failed unexpectedly ({type(exc).__name__}); see the server log"
-        build_jobs.fail_build(job, 500, detail, meter.bytes)
+        build_jobs.fail_build(job, ErrorKind.INTERNAL, detail, meter.bytes)
     finally:
         close_old_connections()

@@ -232,8 +232,8 @@ def _parse_task(task: Any, index: int) -> dict:
     where = f"tasks[{index}]"
     if not isinstance(task, dict):
         raise ManifestError(f"{where} must be a table ([[tasks]])")
-    task_id = _string(task, "id", where, IDENTIFIER_RE, MAX_NAME_CHARS)
-    where = f"tasks[{index}] (id {task_id!r})"
+    task_name = _string(task, "id", where, IDENTIFIER_RE, MAX_NAME_CHARS)
+    where = f"tasks[{index}] (id {task_name!r})"
     _unknown_keys(task, TASK_KEYS, where)
     function = task.get("function")
     if not isinstance(function, str) or not FUNCTION_RE.match(function):
@@ -251,7 +251,7 @@ def _parse_task(task: Any, index: int) -> dict:
             f"{where}: trigger_rule must be one of {', '.join(TRIGGER_RULES)}, got {trigger_rule!r}"
         )
     return {
-        "id": task_id,
+        "id": task_name,
         "function": function,
         "retries": retries,
         "retry_backoff_s": _at_most(

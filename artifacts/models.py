@@ -53,7 +53,7 @@ class WorkflowPackage(models.Model):
         return f"{self.name}=={self.version}"
 
     @property
-    def task_ids(self) -> list[str]:
+    def task_names(self) -> list[str]:
         return [task["id"] for task in self.manifest.get("tasks", [])]
 
 
@@ -113,7 +113,8 @@ class BuildJob(models.Model):
     target_triple = models.CharField(max_length=100)
     state = models.CharField(max_length=10, choices=BuildState.choices, default=BuildState.QUEUED)
     detail = models.TextField(blank=True, default="")  # why it failed, in the API's words
-    error_status = models.PositiveSmallIntegerField(null=True)  # the HTTP status that fits
+    # Why it failed, by kind (fleet.errors.ErrorKind); the API and console show its HTTP status.
+    error_kind = models.CharField(max_length=20, blank=True, default="")
     digest = models.CharField(max_length=64, blank=True, default="")  # the built artifact
     new_artifact = models.BooleanField(null=True)  # False: identical to the stored build
     bytes_downloaded = models.PositiveBigIntegerField(default=0)

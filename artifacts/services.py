@@ -27,6 +27,7 @@ from artifacts.validation import (
     validate_package,
 )
 from cloacina_site.config import get_config
+from fleet.errors import DomainError, ErrorKind
 
 if TYPE_CHECKING:
     from fleet.models import Tenant
@@ -41,20 +42,16 @@ __all__ = [
 ]
 
 
-class UploadRejected(Exception):
-    """An upload was refused; ``status`` is the HTTP status that fits, the message says why."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
+class UploadRejected(DomainError):
+    """An upload or build was refused; ``kind`` says what kind of refusal, the message says why."""
 
 
 def _check_size(data: bytes) -> None:
     limit = get_config().max_package_bytes
     if len(data) > limit:
         raise UploadRejected(
-            413, f"upload is {len(data)} bytes; the limit is {limit} (CLOACINA_MAX_PACKAGE_BYTES)"
+            ErrorKind.TOO_LARGE,
+            f"upload is {len(data)} bytes; the limit is {limit} (CLOACINA_MAX_PACKAGE_BYTES)",
         )
 
 
@@ -64,7 +61,7 @@ def _check_built_size(built: bytes, what: str) -> None:
     limit = get_config().max_package_bytes
     if len(built) > limit:
         raise UploadRejected(
-            413,
+            ErrorKind.TOO_LARGE,
             f"{what} rebuilds to a {len(built)}-byte archive (links stored as copies); the "
             f"limit is {limit} (CLOACINA_MAX_PACKAGE_BYTES)",
         )
@@ -75,7 +72,7 @@ def _store(tenant: Tenant, built: bytes) -> None:
     try:
         reserve_storage(tenant, len(built))
     except QuotaExceeded as exc:
-        raise UploadRejected(413, exc.detail) from None
+        raise UploadRejected(ErrorKind.TOO_LARGE, exc.detail) from None
     store_blob(built)
 
 
@@ -84,11 +81,11 @@ def _validate(data: bytes) -> ValidatedPackage:
     try:
         return validate_package(data)
     except ArchiveError as exc:
-        raise UploadRejected(400, f"bad archive: {exc}") from None
+        raise UploadRejected(ErrorKind.MALFORMED, f"bad archive: {exc}") from None
     except PackageLimitError as exc:
-        raise UploadRejected(413, f"package too large to validate: {exc}") from None
+        raise UploadRejected(ErrorKind.TOO_LARGE, f"package too large to validate: {exc}") from None
     except PackageError as exc:
-        raise UploadRejected(422, f"invalid package: {exc}") from None
+        raise UploadRejected(ErrorKind.INVALID, f"invalid package: {exc}") from None
 
 
 def _lock_package_name(tenant_id: int, name: str) -> None:
@@ -120,7 +117,7 @@ def publish_package(tenant: Tenant, data: bytes) -> tuple[WorkflowPackage, bool]
             if same.digest == digest:
                 return same, False
             raise UploadRejected(
-                409,
+                ErrorKind.CONFLICT,
                 f"package {package.name} version {same.version} already exists with different "
                 "content; publish it under a new version",
             )
@@ -164,30 +161,31 @@ def publish_target_artifact(
     try:
         parse_triple(target_triple)
     except TripleError as exc:
-        raise UploadRejected(422, str(exc)) from None
+        raise UploadRejected(ErrorKind.INVALID, str(exc)) from None
     if digest is not None and digest.strip().lower() != sha256_hex(data):
         raise UploadRejected(
-            422, f"digest {digest!r} does not match the sha256 of the upload ({sha256_hex(data)})"
+            ErrorKind.INVALID,
+            f"digest {digest!r} does not match the sha256 of the upload ({sha256_hex(data)})",
         )
     package = find_package(tenant, name, version)
     if package is None:
-        raise UploadRejected(404, f"package {name} version {version} not found")
+        raise UploadRejected(ErrorKind.NOT_FOUND, f"package {name} version {version} not found")
     if package.kind != PackageKind.NATIVE:
         raise UploadRejected(
-            422,
+            ErrorKind.INVALID,
             "python packages are architecture-independent: they run from source on any agent, "
             f"so {name} {package.version} takes no per-target builds",
         )
     upload = _validate(data)
     if upload.name != package.name or Version(upload.version) != Version(package.version):
         raise UploadRejected(
-            422,
+            ErrorKind.INVALID,
             f"the archive is {upload.name} version {upload.version}, but the URL names "
             f"{package.name} version {package.version}",
         )
     if not _same_dag(package.manifest, upload.manifest):
         raise UploadRejected(
-            422,
+            ErrorKind.INVALID,
             "the archive's [workflow] and [[tasks]] differ from the primary build of "
             f"{package.name} {package.version}; a per-target build must declare the same DAG",
         )
@@ -206,7 +204,7 @@ def publish_target_artifact(
             if existing.content_hash == content_hash:
                 return existing, False
             raise UploadRejected(
-                409,
+                ErrorKind.CONFLICT,
                 f"{package.name} {package.version} already has a different build for "
                 f"{target_triple}",
             )

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from agents.sandbox import archive
 from artifacts.astcheck import ParseResult, parse_top_level_names, top_level_names
 from artifacts.manifest import MANIFEST_NAME, ManifestError, ManifestLimitError, parse_manifest
+from cloacina_site.config import get_config
 
 SOURCE_ROOTS = ("workflow", "vendor")  # in sys.path order
 # Compiled extension modules a native package may ship instead of .py source.
@@ -60,8 +61,6 @@ class ValidationLimits:
 
     @classmethod
     def from_config(cls) -> ValidationLimits:
-        from cloacina_site.config import get_config
-
         config = get_config()
         return cls(
             max_manifest_bytes=config.max_manifest_bytes,
@@ -95,7 +94,7 @@ class ValidatedPackage:
         return self.manifest["workflow"]["name"]
 
     @property
-    def task_ids(self) -> list[str]:
+    def task_names(self) -> list[str]:
         return [task["id"] for task in self.manifest["tasks"]]
 
 

@@ -42,6 +42,7 @@ from artifacts.services import UploadRejected, publish_target_artifact
 from artifacts.storage import load_blob
 from artifacts.validation import EXTENSION_SUFFIXES
 from cloacina_site.config import get_config
+from fleet.errors import ErrorKind
 
 if TYPE_CHECKING:
     from fleet.models import Tenant
@@ -86,7 +87,7 @@ def platform_tags(target_triple: str) -> list[str]:
     try:
         triple = parse_triple(target_triple)
     except TripleError as exc:
-        raise UploadRejected(422, str(exc)) from None
+        raise UploadRejected(ErrorKind.INVALID, str(exc)) from None
     env = triple.env or ""
     if triple.os == "linux" and env.startswith("gnu") and triple.arch in _MANYLINUX_ARCHES:
         arch, oldest = _MANYLINUX_ARCHES[triple.arch]
@@ -103,7 +104,7 @@ def platform_tags(target_triple: str) -> list[str]:
         f"{a}-unknown-linux-musl" for a in _MUSLLINUX_ARCHES
     ]
     raise UploadRejected(
-        422,
+        ErrorKind.INVALID,
         f"no wheel platform is known for target triple {target_triple!r}; the build step can "
         f"vendor wheels for {', '.join(supported)} — upload a build for other targets instead",
     )
@@ -140,7 +141,9 @@ def parse_requirements(text: str) -> list[str]:
     for number, line in _logical_lines(text):
         where = f"{REQUIREMENTS_FILE} line {number}"
         if "$" in line:
-            raise UploadRejected(422, f"{where}: '$' is not allowed (no environment variables)")
+            raise UploadRejected(
+                ErrorKind.INVALID, f"{where}: '$' is not allowed (no environment variables)"
+            )
         words = line.split()
         first_option = next((i for i, w in enumerate(words) if w.startswith("-")), len(words))
         spec, options = " ".join(words[:first_option]), words[first_option:]
@@ -149,23 +152,26 @@ def parse_requirements(text: str) -> list[str]:
             if not _HASH_OPTION.match(option):
                 name = option.split("=", 1)[0].split(" ", 1)[0]
                 raise UploadRejected(
-                    422,
+                    ErrorKind.INVALID,
                     f"{where}: option {name!r} is not allowed; list requirements only "
                     "(name, version specifiers, markers, --hash)",
                 )
         if not spec:
-            raise UploadRejected(422, f"{where}: an option without a requirement")
+            raise UploadRejected(ErrorKind.INVALID, f"{where}: an option without a requirement")
         try:
             requirement = Requirement(spec)
         except InvalidRequirement as exc:
-            raise UploadRejected(422, f"{where}: invalid requirement {spec!r}: {exc}") from None
+            raise UploadRejected(
+                ErrorKind.INVALID, f"{where}: invalid requirement {spec!r}: {exc}"
+            ) from None
         if requirement.url:
             raise UploadRejected(
-                422, f"{where}: direct URL references ({spec!r}) are not allowed; name a version"
+                ErrorKind.INVALID,
+                f"{where}: direct URL references ({spec!r}) are not allowed; name a version",
             )
         requirements.append(" ".join([spec, *(o.replace(" ", "=") for o in joined)]))
     if not requirements:
-        raise UploadRejected(422, f"{REQUIREMENTS_FILE} lists no requirements")
+        raise UploadRejected(ErrorKind.INVALID, f"{REQUIREMENTS_FILE} lists no requirements")
     return requirements
 
 
@@ -196,7 +202,7 @@ def _pip_failure(stderr: str, target_triple: str, tags: list[str]) -> UploadReje
         versions = _FROM_VERSIONS.search(stderr)
         found = (versions.group(1).strip() or "none") if versions else "none"
         return UploadRejected(
-            422,
+            ErrorKind.INVALID,
             f"requirement {missing.group(1)!r} has no wheel for {target_triple} (platform tags "
             f"{tags[0]} … {tags[-1]}, CPython {_python_version()}; versions with such a wheel: "
             f"{found}); the build vendors binary wheels only",
@@ -204,9 +210,12 @@ def _pip_failure(stderr: str, target_triple: str, tags: list[str]) -> UploadReje
     errors = [line for line in stderr.splitlines() if line.startswith("ERROR")]
     text = " ".join(errors) or stderr.strip()[-MAX_PIP_ERROR_CHARS:]
     if "DO NOT MATCH THE HASHES" in stderr or "hash" in text.lower():
-        return UploadRejected(422, f"a wheel for {target_triple} failed its --hash check: {text}")
+        return UploadRejected(
+            ErrorKind.INVALID, f"a wheel for {target_triple} failed its --hash check: {text}"
+        )
     return UploadRejected(
-        502, f"pip download for {target_triple} failed: {text[:MAX_PIP_ERROR_CHARS]}"
+        ErrorKind.UPSTREAM_FAILED,
+        f"pip download for {target_triple} failed: {text[:MAX_PIP_ERROR_CHARS]}",
     )
 
 
@@ -251,7 +260,7 @@ def _kill(process: subprocess.Popen) -> None:
 
 def _over_cap(size: int, limit: int, target_triple: str) -> UploadRejected:
     return UploadRejected(
-        413,
+        ErrorKind.TOO_LARGE,
         f"pip download for {target_triple} wrote more than {limit} bytes (at least {size}); "
         "the limit is CLOACINA_MAX_BUILD_DOWNLOAD_BYTES",
     )
@@ -296,7 +305,7 @@ def _run_pip(
                     raise _over_cap(meter.bytes, max_bytes, target_triple)
                 if time.monotonic() > deadline:
                     raise UploadRejected(
-                        504,
+                        ErrorKind.UPSTREAM_TIMEOUT,
                         f"pip download for {target_triple} did not finish within "
                         f"{PIP_TIMEOUT_S:g} s",
                     )
@@ -332,7 +341,9 @@ def download_wheels(
     """
     tags = platform_tags(target_triple)
     if importlib.util.find_spec("pip") is None:
-        raise UploadRejected(503, "pip is not installed on this server; the build step needs it")
+        raise UploadRejected(
+            ErrorKind.UNAVAILABLE, "pip is not installed on this server; the build step needs it"
+        )
     limit = get_config().max_build_download_bytes if max_bytes is None else max_bytes
     meter = meter if meter is not None else DownloadMeter()
     requirements_path = dest.parent / "requirements.checked.txt"
@@ -379,16 +390,24 @@ def read_wheel(path: Path, target_triple: str) -> Wheel:
     try:
         name, _version, _build, tags = parse_wheel_filename(path.name)
     except InvalidWheelFilename as exc:
-        raise UploadRejected(502, f"pip returned a file that is not a wheel: {exc}") from None
+        raise UploadRejected(
+            ErrorKind.UPSTREAM_FAILED, f"pip returned a file that is not a wheel: {exc}"
+        ) from None
     allowed = set(platform_tags(target_triple)) | {"any"}
     if not any(tag.platform in allowed for tag in tags):
-        raise UploadRejected(502, f"pip returned {path.name}, which is not for {target_triple}")
+        raise UploadRejected(
+            ErrorKind.UPSTREAM_FAILED, f"pip returned {path.name}, which is not for {target_triple}"
+        )
     try:
         files = archive.read_members(path.read_bytes())
     except archive.ArchiveLimitError as exc:
-        raise UploadRejected(413, f"wheel {path.name} is too large to vendor: {exc}") from None
+        raise UploadRejected(
+            ErrorKind.TOO_LARGE, f"wheel {path.name} is too large to vendor: {exc}"
+        ) from None
     except archive.ArchiveError as exc:
-        raise UploadRejected(502, f"wheel {path.name} is unreadable or unsafe: {exc}") from None
+        raise UploadRejected(
+            ErrorKind.UPSTREAM_FAILED, f"wheel {path.name} is unreadable or unsafe: {exc}"
+        ) from None
     return Wheel(path.name, canonicalize_name(name), files)
 
 
@@ -460,17 +479,17 @@ def prepare_build(tenant: Tenant, name: str, version: str, target_triple: str) -
     platform_tags(target_triple)  # refuses a bad or unsupported triple before any lookup
     package = find_package(tenant, name, version)
     if package is None:
-        raise UploadRejected(404, f"package {name} version {version} not found")
+        raise UploadRejected(ErrorKind.NOT_FOUND, f"package {name} version {version} not found")
     if package.kind != PackageKind.NATIVE:
         raise UploadRejected(
-            422,
+            ErrorKind.INVALID,
             f"{name} {package.version} is a python package: it runs from source on any agent "
             "and takes no per-target builds",
         )
     members = archive.read_members(load_blob(package.digest))
     if REQUIREMENTS_FILE not in members:
         raise UploadRejected(
-            422,
+            ErrorKind.INVALID,
             f"{name} {package.version} has no top-level {REQUIREMENTS_FILE}: nothing to vendor "
             f"for {target_triple}; upload the build with POST "
             f"/packages/{name}/{package.version}/artifacts instead",
@@ -478,7 +497,7 @@ def prepare_build(tenant: Tenant, name: str, version: str, target_triple: str) -
     try:
         text = members[REQUIREMENTS_FILE].decode("utf-8")
     except UnicodeDecodeError:
-        raise UploadRejected(422, f"{REQUIREMENTS_FILE} is not UTF-8 text") from None
+        raise UploadRejected(ErrorKind.INVALID, f"{REQUIREMENTS_FILE} is not UTF-8 text") from None
     return BuildInput(package, members, parse_requirements(text))
 
 
@@ -501,7 +520,7 @@ def vendored_archive(
     if len(built) > limit:
         package = build.package
         raise UploadRejected(
-            413,
+            ErrorKind.TOO_LARGE,
             f"the vendored build of {package.name} {package.version} for {target_triple} is "
             f"{len(built)} bytes; the limit is {limit} (CLOACINA_MAX_PACKAGE_BYTES)",
         )
@@ -524,5 +543,5 @@ def build_target_artifact(
     tenant: Tenant, name: str, version: str, target_triple: str
 ) -> PackageArtifact:
     """The per-target artifact for ``target_triple``, built by vendoring wheels (or the
-    identical one already stored). Raises :class:`UploadRejected` with an HTTP status."""
+    identical one already stored). Raises :class:`UploadRejected` with its kind."""
     return build_target(tenant, name, version, target_triple)[0]

@@ -32,7 +32,9 @@ from ninja.errors import HttpError, ValidationError
 from ninja.parser import Parser
 
 from cloacina_site.auth import ROLE_IMPLIES
+from cloacina_site.error_status import http_status
 from fleet.engine.context import unstorable
+from fleet.errors import DomainError
 
 DETAIL_MAX_CHARS = 1000  # a huge body with many errors must not echo back megabytes
 ERRORS_MAX = 50
@@ -166,7 +168,12 @@ def install_error_handlers(api: NinjaAPI) -> None:
         detail = f"the multipart/form-data body could not be parsed: {exc}"[:DETAIL_MAX_CHARS]
         return api.create_response(request, {"detail": detail}, status=400)
 
+    def on_domain_error(request: HttpRequest, exc: DomainError) -> HttpResponse:
+        # A service refused the request: its kind picks the status (error_status's table).
+        return api.create_response(request, {"detail": exc.detail}, status=http_status(exc))
+
     api.add_exception_handler(ValidationError, on_validation_error)
+    api.add_exception_handler(DomainError, on_domain_error)
     api.add_exception_handler(HttpError, on_http_error)
     api.add_exception_handler(MultiPartParserError, on_multipart_error)
     api.add_exception_handler(RequestDataTooBig, on_too_big)

@@ -55,6 +55,7 @@ def current_warning() -> str | None:
     """:func:`isolation_warning` for this process and the tenants in the database now."""
     if os.geteuid() == 0:  # no query: nothing to warn about
         return None
+    # A local import: settings.py imports this module, before any model can be loaded.
     from fleet.models import Tenant
 
     return isolation_warning(Tenant.objects.count())

@@ -1,8 +1,12 @@
 """Settings for the test run: a private CLOACINA_HOME (own embedded PostgreSQL) unless given."""
 
 import os
+import shutil
+import sys
 import tempfile
 from pathlib import Path
+
+from agents.sandbox.task_isolation import ENV_TASK_PYTHON, task_user, unreachable_for
 
 os.environ.setdefault("CLOACINA_HOME", str(Path(tempfile.gettempdir()) / "cloacina-test-home"))
 Path(os.environ["CLOACINA_HOME"]).mkdir(parents=True, exist_ok=True)
@@ -13,11 +17,6 @@ def _task_python_for_root() -> None:
     """As root, task children run as the unprivileged task user, who must be able to run
     their interpreter.  A test environment's may live where it cannot (a pyenv under a 0700
     /root): then the children use the system's interpreter of the same version."""
-    import shutil
-    import sys
-
-    from agents.sandbox.task_isolation import ENV_TASK_PYTHON, task_user, unreachable_for
-
     user = task_user()
     if user is None or ENV_TASK_PYTHON in os.environ:
         return

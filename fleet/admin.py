@@ -15,7 +15,7 @@ from django.contrib import admin, messages
 from django.db import transaction
 from django.http import HttpRequest
 
-from agents.roster import revoke_key
+from agents.lifecycle import revoke_key
 from artifacts import quota
 from fleet.control import limits
 from fleet.management.commands.createtenant import TENANT_NAME, create_tenant
@@ -91,7 +91,7 @@ class TenantAdminForm(forms.ModelForm):
             except _DryRun:
                 pass
             except limits.FleetLimitError as exc:
-                raise forms.ValidationError(exc.message) from None
+                raise forms.ValidationError(exc.detail) from None
         return cleaned
 
 
@@ -227,14 +227,14 @@ class DeliveryOutboxAdmin(ReadOnlyAdmin):
         "id",
         "tenant",
         "agent",
-        "task",
+        "task_execution",
         "assignment",
         "state",
         "attempts",
         "created_at",
     ]
     list_filter = ["state", "tenant"]
-    list_select_related = ["tenant", "agent", "task"]
+    list_select_related = ["tenant", "agent", "task_execution"]
     # The payload carries the task's input context: tenant data, not shown in lists.
     exclude = ["payload"]
 

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from cloacina_site.config import get_config
 from cloacina_site.db_pool import PoolCollector
+from fleet import ledger
 
 # The agent-fabric and selector metrics (agents connected, connects, state changes,
 # heartbeats, back-pressure, selection) register themselves on import.
@@ -61,17 +62,17 @@ class FleetCollector(Collector):
         try:
             with connection.cursor() as cursor:
                 cursor.execute(
-                    """
+                    f"""
                     SELECT (SELECT count(*) FROM fleet_eviction),
                            (SELECT coalesce(sum(reassigned), 0) FROM fleet_eviction),
-                           (SELECT count(*) FROM delivery_outbox WHERE state IN ('pending', 'delivered'))
+                           (SELECT count(*) FROM {ledger.OUTBOX} o WHERE {ledger.open_row("o")})
                     """
                 )
                 evicted, reassigned, open_rows = cursor.fetchone()
                 cursor.execute(
-                    """
+                    f"""
                     SELECT t.name, count(a.id) FROM fleet_tenant t
-                    LEFT JOIN agents_agent a ON a.tenant_id = t.id AND a.state = 'live'
+                    LEFT JOIN {ledger.AGENTS} a ON a.tenant_id = t.id AND a.state = 'live'
                     GROUP BY t.name ORDER BY t.name
                     """
                 )

@@ -122,7 +122,7 @@ def _task_out(task: TaskExecution) -> dict:
             f"{task.error_type}: {task.error_message}" if task.error_type else task.error_message
         )
     return {
-        "task_id": task.task_id,
+        "task_id": task.task_name,  # the API keeps its published name (CONTRACT.md)
         "status": task.status,
         "attempt": task.attempt,
         "error": error,
@@ -166,7 +166,7 @@ def _check_backlog(tenant: Tenant, workflow: str) -> None:
     if not fairness.max_backlog(tenant)[0]:
         return
     package = active_package(tenant, workflow)
-    refusal = fairness.backlog_refusal(tenant, len(package.task_ids) if package else 0)
+    refusal = fairness.backlog_refusal(tenant, len(package.task_names) if package else 0)
     if refusal:
         raise HttpError(429, refusal)
 
@@ -184,12 +184,9 @@ def start_execution(request: HttpRequest, workflow: str, body: StartIn):
     except ContextError as exc:
         raise HttpError(422, str(exc)) from None
     _check_backlog(tenant, workflow)
-    try:
-        execution, roots = scheduler.start_execution_with_roots(
-            tenant, workflow, context, priority=body.priority or 0
-        )
-    except scheduler.SchedulingError as exc:
-        raise HttpError(exc.status, str(exc)) from None
+    execution, roots = scheduler.start_execution_with_roots(
+        tenant, workflow, context, priority=body.priority or 0
+    )
     ready_queue.submit(roots)
     return Status(201, {"id": execution.id, "status": execution.status})
 
@@ -233,8 +230,5 @@ def get_execution(request: HttpRequest, execution_id: uuid.UUID):
 )
 def cancel_execution(request: HttpRequest, execution_id: uuid.UUID):
     execution = _execution_for(request.tenant, execution_id)
-    try:
-        execution = scheduler.cancel_execution(request.tenant, execution.pk)
-    except scheduler.SchedulingError as exc:
-        raise HttpError(exc.status, str(exc)) from None
+    execution = scheduler.cancel_execution(request.tenant, execution.pk)
     return _execution_out(execution)

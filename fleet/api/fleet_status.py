@@ -173,10 +173,7 @@ def fleet_view(tenant: Tenant) -> dict:
 
 
 def _change(func, request: HttpRequest) -> dict:
-    try:
-        func(request.tenant, actor_of(request))
-    except limits.FleetLimitError as exc:
-        raise HttpError(exc.status, exc.message) from None
+    func(request.tenant, actor_of(request))
     return fleet_view(request.tenant)
 
 
@@ -221,10 +218,7 @@ def admin_set_fleet(request: HttpRequest, tenant: str, payload: AdminFleetIn):
     if not given:
         raise HttpError(422, "give max_agents_override and/or desired_count")
     kwargs = {name: getattr(payload, name) for name in given}
-    try:
-        updated = limits.set_fleet_overrides(target, actor_of(request), **kwargs)
-    except limits.FleetLimitError as exc:
-        raise HttpError(exc.status, exc.message) from None
+    updated = limits.set_fleet_overrides(target, actor_of(request), **kwargs)
     return {
         "tenant": updated.name,
         "desired_count": updated.desired_count,

@@ -11,7 +11,8 @@ import psutil
 from django.db import connection
 
 
-def _tree_cpu(pid: int) -> float:
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) used so far by ``pid`` and its descendants; 0 if gone."""
     try:
         root = psutil.Process(pid)
         processes = [root, *root.children(recursive=True)]
@@ -46,7 +47,7 @@ class CpuMeter:
             self.pids["database"] = db
 
     def sample(self) -> dict[str, float]:
-        return {name: _tree_cpu(pid) for name, pid in self.pids.items()}
+        return {name: tree_cpu_seconds(pid) for name, pid in self.pids.items()}
 
     @staticmethod
     def used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

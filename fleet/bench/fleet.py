@@ -28,12 +28,14 @@ from pathlib import Path
 
 from django.db import connection
 
+from agents.models import Agent, AgentState
 from artifacts.testing import build_archive, manifest_toml
+from fleet import ledger
 from fleet.bench import workload
-from fleet.bench.cpu import CpuMeter, _tree_cpu
+from fleet.bench.cpu import CpuMeter, tree_cpu_seconds
 from fleet.bench.default import BENCH_TENANT, bench_tenant_key
 from fleet.bench.server import REPO, Api, BenchServer
-from fleet.models import ApiKey, Tenant
+from fleet.models import ApiKey, DeliveryOutbox, Tenant
 
 AGENT_SLOTS = 16  # task slots per agent (runagent --max-concurrency)
 HEARTBEAT_INTERVAL_S = (
@@ -87,14 +89,11 @@ class Agents:
     def wait_connected(self) -> None:
         deadline = time.monotonic() + AGENTS_READY_TIMEOUT_S
         while time.monotonic() < deadline:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT count(*) FROM agents_agent WHERE state = 'live' AND connected_to <> '' "
-                    "AND name = ANY(%s)",
-                    [list(self.processes)],
-                )
-                if cursor.fetchone()[0] == len(self.processes):
-                    return
+            connected = Agent.objects.filter(
+                state=AgentState.LIVE, name__in=list(self.processes)
+            ).exclude(connected_to="")
+            if connected.count() == len(self.processes):
+                return
             for name, process in self.processes.items():
                 if process.poll() is not None:
                     raise RuntimeError(f"{name} exited with {process.returncode}")
@@ -128,7 +127,7 @@ class FleetCpuMeter(CpuMeter):
 
     def sample(self) -> dict[str, float]:
         sample = super().sample()
-        sample["agents"] = sum(_tree_cpu(pid) for pid in self.agent_pids)
+        sample["agents"] = sum(tree_cpu_seconds(pid) for pid in self.agent_pids)
         return sample
 
 
@@ -137,10 +136,10 @@ def measure_fleet(name: str, execution_ids: list[str]) -> workload.PhaseResult:
     phase = workload.measure(name, execution_ids)
     with connection.cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             SELECT EXTRACT(EPOCH FROM o.received_at - t.ready_at) * 1000.0
             FROM fleet_taskexecution t
-            JOIN delivery_outbox o ON o.task_id = t.id AND o.assignment = t.assignment
+            JOIN {ledger.OUTBOX} o ON o.task_execution_id = t.id AND o.assignment = t.assignment
             WHERE t.workflow_execution_id = ANY(%s::uuid[]) AND o.received_at IS NOT NULL
             """,
             [execution_ids],
@@ -174,18 +173,14 @@ def failover(api: Api, agents: Agents, home: Path) -> workload.PhaseResult:
     holder = None
     deadline = time.monotonic() + 60
     while holder is None and time.monotonic() < deadline:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                """
-                SELECT a.name FROM delivery_outbox o
-                JOIN fleet_taskexecution t ON t.id = o.task_id
-                JOIN agents_agent a ON a.id = o.agent_id
-                WHERE t.workflow_execution_id = %s AND o.received_at IS NOT NULL
-                """,
-                [execution_id],
+        name = (
+            DeliveryOutbox.objects.filter(
+                task_execution__workflow_execution_id=execution_id, received_at__isnull=False
             )
-            row = cursor.fetchone()
-        holder = row[0] if row and (home / "markers" / "failover").exists() else None
+            .values_list("agent__name", flat=True)
+            .first()
+        )
+        holder = name if name and (home / "markers" / "failover").exists() else None
         time.sleep(0.02)
     if holder is None:
         raise RuntimeError("the failover task never reached an agent")

@@ -13,10 +13,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from django.db import connection
+from django.db import connection, transaction
 
 from artifacts.testing import build_archive, manifest_toml
 from fleet.bench.server import Api
+from fleet.engine.scheduler import start_execution
+from fleet.models import Tenant
 
 WIDE_WORKFLOW = "noop_wide"
 ONE_WORKFLOW = "noop_one"
@@ -189,11 +191,6 @@ def idle_pickups(api: Api, samples: int, workflow: str = ONE_WORKFLOW) -> list[s
 def queue_executions(tenant_name: str, workflow: str, executions: int) -> list[str]:
     """Start ``executions`` executions in ONE transaction (the same scheduler code the API
     runs), so every task turns Ready at the same instant: the executor alone sets the pace."""
-    from django.db import transaction
-
-    from fleet.engine.scheduler import start_execution
-    from fleet.models import Tenant
-
     tenant = Tenant.objects.get(name=tenant_name)
     with transaction.atomic():
         return [str(start_execution(tenant, workflow, {}).id) for _ in range(executions)]

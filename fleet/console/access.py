@@ -21,7 +21,7 @@ def is_platform_admin(user: AbstractBaseUser | AnonymousUser) -> bool:
     return bool(user.is_authenticated and user.is_superuser and user.is_active)
 
 
-def _tenants_for_user(user: AbstractBaseUser | AnonymousUser) -> QuerySet[Tenant]:
+def tenants_for_user(user: AbstractBaseUser | AnonymousUser) -> QuerySet[Tenant]:
     """The tenants ``user`` may see, ordered by name."""
     if is_platform_admin(user):
         return Tenant.objects.all().order_by("name")
@@ -43,7 +43,7 @@ def writable_tenant_ids(user: AbstractBaseUser | AnonymousUser) -> set[int] | No
     )
 
 
-def _get_tenant_for_user(request: HttpRequest, name: str) -> tuple[Tenant, bool]:
+def get_tenant_for_user(request: HttpRequest, name: str) -> tuple[Tenant, bool]:
     """The tenant named ``name`` and whether the user may change it; 404 if not visible."""
     user = request.user
     if is_platform_admin(user):
@@ -63,24 +63,24 @@ def _get_tenant_for_user(request: HttpRequest, name: str) -> tuple[Tenant, bool]
     return membership.tenant, membership.role == Role.WRITE
 
 
-def _get_rw_tenant_for_user(request: HttpRequest, name: str) -> Tenant:
+def get_rw_tenant_for_user(request: HttpRequest, name: str) -> Tenant:
     """The tenant, if the user may change it: 404 if not visible, 403 if read-only."""
-    tenant, can_write = _get_tenant_for_user(request, name)
+    tenant, can_write = get_tenant_for_user(request, name)
     if not can_write:
         raise PermissionDenied(f"your role in tenant {tenant.name!r} is read-only")
     return tenant
 
 
-def _require_platform_admin(request: HttpRequest) -> None:
+def require_platform_admin(request: HttpRequest) -> None:
     if not is_platform_admin(request.user):
         raise PermissionDenied("only a platform admin may do this")
 
 
-def _get_execution_for_user(request: HttpRequest, execution_id) -> tuple[WorkflowExecution, bool]:
+def get_execution_for_user(request: HttpRequest, execution_id) -> tuple[WorkflowExecution, bool]:
     """The execution and whether the user may change it; 404 unless its tenant is visible."""
     execution = (
         WorkflowExecution.objects.select_related("tenant", "package")
-        .filter(pk=execution_id, tenant__in=_tenants_for_user(request.user))
+        .filter(pk=execution_id, tenant__in=tenants_for_user(request.user))
         .first()
     )
     if execution is None:

@@ -6,28 +6,31 @@ import uuid
 
 from django.http import Http404, HttpRequest, HttpResponse
 
+from agents import lifecycle
 from agents.models import Agent
 from cloacina_site.config import get_config
-from fleet.console.access import _get_rw_tenant_for_user
+from cloacina_site.error_status import http_status
+from fleet.console.access import get_rw_tenant_for_user
 from fleet.console.responses import ConsoleError, action_done, console_view
-from fleet.console.tenants import _back, actor_of
-from fleet.routing import drain
+from fleet.console.tenants import actor_of, back_url
 
 
 @console_view(methods=["POST"])
 def drain_agent(request: HttpRequest, name: str, agent_id: uuid.UUID) -> HttpResponse:
     """Mark the agent draining: no new work; its in-flight work finishes, then it exits
     (evicted, its work moved on, if it is not gone by the drain deadline)."""
-    tenant = _get_rw_tenant_for_user(request, name)  # 404 if not visible, 403 if read-only
+    tenant = get_rw_tenant_for_user(request, name)  # 404 if not visible, 403 if read-only
     if not Agent.objects.filter(pk=agent_id, tenant=tenant).exists():
         raise Http404(f"no agent {agent_id} in this tenant")
     try:
-        done = drain.request_drain(agent_id, get_config().agent_drain_timeout_s, actor_of(request))
-    except drain.DrainRefused as exc:
-        raise ConsoleError(exc.detail, exc.status) from None
+        done = lifecycle.request_drain(
+            agent_id, get_config().agent_drain_timeout_s, actor_of(request)
+        )
+    except lifecycle.DrainRefused as exc:
+        raise ConsoleError(exc.detail, http_status(exc)) from None
     return action_done(
         request,
         f"{tenant.name}: agent {done.name} draining, {done.in_flight} task(s) in flight "
         f"(evicted if still there at {done.drain_deadline:%H:%M:%S})",
-        _back(request, tenant),
+        back_url(request, tenant),
     )

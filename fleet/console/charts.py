@@ -43,7 +43,7 @@ def downsample(points: Sequence[DepthPoint], limit: int = MAX_POINTS) -> list[De
     return result
 
 
-def _nice_ceiling(value: int) -> int:
+def nice_ceiling(value: int) -> int:
     """1, 2, 5, 10, 20, 50, … at or above ``value`` (at least 1), for a readable y axis."""
     step = 1
     while True:
@@ -59,7 +59,7 @@ def depth_chart_svg(
     """An SVG line chart of pending and delivered depth between ``since`` and ``until``."""
     points = downsample(sorted(points, key=lambda p: p.at))
     span_s = max((until - since).total_seconds(), 1.0)
-    top = _nice_ceiling(max([p.pending for p in points] + [p.delivered for p in points] + [1]))
+    top = nice_ceiling(max([p.pending for p in points] + [p.delivered for p in points] + [1]))
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
     def x(at: datetime) -> float:

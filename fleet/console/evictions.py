@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from fleet.console import filters
-from fleet.console.access import _tenants_for_user
+from fleet.console.access import tenants_for_user
 from fleet.console.responses import console_view
 from fleet.models import DeliveryOutbox, Eviction
 
@@ -19,7 +19,7 @@ DEFAULT_RANGE = "24h"
 def _context(request: HttpRequest) -> dict:
     tenant = filters.tenant_filter(request)
     window = filters.time_window(request, DEFAULT_RANGE)
-    visible = _tenants_for_user(request.user)
+    visible = tenants_for_user(request.user)
     rows = (
         Eviction.objects.select_related("tenant")
         .filter(tenant__in=visible)
@@ -62,7 +62,7 @@ def attach_reassigned_tasks(evictions: list[Eviction]) -> None:
         return
     rows = (
         DeliveryOutbox.objects.filter(former_agents__has_any_keys=list(by_agent))
-        .select_related("task", "agent")
+        .select_related("task_execution", "agent")
         .order_by("created_at")
     )
     for row in rows:

@@ -10,8 +10,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 
+from cloacina_site.error_status import http_status
 from fleet.console import filters
-from fleet.console.access import _get_execution_for_user, _tenants_for_user
+from fleet.console.access import get_execution_for_user, tenants_for_user
 from fleet.console.responses import ConsoleError, action_done, console_view
 from fleet.engine import scheduler
 from fleet.models import (
@@ -29,7 +30,7 @@ STATUSES = [s.value for s in WorkflowStatus]
 def _list_context(request: HttpRequest) -> dict:
     tenant = filters.tenant_filter(request)
     status = filters.choice_filter(request, "status", STATUSES)
-    visible = _tenants_for_user(request.user)
+    visible = tenants_for_user(request.user)
     rows = WorkflowExecution.objects.select_related("tenant", "package").filter(tenant__in=visible)
     if tenant is not None:
         rows = rows.filter(tenant=tenant)
@@ -77,28 +78,28 @@ def _depths(by_id: dict[str, TaskExecution]) -> dict[str, int]:
             continue
         stack = [root]
         while stack:
-            task_id = stack[-1]
-            if task_id in depth:  # pushed twice (two tasks depend on it): done already
+            task_name = stack[-1]
+            if task_name in depth:  # pushed twice (two tasks depend on it): done already
                 stack.pop()
                 continue
-            on_path.add(task_id)
-            deps = [d for d in by_id[task_id].dependencies if d in by_id and d not in on_path]
+            on_path.add(task_name)
+            deps = [d for d in by_id[task_name].dependencies if d in by_id and d not in on_path]
             pending = [d for d in deps if d not in depth]
             if pending:
                 stack.extend(pending)
                 continue
             stack.pop()
-            on_path.discard(task_id)
-            depth[task_id] = 1 + max((depth[d] for d in deps), default=-1)
+            on_path.discard(task_name)
+            depth[task_name] = 1 + max((depth[d] for d in deps), default=-1)
     return depth
 
 
 def dependency_layers(tasks: list[TaskExecution]) -> list[list[TaskExecution]]:
     """Tasks grouped by depth: roots first, each task one layer after its deepest dependency."""
-    depth = _depths({t.task_id: t for t in tasks})
+    depth = _depths({t.task_name: t for t in tasks})
     layers: list[list[TaskExecution]] = []
     for task in sorted(tasks, key=lambda t: t.position):
-        n = depth[task.task_id]
+        n = depth[task.task_name]
         while len(layers) <= n:
             layers.append([])
         layers[n].append(task)
@@ -106,7 +107,7 @@ def dependency_layers(tasks: list[TaskExecution]) -> list[list[TaskExecution]]:
 
 
 def _detail_context(request: HttpRequest, execution_id: uuid.UUID) -> dict:
-    execution, can_write = _get_execution_for_user(request, execution_id)
+    execution, can_write = get_execution_for_user(request, execution_id)
     tasks = list(
         TaskExecution.objects.filter(workflow_execution=execution)
         .select_related("agent")
@@ -140,13 +141,13 @@ def execution_graph(request: HttpRequest, execution_id: uuid.UUID) -> HttpRespon
 
 @console_view(methods=["POST"])
 def cancel(request: HttpRequest, execution_id: uuid.UUID) -> HttpResponse:
-    execution, can_write = _get_execution_for_user(request, execution_id)
+    execution, can_write = get_execution_for_user(request, execution_id)
     if not can_write:
         raise ConsoleError(f"your role in tenant {execution.tenant.name!r} is read-only", 403)
     try:
         scheduler.cancel_execution(execution.tenant, execution.pk)
     except scheduler.SchedulingError as exc:
-        raise ConsoleError(str(exc), exc.status) from None
+        raise ConsoleError(str(exc), http_status(exc)) from None
     return action_done(
         request,
         f"execution {str(execution.pk)[:8]} cancelled",

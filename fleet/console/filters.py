@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 from django.http import HttpRequest
 from django.utils import timezone
 
-from fleet.console.access import _get_tenant_for_user
+from fleet.console.access import get_tenant_for_user
 from fleet.console.responses import ConsoleError
 from fleet.models import Tenant
 
@@ -41,7 +41,7 @@ def tenant_filter(request: HttpRequest) -> Tenant | None:
     name = request.GET.get("tenant", "").strip()
     if not name:
         return None
-    return _get_tenant_for_user(request, name)[0]
+    return get_tenant_for_user(request, name)[0]
 
 
 def time_window(request: HttpRequest, default: str) -> TimeWindow:

@@ -11,7 +11,7 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from fleet.console import filters
-from fleet.console.access import _tenants_for_user
+from fleet.console.access import tenants_for_user
 from fleet.console.charts import DepthPoint, depth_chart_svg
 from fleet.console.fleet_rows import wedged_after_s
 from fleet.console.responses import console_view
@@ -102,14 +102,14 @@ def depth_charts(depths: list[OutboxDepth], window: filters.TimeWindow) -> list[
 def _context(request: HttpRequest) -> dict:
     tenant = filters.tenant_filter(request)
     window = filters.time_window(request, DEFAULT_RANGE)
-    visible = list(_tenants_for_user(request.user))
+    visible = list(tenants_for_user(request.user))
     shown = [tenant] if tenant else visible
     depths = depth_by_tenant(shown)
     oldest = (
         DeliveryOutbox.objects.filter(
             tenant__in=shown, state__in=[OutboxState.PENDING, OutboxState.DELIVERED]
         )
-        .select_related("tenant", "agent", "task")
+        .select_related("tenant", "agent", "task_execution")
         .order_by("updated_at")[:OLDEST_SHOWN]
     )
     return {

@@ -5,13 +5,13 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from fleet.console.access import _tenants_for_user, writable_tenant_ids
+from fleet.console.access import tenants_for_user, writable_tenant_ids
 from fleet.console.fleet_rows import tenant_rows
 from fleet.console.responses import console_view
 
 
 def _context(request: HttpRequest) -> dict:
-    rows = tenant_rows(_tenants_for_user(request.user), writable_tenant_ids(request.user))
+    rows = tenant_rows(tenants_for_user(request.user), writable_tenant_ids(request.user))
     return {"rows": rows, "troubled": sum(1 for r in rows if r.problems)}
 
 

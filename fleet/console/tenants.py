@@ -18,11 +18,12 @@ from django.utils import timezone
 from agents.models import Agent, AgentState
 from artifacts import build_jobs
 from cloacina_site.config import get_config
+from cloacina_site.error_status import http_status
 from fleet.console.access import (
-    _get_rw_tenant_for_user,
-    _get_tenant_for_user,
-    _require_platform_admin,
+    get_rw_tenant_for_user,
+    get_tenant_for_user,
     is_platform_admin,
+    require_platform_admin,
 )
 from fleet.console.fleet_rows import tenant_rows
 from fleet.console.responses import ConsoleError, action_done, console_view
@@ -127,7 +128,7 @@ def _base_context(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict
 
 @console_view()
 def tenant_page(request: HttpRequest, name: str) -> HttpResponse:
-    tenant, can_write = _get_tenant_for_user(request, name)
+    tenant, can_write = get_tenant_for_user(request, name)
     context = _base_context(request, tenant, can_write)
     for _, part in PARTIALS.values():
         context.update(part(request, tenant, can_write))
@@ -136,7 +137,7 @@ def tenant_page(request: HttpRequest, name: str) -> HttpResponse:
 
 @console_view()
 def tenant_partial(request: HttpRequest, name: str, part: str) -> HttpResponse:
-    tenant, can_write = _get_tenant_for_user(request, name)
+    tenant, can_write = get_tenant_for_user(request, name)
     if part not in PARTIALS:
         raise ConsoleError(f"unknown tenant partial {part!r}", 404)
     template, build = PARTIALS[part]
@@ -146,18 +147,18 @@ def tenant_partial(request: HttpRequest, name: str, part: str) -> HttpResponse:
 
 def _scale(request: HttpRequest, name: str, step: int) -> HttpResponse:
     """desired_count ± 1 through the control plane (one guarded statement + audit row)."""
-    tenant = _get_rw_tenant_for_user(request, name)
+    tenant = get_rw_tenant_for_user(request, name)
     change = limits.provision if step > 0 else limits.deprovision
     try:
         new = change(tenant, actor_of(request))
     except limits.FleetLimitError as exc:
-        raise ConsoleError(f"{tenant.name}: {exc}", exc.status) from None
+        raise ConsoleError(f"{tenant.name}: {exc}", http_status(exc)) from None
     # The step is atomic, so the value before it is exactly new − step (the row
     # read above may be stale if someone else scaled in between).
     return action_done(
         request,
         f"{tenant.name}: desired_count {new - step} → {new}",
-        _back(request, tenant),
+        back_url(request, tenant),
     )
 
 
@@ -174,8 +175,8 @@ def deprovision(request: HttpRequest, name: str) -> HttpResponse:
 @console_view(methods=["POST"])
 def fleet_overrides(request: HttpRequest, name: str) -> HttpResponse:
     """Platform admin: set the limit override (blank clears it) and/or desired_count."""
-    tenant, _ = _get_tenant_for_user(request, name)
-    _require_platform_admin(request)
+    tenant, _ = get_tenant_for_user(request, name)
+    require_platform_admin(request)
     changes: dict = {}
     if "max_agents_override" in request.POST:
         changes["max_agents_override"] = _parse_count(
@@ -188,12 +189,12 @@ def fleet_overrides(request: HttpRequest, name: str) -> HttpResponse:
     try:
         tenant = limits.set_fleet_overrides(tenant, actor_of(request), **changes)
     except limits.FleetLimitError as exc:
-        raise ConsoleError(f"{tenant.name}: {exc}", exc.status) from None
+        raise ConsoleError(f"{tenant.name}: {exc}", http_status(exc)) from None
     limit = "platform default" if tenant.max_agents_override is None else tenant.max_agents_override
     return action_done(
         request,
         f"{tenant.name}: limit override {limit}, desired_count {tenant.desired_count}",
-        _back(request, tenant),
+        back_url(request, tenant),
     )
 
 
@@ -211,7 +212,7 @@ def _parse_count(raw: str, field: str, blank_ok: bool = False) -> int | None:
     return value
 
 
-def _back(request: HttpRequest, tenant: Tenant) -> str:
+def back_url(request: HttpRequest, tenant: Tenant) -> str:
     """Where a plain form post returns: the page it came from if it is ours, else the tenant page."""
     back = request.POST.get("next", "")
     if back.startswith("/console/") and not back.startswith("//"):

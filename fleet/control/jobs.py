@@ -18,6 +18,9 @@ from datetime import datetime
 from cloacina_site.config import Config, ConfigError
 from fleet.control import substrate
 from fleet.control.actuators.base import Actuator, ReconcileResult
+from fleet.control.actuators.docker import DockerActuator
+from fleet.control.actuators.noop import NoopActuator
+from fleet.control.actuators.process import REPO, ProcessActuator
 from fleet.control.autoscaler import autoscale_tick
 from fleet.control.leadership import StickyLeadership
 from fleet.control.reconciler import reconcile_all
@@ -47,12 +50,8 @@ def build_actuator(
     settings = settings or load_control_settings(probe.environ)
     actuator: Actuator
     if name == "none":
-        from fleet.control.actuators.noop import NoopActuator
-
         actuator = NoopActuator()
     elif name == "process":
-        from fleet.control.actuators.process import REPO, ProcessActuator
-
         substrate.guard_process(REPO / "manage.py")
         actuator = ProcessActuator(
             server_url=settings.server_url or server_url,
@@ -61,9 +60,7 @@ def build_actuator(
             log_dir=config.home / "agents",
         )
     elif name == "docker":
-        import docker
-
-        from fleet.control.actuators.docker import DockerActuator
+        import docker  # lazy: the Docker SDK is optional, needed only by this actuator
 
         substrate.guard_docker(probe, settings)
         env = dict(probe.environ)
@@ -80,6 +77,8 @@ def _build_kubernetes(settings: ControlSettings, probe: substrate.SubstrateProbe
     from kubernetes.config.config_exception import ConfigException
     from kubernetes.config.incluster_config import InClusterConfigLoader
 
+    # A local import, like the SDK's above: the actuator imports the optional kubernetes
+    # client at module level, so only a server configured for Kubernetes may load it.
     from fleet.control.actuators.kubernetes import KubernetesActuator
 
     substrate.guard_kubernetes(probe, settings)

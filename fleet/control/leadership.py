@@ -18,7 +18,7 @@ import threading
 
 import psycopg
 
-from fleet.engine.leader import _connect, lock_id_for
+from fleet.engine.leader import dedicated_connection, lock_id_for
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class StickyLeadership:
                     self._conn.execute("SELECT 1")  # a dead session has lost the lock
                     return True
                 if self._conn is None or self._conn.closed or self._conn.broken:
-                    self._conn = _connect()
+                    self._conn = dedicated_connection()
                 won = self._conn.execute(
                     "SELECT pg_try_advisory_lock(%s)", [self.lock_id]
                 ).fetchone()[0]

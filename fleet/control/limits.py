@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from agents.models import Agent, AgentState
 from cloacina_site.config import get_config
+from fleet.errors import DomainError, ErrorKind
 from fleet.models import (
     ChangeReason,
     DeliveryOutbox,
@@ -38,13 +39,8 @@ class _Unset(enum.Enum):
 UNSET = _Unset.UNSET  # "leave this field alone" (None means "clear the override")
 
 
-class FleetLimitError(Exception):
-    """A fleet change refused: ``status`` is the HTTP status that fits (404, 409 or 422)."""
-
-    def __init__(self, message: str, status: int = 409) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
+class FleetLimitError(DomainError):
+    """A fleet change refused: ``kind`` is not found, conflict (state) or invalid (a value)."""
 
 
 def effective_limit(tenant: Tenant) -> int:
@@ -99,26 +95,28 @@ def _refusal(tenant_id: int, delta: int, default_max: int) -> FleetLimitError:
     """Why the guarded UPDATE matched no row, as the error the caller sees."""
     current = Tenant.objects.filter(pk=tenant_id).first()
     if current is None:
-        return FleetLimitError("tenant does not exist", status=404)
+        return FleetLimitError(ErrorKind.NOT_FOUND, "tenant does not exist")
     if not current.is_active:
-        return FleetLimitError(f"tenant {current.name!r} is disabled", status=409)
+        return FleetLimitError(ErrorKind.CONFLICT, f"tenant {current.name!r} is disabled")
     if delta > 0:
         limit = current.effective_limit(default_max)
         return FleetLimitError(
+            ErrorKind.CONFLICT,
             f"desired_count is already at the effective limit ({limit}); "
             "only a platform admin can raise the limit",
-            status=409,
         )
-    return FleetLimitError("desired_count is already 0; there is nothing to deprovision", 409)
+    return FleetLimitError(
+        ErrorKind.CONFLICT, "desired_count is already 0; there is nothing to deprovision"
+    )
 
 
 def provision(tenant: Tenant, actor: str) -> int:
-    """desired_count + 1 (tenant self-service); FleetLimitError 409 at the effective limit."""
+    """desired_count + 1 (tenant self-service); a conflict at the effective limit."""
     return _step(tenant, actor, +1)
 
 
 def deprovision(tenant: Tenant, actor: str) -> int:
-    """desired_count − 1 down to 0 (the autoscaler's floor does not apply); 409 at 0."""
+    """desired_count − 1 down to 0 (the autoscaler's floor does not apply); a conflict at 0."""
     return _step(tenant, actor, -1)
 
 
@@ -130,9 +128,13 @@ def _check_count(name: str, value: object) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise FleetLimitError(f"{name} must be a non-negative integer, got {value!r}", 422)
+        raise FleetLimitError(
+            ErrorKind.INVALID, f"{name} must be a non-negative integer, got {value!r}"
+        )
     if value > AGENTS_MAX:
-        raise FleetLimitError(f"{name} must be at most {AGENTS_MAX}, got {value}", 422)
+        raise FleetLimitError(
+            ErrorKind.INVALID, f"{name} must be at most {AGENTS_MAX}, got {value}"
+        )
     return value
 
 
@@ -147,19 +149,21 @@ def set_fleet_overrides(
     ``max_agents_override=None`` clears the override (back to the platform
     default).  Lowering the limit below desired_count clamps desired_count and
     records that as a ``clamp`` change.  An explicit desired_count above the
-    (new) limit is refused with 422 and nothing is changed.
+    (new) limit is refused as invalid and nothing is changed.
     """
     if max_agents_override is not UNSET:
         max_agents_override = _check_count("max_agents_override", max_agents_override)
     if desired_count is not UNSET:
         if desired_count is None:
-            raise FleetLimitError("desired_count must be a non-negative integer, got None", 422)
+            raise FleetLimitError(
+                ErrorKind.INVALID, "desired_count must be a non-negative integer, got None"
+            )
         desired_count = _check_count("desired_count", desired_count)
     default_max = get_config().default_max_agents
     with transaction.atomic():
         current = Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
         if current is None:
-            raise FleetLimitError("tenant does not exist", status=404)
+            raise FleetLimitError(ErrorKind.NOT_FOUND, "tenant does not exist")
         now = timezone.now()
         old_override, old_desired = current.max_agents_override, current.desired_count
         if max_agents_override is not UNSET:
@@ -168,7 +172,8 @@ def set_fleet_overrides(
         if desired_count is not UNSET:
             if desired_count > limit:
                 raise FleetLimitError(
-                    f"desired_count {desired_count} exceeds the effective limit ({limit})", 422
+                    ErrorKind.INVALID,
+                    f"desired_count {desired_count} exceeds the effective limit ({limit})",
                 )
             current.desired_count = desired_count
             desired_reason = ChangeReason.ADMIN

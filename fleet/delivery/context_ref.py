@@ -23,6 +23,7 @@ import uuid
 from django.db import connection
 
 from cloacina_site.config import get_config
+from fleet import ledger
 from fleet.engine.context import build_task_context, encode_context
 
 FRAME_LIMIT_BYTES = 1024 * 1024  # the protocol's frame limit
@@ -64,13 +65,13 @@ def packet_context(payload: dict, context_json: str) -> dict:
     return by_ref
 
 
-_OPEN_PACKET = """
-SELECT EXISTS (SELECT 1 FROM agents_agent WHERE id = %(agent)s AND tenant_id = %(tenant)s),
+_OPEN_PACKET = f"""
+SELECT EXISTS (SELECT 1 FROM {ledger.AGENTS} WHERE id = %(agent)s AND tenant_id = %(tenant)s),
        EXISTS (
-           SELECT 1 FROM delivery_outbox o
-           JOIN fleet_taskexecution t ON t.id = o.task_id
-           WHERE o.task_id = %(task)s AND o.assignment = %(assignment)s
-             AND o.agent_id = %(agent)s AND o.tenant_id = %(tenant)s AND o.state <> 'acked'
+           SELECT 1 FROM {ledger.OUTBOX} o
+           JOIN fleet_taskexecution t ON t.id = o.task_execution_id
+           WHERE o.task_execution_id = %(task)s AND o.assignment = %(assignment)s
+             AND o.agent_id = %(agent)s AND o.tenant_id = %(tenant)s AND {ledger.open_row("o")}
              AND t.status = 'Running' AND t.assignment = o.assignment
        )
 """

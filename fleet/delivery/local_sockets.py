@@ -12,6 +12,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fleet.engine.server_registry import new_instance_id
+
 _server_id: str | None = None
 
 
@@ -19,8 +21,6 @@ def server_id() -> str:
     """This process's identity in ``connected_to`` (the ServerInstance id under `serve`)."""
     global _server_id
     if _server_id is None:
-        from fleet.engine.server_registry import new_instance_id
-
         _server_id = new_instance_id()
     return _server_id
 

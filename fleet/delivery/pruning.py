@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.db import connection
 
 from cloacina_site.config import get_config
+from fleet import ledger
 
 PRUNE_BATCH = 5000  # rows per DELETE, so one sweep never holds long locks
 DEPTH_SAMPLE_RETENTION_S = 7 * 24 * 3600.0
@@ -20,16 +21,7 @@ def prune_acked(retention_s: float | None = None, batch: int = PRUNE_BATCH) -> i
     total = 0
     while True:
         with connection.cursor() as cursor:
-            cursor.execute(
-                """
-                DELETE FROM delivery_outbox WHERE id IN (
-                    SELECT id FROM delivery_outbox
-                    WHERE state = 'acked' AND acked_at < now() - make_interval(secs => %s)
-                    LIMIT %s
-                )
-                """,
-                [seconds, batch],
-            )
+            cursor.execute(ledger.PRUNE_ACKED, [seconds, batch])
             deleted = cursor.rowcount
         total += deleted
         if deleted < batch:

@@ -25,38 +25,13 @@ from dataclasses import dataclass
 from django.db import connection, transaction
 
 from cloacina_site.config import get_config
+from fleet import ledger
 from fleet.engine import ready_queue
 from fleet.engine.results import TaskReport, result_handler
 from fleet.metrics import UNCONFIRMED_LOST
 from fleet.models import Outcome
 
 log = logging.getLogger(__name__)
-
-
-# Delivered rows of living agents that no ``received`` answered in time.  Each goes back
-# to pending for another push, unless it already had its share of pushes to this agent.
-_UNCONFIRMED = """
-SELECT o.id, o.task_id, o.assignment, o.redeliveries + 1 >= %(max_pushes)s, a.name
-FROM delivery_outbox o JOIN agents_agent a ON a.id = o.agent_id
-WHERE a.state <> 'dead' AND o.state = 'delivered' AND o.received_at IS NULL
-  AND o.delivered_at < now() - make_interval(secs => %(seconds)s)
-ORDER BY o.id
-FOR UPDATE OF o SKIP LOCKED
-"""
-_REQUEUE = """
-UPDATE delivery_outbox SET state = 'pending', delivered_at = NULL,
-    redeliveries = redeliveries + 1, updated_at = now()
-WHERE id = ANY(%s) AND state = 'delivered' AND received_at IS NULL
-"""
-# A row whose run could not be declared lost (the task moved on without it): closed,
-# and its agent's slot given back.
-_CLOSE_STALE = """
-WITH acked AS (
-    UPDATE delivery_outbox SET state = 'acked', acked_at = now(), updated_at = now()
-    WHERE id = %s AND state <> 'acked' RETURNING agent_id
-)
-UPDATE agents_agent SET in_flight = GREATEST(in_flight - 1, 0) WHERE id IN (SELECT agent_id FROM acked)
-"""
 
 
 @dataclass(frozen=True)
@@ -80,11 +55,11 @@ def redeliver_unreceived(redeliver_s: float | None = None, max_pushes: int | Non
     seconds = config.outbox_redeliver_s if redeliver_s is None else redeliver_s
     limit = config.outbox_max_pushes if max_pushes is None else max_pushes
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(_UNCONFIRMED, {"seconds": seconds, "max_pushes": limit})
+        cursor.execute(ledger.UNCONFIRMED, {"seconds": seconds, "max_pushes": limit})
         rows = cursor.fetchall()
         requeue = [row[0] for row in rows if not row[3]]
         if requeue:
-            cursor.execute(_REQUEUE, [requeue])
+            cursor.execute(ledger.REQUEUE_UNCONFIRMED, [requeue])
     exhausted = [Unconfirmed(r[0], r[1], r[2], r[4]) for r in rows if r[3]]
     if exhausted:
         declare_unconfirmed_lost(exhausted, limit)
@@ -111,7 +86,7 @@ def declare_unconfirmed_lost(rows: list[Unconfirmed], pushes: int) -> int:
             )
             if not outcome.applied:
                 with connection.cursor() as cursor:
-                    cursor.execute(_CLOSE_STALE, [row.outbox_id])
+                    cursor.execute(ledger.CLOSE_STALE, [row.outbox_id])
         if outcome.applied:
             applied += 1
             ready_queue.submit(outcome.ready)
@@ -139,27 +114,11 @@ def apply_hello(agent_id: uuid.UUID, holding: list[tuple[uuid.UUID, int]]) -> tu
     """After a reconnect: rows the agent holds count as received, delivered rows it does
     not hold go back to pending.  Returns (confirmed, requeued)."""
     tasks, assignments = _holding_arrays(holding)
-    held = "SELECT * FROM unnest(%s::uuid[], %s::int[]) AS h(task_id, assignment)"
+    held = "SELECT * FROM unnest(%s::uuid[], %s::int[]) AS h(task_execution_id, assignment)"
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            UPDATE delivery_outbox o SET received_at = coalesce(o.received_at, now())
-            FROM ({held}) AS h
-            WHERE o.agent_id = %s AND o.state = 'delivered'
-              AND o.task_id = h.task_id AND o.assignment = h.assignment
-            """,
-            [tasks, assignments, agent_id],
-        )
+        cursor.execute(ledger.HELLO_CONFIRM.format(held=held), [tasks, assignments, agent_id])
         confirmed = cursor.rowcount
-        cursor.execute(
-            f"""
-            UPDATE delivery_outbox o SET state = 'pending', delivered_at = NULL,
-                received_at = NULL, updated_at = now()
-            WHERE o.agent_id = %s AND o.state = 'delivered'
-              AND (o.task_id, o.assignment) NOT IN ({held})
-            """,
-            [agent_id, tasks, assignments],
-        )
+        cursor.execute(ledger.HELLO_REQUEUE.format(held=held), [agent_id, tasks, assignments])
         return confirmed, cursor.rowcount
 
 
@@ -168,26 +127,14 @@ def mark_received(agent_id: uuid.UUID, outbox_ids: list[int]) -> int:
     if not outbox_ids:
         return 0
     with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE delivery_outbox SET received_at = now()
-            WHERE agent_id = %s AND id = ANY(%s) AND state = 'delivered' AND received_at IS NULL
-            """,
-            [agent_id, outbox_ids],
-        )
+        cursor.execute(ledger.MARK_RECEIVED, [agent_id, outbox_ids])
         return cursor.rowcount
 
 
-def mark_running_received(agent_id: uuid.UUID, task_ids: list[uuid.UUID]) -> int:
+def mark_running_received(agent_id: uuid.UUID, task_execution_ids: list[uuid.UUID]) -> int:
     """A heartbeat's ``running`` list confirms those packets too (a lost ``received`` frame)."""
-    if not task_ids:
+    if not task_execution_ids:
         return 0
     with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE delivery_outbox SET received_at = now()
-            WHERE agent_id = %s AND task_id = ANY(%s) AND state = 'delivered' AND received_at IS NULL
-            """,
-            [agent_id, task_ids],
-        )
+        cursor.execute(ledger.MARK_RUNNING_RECEIVED, [agent_id, task_execution_ids])
         return cursor.rowcount

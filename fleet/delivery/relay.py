@@ -29,6 +29,7 @@ import psycopg
 from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 
+from fleet import ledger
 from fleet.delivery import local_sockets
 from fleet.delivery.pg import connect_async
 from fleet.delivery.waiting import wait_event
@@ -47,38 +48,17 @@ CLOSE_BAD_KEY = 4401
 CLOSE_UNKNOWN_AGENT = 4404
 CLOSE_SUPERSEDED = 4408
 
-_TAKE = """
-WITH due AS MATERIALIZED (  -- picked once: a LIMIT … SKIP LOCKED subquery must not re-run
-    SELECT o.id FROM delivery_outbox o
-    WHERE o.state = 'pending' AND o.agent_id = ANY(%(agents)s)
-    ORDER BY o.id
-    LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE delivery_outbox o SET
-    state = 'delivered', delivered_at = now(), received_at = NULL,
-    attempts = o.attempts + 1, updated_at = now()
-FROM due, agents_agent a
-WHERE o.id = due.id AND a.id = o.agent_id AND a.connected_to = %(me)s AND a.state <> 'dead'
-RETURNING o.id, o.agent_id, o.task_id, o.assignment, o.attempts, o.payload
-"""
-
-_UNTAKE = """
-UPDATE delivery_outbox SET state = 'pending', delivered_at = NULL, updated_at = now()
-WHERE id = ANY(%s) AND state = 'delivered'
-"""
-
 _START_CLOCK = """
 UPDATE fleet_taskexecution t
 SET result_deadline = now() + make_interval(secs => t.timeout_s + %(grace)s)
 FROM unnest(%(tasks)s::uuid[], %(assignments)s::int[], %(attempts)s::int[])
-     AS d(task_id, assignment, attempts)
-WHERE t.id = d.task_id AND t.assignment = d.assignment AND t.status = 'Running'
+     AS d(task_execution_id, assignment, attempts)
+WHERE t.id = d.task_execution_id AND t.assignment = d.assignment AND t.status = 'Running'
 RETURNING d.attempts, extract(epoch FROM now() - t.ready_at)
 """
 
-_ROSTER = """
-SELECT id, state, connected_to, connection_generation FROM agents_agent WHERE id = ANY(%s)
+_ROSTER = f"""
+SELECT id, state, connected_to, connection_generation FROM {ledger.AGENTS} WHERE id = ANY(%s)
 """
 
 _ACTIVE_KEYS = """
@@ -145,7 +125,7 @@ class Relay:
                 _observe_latency([(1, waited_s)])
                 return True
         conn = await self._connection()
-        await conn.execute(_UNTAKE, [[outbox_id]])  # NOTIFY: a relay takes it from here
+        await conn.execute(ledger.UNTAKE, [[outbox_id]])  # NOTIFY: a relay takes it from here
         return False
 
     # -- lifecycle ------------------------------------------------------------------
@@ -217,14 +197,16 @@ class Relay:
         if not agents:
             return 0
         me = local_sockets.server_id()
-        cursor = await conn.execute(_TAKE, {"agents": agents, "batch": self.batch, "me": me})
+        cursor = await conn.execute(
+            ledger.TAKE_PENDING, {"agents": agents, "batch": self.batch, "me": me}
+        )
         rows = await cursor.fetchall()
         if not rows:
             return 0
         layer = get_channel_layer()
         failed: list[int] = []
         delivered: list[tuple] = []
-        for outbox_id, agent_id, task_id, assignment, attempts, payload in rows:
+        for outbox_id, agent_id, task_execution_id, assignment, attempts, payload in rows:
             socket = local_sockets.get(agent_id)
             if socket is None:
                 failed.append(outbox_id)
@@ -236,9 +218,9 @@ class Relay:
                 self._backoff[agent_id] = time.monotonic() + FULL_CHANNEL_BACKOFF_S
                 failed.append(outbox_id)
                 continue
-            delivered.append((task_id, assignment, attempts))
+            delivered.append((task_execution_id, assignment, attempts))
         if failed:
-            await conn.execute(_UNTAKE, [failed])
+            await conn.execute(ledger.UNTAKE, [failed])
         if delivered:
             cursor = await conn.execute(
                 _START_CLOCK,

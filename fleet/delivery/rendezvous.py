@@ -38,37 +38,37 @@ class Rendezvous:
         self._lock = threading.Lock()
         self._waiters: dict[uuid.UUID, tuple[int, asyncio.Future, asyncio.AbstractEventLoop]] = {}
 
-    def register(self, task_id: uuid.UUID, assignment: int = 0) -> asyncio.Future:
-        """A future resolved with an :class:`Outcome` for ``task_id`` (call on the event loop).
+    def register(self, task_execution_id: uuid.UUID, assignment: int = 0) -> asyncio.Future:
+        """A future resolved with an :class:`Outcome` for ``task_execution_id`` (call on the event loop).
 
         ``assignment`` 0 accepts any assignment (it is set once the claim is known).
         """
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._lock:
-            self._waiters[task_id] = (assignment, future, loop)
+            self._waiters[task_execution_id] = (assignment, future, loop)
         return future
 
-    def set_assignment(self, task_id: uuid.UUID, assignment: int) -> None:
+    def set_assignment(self, task_execution_id: uuid.UUID, assignment: int) -> None:
         with self._lock:
-            entry = self._waiters.get(task_id)
+            entry = self._waiters.get(task_execution_id)
             if entry is not None:
-                self._waiters[task_id] = (assignment, entry[1], entry[2])
+                self._waiters[task_execution_id] = (assignment, entry[1], entry[2])
 
-    def unregister(self, task_id: uuid.UUID, future: asyncio.Future) -> None:
+    def unregister(self, task_execution_id: uuid.UUID, future: asyncio.Future) -> None:
         with self._lock:
-            entry = self._waiters.get(task_id)
+            entry = self._waiters.get(task_execution_id)
             if entry is not None and entry[1] is future:
-                del self._waiters[task_id]
+                del self._waiters[task_execution_id]
 
     def waiting(self) -> int:
         with self._lock:
             return len(self._waiters)
 
-    def wake(self, task_id: uuid.UUID, outcome: Outcome) -> bool:
-        """Resolve the local waiter of ``task_id`` (any thread); False if none is here."""
+    def wake(self, task_execution_id: uuid.UUID, outcome: Outcome) -> bool:
+        """Resolve the local waiter of ``task_execution_id`` (any thread); False if none is here."""
         with self._lock:
-            entry = self._waiters.get(task_id)
+            entry = self._waiters.get(task_execution_id)
         if entry is None:
             return False
         assignment, future, loop = entry
@@ -96,11 +96,11 @@ class Rendezvous:
         try:
             task_text, assignment, status = payload.split(":", 2)
             outcome = Outcome(int(assignment), ExecutionStatus(status))
-            task_id = uuid.UUID(task_text)
+            task_execution_id = uuid.UUID(task_text)
         except ValueError:
             log.warning("ignoring malformed task_outcome notification %r", payload)
             return
-        self.wake(task_id, outcome)
+        self.wake(task_execution_id, outcome)
 
     def wake_many(
         self, outcomes: list[tuple[uuid.UUID, Outcome]]
@@ -110,10 +110,10 @@ class Rendezvous:
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         elsewhere = []
         with self._lock:
-            for task_id, outcome in outcomes:
-                entry = self._waiters.get(task_id)
+            for task_execution_id, outcome in outcomes:
+                entry = self._waiters.get(task_execution_id)
                 if entry is None or (entry[0] and entry[0] != outcome.assignment):
-                    elsewhere.append((task_id, outcome))
+                    elsewhere.append((task_execution_id, outcome))
                     continue
                 by_loop.setdefault(entry[2], []).append((entry[1], outcome))
         for loop, resolutions in by_loop.items():
@@ -137,14 +137,14 @@ def _resolve_all(resolutions: list[tuple[asyncio.Future, Outcome]]) -> None:
 rendezvous = Rendezvous()
 
 
-def announce(task_id: uuid.UUID, outcome: Outcome) -> None:
-    """Wake the waiter of ``task_id`` wherever it is: here directly, elsewhere by NOTIFY."""
-    if rendezvous.wake(task_id, outcome):
+def announce(task_execution_id: uuid.UUID, outcome: Outcome) -> None:
+    """Wake the waiter of ``task_execution_id`` wherever it is: here directly, elsewhere by NOTIFY."""
+    if rendezvous.wake(task_execution_id, outcome):
         return
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pg_notify(%s, %s)",
-            [CHANNEL, f"{task_id}:{outcome.assignment}:{outcome.status.value}"],
+            [CHANNEL, f"{task_execution_id}:{outcome.assignment}:{outcome.status.value}"],
         )
 
 

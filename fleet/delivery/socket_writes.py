@@ -28,6 +28,8 @@ import psycopg
 from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 
+from agents import lifecycle
+from fleet import ledger
 from fleet.delivery import local_sockets
 from fleet.delivery.pg import connect_async
 from fleet.delivery.waiting import wait_event
@@ -37,56 +39,14 @@ log = logging.getLogger(__name__)
 RECONNECT_MAX_S = 2.0
 CLOSE_MALFORMED = 4400  # the close code of a socket whose write the database refused
 
-# The agent rows are locked in id order first, as every writer of several agent rows
-# does (placement batches, result batches): otherwise two such statements could deadlock.
-_BEAT = """
-WITH locked AS (
-    SELECT a.id FROM agents_agent a WHERE a.id = ANY(%(ids)s::uuid[]) ORDER BY a.id FOR UPDATE
-)
-UPDATE agents_agent a SET last_heartbeat = now(),
-    metrics = CASE WHEN b.has_metrics THEN b.metrics ELSE a.metrics END,
-    state = CASE WHEN b.draining AND a.state = 'live' THEN 'draining' ELSE a.state END
-FROM unnest(%(ids)s::uuid[], %(tenants)s::bigint[], %(has)s::bool[], %(metrics)s::jsonb[],
-            %(draining)s::bool[]) AS b(id, tenant_id, has_metrics, metrics, draining), locked
-WHERE a.id = b.id AND locked.id = a.id AND a.tenant_id = b.tenant_id AND a.state <> 'dead'
-RETURNING a.id, a.state, a.drain_requested_at IS NOT NULL
-"""
-
-# Confirmations never wait for a row lock: a packet being acked by a result batch
-# right now is skipped and confirmed on a later round (``received_at`` on an acked row
-# is only the late receipt it is).  Waiting instead queued every confirmation — and the
-# latency they measure — behind result batches, and two writers locking outbox rows in
-# different orders can deadlock.  A confirmation whose row was not marked is tried again
-# a few rounds (a locked row; rarely a row that no longer wants it — those just run out).
-_RECEIVED = """
-UPDATE delivery_outbox o SET received_at = now()
-FROM (
-    SELECT w.id FROM delivery_outbox w
-    JOIN unnest(%(agents)s::uuid[], %(ids)s::bigint[]) AS r(agent_id, id)
-      ON w.id = r.id AND w.agent_id = r.agent_id
-    WHERE w.state <> 'pending' AND w.received_at IS NULL
-    FOR UPDATE OF w SKIP LOCKED
-) wanted
-WHERE o.id = wanted.id
-RETURNING o.id
-"""
+# Confirmations (the ledger's statements) never wait for a row lock; one whose row was
+# not marked is tried again a few rounds (fleet/ledger.py says why).
 RECEIVED_TRIES = 20  # rounds a confirmation that was not marked is tried again
 RECEIVED_RETRY_S = 0.01
 # Under load, rounds of confirmations are at least this far apart, so each statement
 # carries several (it costs the database far more than a row does); an idle server
 # writes a lone confirmation at once.
 MIN_ROUND_GAP_S = 0.01
-
-_RUNNING = """
-WITH wanted AS (
-    SELECT o.id FROM delivery_outbox o
-    JOIN unnest(%(agents)s::uuid[], %(tasks)s::uuid[]) AS r(agent_id, task_id)
-      ON o.agent_id = r.agent_id AND o.task_id = r.task_id
-    WHERE o.state = 'delivered' AND o.received_at IS NULL
-    FOR UPDATE OF o SKIP LOCKED
-)
-UPDATE delivery_outbox o SET received_at = now() FROM wanted w WHERE o.id = w.id
-"""
 
 
 @dataclass(frozen=True)
@@ -221,7 +181,8 @@ class SocketWrites:
     @staticmethod
     async def _mark_received(conn: psycopg.AsyncConnection, received: list) -> set[int]:
         cursor = await conn.execute(
-            _RECEIVED, {"agents": [r[0] for r in received], "ids": [r[1] for r in received]}
+            ledger.RECEIVED_MANY,
+            {"agents": [r[0] for r in received], "ids": [r[1] for r in received]},
         )
         return {row[0] for row in await cursor.fetchall()}
 
@@ -254,7 +215,7 @@ class SocketWrites:
     ) -> dict[uuid.UUID, BeatAnswer]:
         ids = list(beats)
         cursor = await conn.execute(
-            _BEAT,
+            lifecycle.BEAT_MANY,
             {
                 "ids": ids,
                 "tenants": [beats[i].tenant_id for i in ids],
@@ -267,7 +228,8 @@ class SocketWrites:
         running = [(i, t) for i in ids if i in answers for t in beats[i].running]
         if running:
             await conn.execute(
-                _RUNNING, {"agents": [r[0] for r in running], "tasks": [r[1] for r in running]}
+                ledger.RUNNING_MANY,
+                {"agents": [r[0] for r in running], "tasks": [r[1] for r in running]},
             )
         return answers
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from django.db import connection
 
 from cloacina_site.config import get_config
-from fleet.routing.reservation import no_capacity_reason
+from fleet import ledger
+from fleet.routing.candidates import no_capacity_reason
 
 WAIT_REASON_INTERVAL_S = 2.0
 
@@ -20,13 +21,13 @@ def explain_waiting_tasks() -> int:
     """Set ``wait_reason`` on due Ready tasks of tenants with no agent slot free; return rows changed."""
     with connection.cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             SELECT DISTINCT t.tenant_id FROM fleet_taskexecution t
             WHERE t.status = 'Ready' AND (t.ready_at IS NULL OR t.ready_at <= statement_timestamp())
               AND NOT EXISTS (
-                  SELECT 1 FROM agents_agent a
+                  SELECT 1 FROM {ledger.AGENTS} a
                   WHERE a.tenant_id = t.tenant_id AND a.state = 'live' AND a.connected_to <> ''
-                    AND a.in_flight < a.max_concurrency
+                    AND {ledger.has_free_slot("a")}
                     AND a.last_heartbeat > now() - make_interval(secs => %s)
               )
             """,

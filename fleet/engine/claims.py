@@ -22,7 +22,7 @@ from django.db import connection
 RESULT_GRACE_S = 30.0
 
 _CLAIM_COLUMNS = """
-    t.id, t.workflow_execution_id, t.tenant_id, t.task_id, t.function, t.assignment,
+    t.id, t.workflow_execution_id, t.tenant_id, t.task_name, t.function, t.assignment,
     t.attempt, t.timeout_s, t.routing, t.priority
 """
 
@@ -83,7 +83,7 @@ SELECT * FROM claimed
 """
 _ONE_DUE = """
     SELECT id FROM fleet_taskexecution
-    WHERE id = %(task_id)s AND status = 'Ready'
+    WHERE id = %(task_execution_id)s AND status = 'Ready'
       AND (ready_at IS NULL OR ready_at <= statement_timestamp())
     FOR UPDATE SKIP LOCKED
 """
@@ -95,7 +95,7 @@ _MANY_DUE = """
 """
 _THESE_DUE = """
     SELECT id FROM fleet_taskexecution
-    WHERE id = ANY(%(task_ids)s::uuid[]) AND status = 'Ready'
+    WHERE id = ANY(%(task_execution_ids)s::uuid[]) AND status = 'Ready'
       AND (ready_at IS NULL OR ready_at <= statement_timestamp())
     FOR UPDATE SKIP LOCKED
 """
@@ -119,7 +119,8 @@ def claim_task(task_execution_id: uuid.UUID, claimer: str, deadline: bool = True
     result-wait clock only once a packet is actually delivered to an agent.
     """
     claims = _run_claim(
-        _CLAIM_ONE, {"task_id": task_execution_id, "claimer": claimer, "deadline": deadline}
+        _CLAIM_ONE,
+        {"task_execution_id": task_execution_id, "claimer": claimer, "deadline": deadline},
     )
     return claims[0] if claims else None
 
@@ -131,7 +132,7 @@ def claim_tasks(
     (and not locked by someone claiming them right now), in no particular order."""
     return _run_claim(
         _CLAIM_THESE,
-        {"task_ids": list(task_execution_ids), "claimer": claimer, "deadline": deadline},
+        {"task_execution_ids": list(task_execution_ids), "claimer": claimer, "deadline": deadline},
     )
 
 
@@ -141,15 +142,15 @@ def claim_ready_tasks(claimer: str, limit: int, deadline: bool = True) -> list[C
 
 
 def due_ready_task_events(limit: int) -> list[tuple]:
-    """(id, workflow_execution_id, task_id, attempt + 1, tenant_id, priority) of due Ready
+    """(id, workflow_execution_id, task_name, attempt + 1, tenant_id, priority) of due Ready
     tasks, unlocked: each tenant's highest priority then oldest first, the tenants
     interleaved (every tenant's first task, then every tenant's second, …), so that a
     tenant with a huge backlog cannot fill ``limit`` and hide another tenant's work."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            SELECT id, workflow_execution_id, task_id, attempt + 1, tenant_id, priority FROM (
-                SELECT id, workflow_execution_id, task_id, attempt, tenant_id, priority, ready_at,
+            SELECT id, workflow_execution_id, task_name, attempt + 1, tenant_id, priority FROM (
+                SELECT id, workflow_execution_id, task_name, attempt, tenant_id, priority, ready_at,
                        row_number() OVER (PARTITION BY tenant_id
                                           ORDER BY priority DESC, ready_at NULLS FIRST) AS turn
                 FROM fleet_taskexecution

@@ -24,11 +24,11 @@ class ContextError(ValueError):
 
 
 # One round trip: the execution's input, the task's dependencies and, only when it
-# has any, (task_id, dependencies, output) of every task of the execution.
+# has any, (task_name, dependencies, output) of every task of the execution.
 _CONTEXT_SQL = """
 SELECT e.input_context, t.dependencies,
        CASE WHEN jsonb_array_length(t.dependencies) > 0 THEN (
-           SELECT jsonb_agg(jsonb_build_array(o.task_id, o.dependencies, o.output_context))
+           SELECT jsonb_agg(jsonb_build_array(o.task_name, o.dependencies, o.output_context))
            FROM fleet_taskexecution o WHERE o.workflow_execution_id = t.workflow_execution_id
        ) END
 FROM fleet_taskexecution t JOIN fleet_workflowexecution e ON e.id = t.workflow_execution_id

@@ -34,7 +34,9 @@ _guards: dict[int, threading.Lock] = {}
 _registry_lock = threading.Lock()
 
 
-def _connect(alias: str = "default") -> psycopg.Connection:
+def dedicated_connection(alias: str = "default") -> psycopg.Connection:
+    """An autocommit connection of its own, outside Django's: a session advisory lock
+    lives as long as its connection, so it must not be one Django may close or share."""
     params = connections[alias].get_connection_params()
     params.pop("cursor_factory", None)
     params.pop("context", None)
@@ -46,7 +48,7 @@ def _connect(alias: str = "default") -> psycopg.Connection:
 def _connection_for(lock_id: int) -> psycopg.Connection:
     conn = _connections.get(lock_id)
     if conn is None or conn.closed or conn.broken:
-        conn = _connect()
+        conn = dedicated_connection()
         _connections[lock_id] = conn
     return conn
 

@@ -138,13 +138,13 @@ class EngineLoop:
             return 0
         added = 0
         for event in events:
-            task_id = event.task_execution_id
-            if task_id in self._queued:
+            task_execution_id = event.task_execution_id
+            if task_execution_id in self._queued:
                 continue
-            if task_id in self._running:
-                self._again[task_id] = event
+            if task_execution_id in self._running:
+                self._again[task_execution_id] = event
                 continue
-            self._queued.add(task_id)
+            self._queued.add(task_execution_id)
             self._queue.put_nowait(event)
             added += 1
         return added
@@ -165,10 +165,10 @@ class EngineLoop:
     async def _worker(self) -> None:
         while True:
             event = await self._queue.get()
-            task_id = event.task_execution_id
+            task_execution_id = event.task_execution_id
             await self._wait_for_capacity()
-            self._queued.discard(task_id)
-            self._running.add(task_id)
+            self._queued.discard(task_execution_id)
+            self._running.add(task_execution_id)
             requeue = False
             try:
                 result = await self._dispatcher.dispatch(event)
@@ -181,7 +181,7 @@ class EngineLoop:
                 # The task keeps its database state: Ready ones are offered again by
                 # the tick, claimed ones are fenced and recovered by the sweeps.
                 self.stats["errors"] += 1
-                log.exception("dispatching task %s (%s) failed", task_id, event.task_name)
+                log.exception("dispatching task %s (%s) failed", task_execution_id, event.task_name)
             else:
                 self.stats["dispatched"] += 1
                 if result.status == ExecutionStatus.COMPLETED:
@@ -189,9 +189,9 @@ class EngineLoop:
                 elif result.status == ExecutionStatus.FAILED:
                     self.stats["failed"] += 1
             finally:
-                self._running.discard(task_id)
+                self._running.discard(task_execution_id)
                 self._capacity_freed.set()
-            again = self._again.pop(task_id, None)
+            again = self._again.pop(task_execution_id, None)
             if requeue:
                 await asyncio.sleep(CAPACITY_POLL_S)
                 self.offer([again or event])

@@ -39,10 +39,10 @@ def expire_lost_runs(limit: int = LOST_BATCH) -> int:
         ).values_list("id", "assignment", "result_deadline")[:limit]
     )
     applied = 0
-    for task_id, assignment, deadline in overdue:
+    for task_execution_id, assignment, deadline in overdue:
         outcome = result_handler.apply(
             TaskReport(
-                task_id,
+                task_execution_id,
                 assignment,
                 Outcome.LOST,
                 error_type="ResultLost",
@@ -68,7 +68,7 @@ def release_orphaned_claims(instance_id: str, reason: str) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            SELECT t.id, t.assignment, t.workflow_execution_id, t.task_id, t.attempt,
+            SELECT t.id, t.assignment, t.workflow_execution_id, t.task_name, t.attempt,
                    t.tenant_id, t.priority
             FROM fleet_taskexecution t
             WHERE t.status = 'Running' AND t.claimed_by = %s
@@ -78,11 +78,13 @@ def release_orphaned_claims(instance_id: str, reason: str) -> int:
         )
         rows = cursor.fetchall()
     events = []
-    for task_id, assignment, workflow_id, name, attempt, tenant_id, priority in rows:
-        if release_claim(task_id, assignment, reason):
+    for task_execution_id, assignment, workflow_id, name, attempt, tenant_id, priority in rows:
+        if release_claim(task_execution_id, assignment, reason):
             # release_claim gives the attempt back, so the next run is attempt `attempt` again.
             events.append(
-                TaskReadyEvent(task_id, workflow_id, name, max(attempt, 1), tenant_id, priority)
+                TaskReadyEvent(
+                    task_execution_id, workflow_id, name, max(attempt, 1), tenant_id, priority
+                )
             )
     ready_queue.submit(events)
     if events:

@@ -87,13 +87,13 @@ class _TaskHead(NamedTuple):
     agent_id: uuid.UUID | None
     attempt: int
     workflow_execution_id: uuid.UUID
-    task_id: str
+    task_name: str
     has_dependents: bool = True  # unknown on the slow path: look
     settled: bool = False  # counted settled and acked already (a leaf's fast path)
 
 
 _LOCK_TASK = """
-SELECT id, status, assignment, agent_id, attempt, workflow_execution_id, task_id
+SELECT id, status, assignment, agent_id, attempt, workflow_execution_id, task_name
 FROM fleet_taskexecution WHERE id = %s FOR UPDATE
 """
 _COMPLETE = """
@@ -102,7 +102,7 @@ UPDATE fleet_taskexecution SET status = 'Completed', output_context = %s::jsonb,
 WHERE id = %s
 """
 _RECORD = """
-INSERT INTO fleet_taskoutcome (task_id, assignment, attempt, outcome, applied, ignored_reason,
+INSERT INTO fleet_taskoutcome (task_execution_id, assignment, attempt, outcome, applied, ignored_reason,
     agent_name, error_type, error_message, received_at)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, now())
 """
@@ -110,10 +110,10 @@ VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, now())
 # per task: an agent re-posting one outcome in a loop must not grow the table without end.
 MAX_UNAPPLIED_OUTCOMES_PER_TASK = 50
 _RECORD_UNAPPLIED = """
-INSERT INTO fleet_taskoutcome (task_id, assignment, attempt, outcome, applied, ignored_reason,
+INSERT INTO fleet_taskoutcome (task_execution_id, assignment, attempt, outcome, applied, ignored_reason,
     agent_name, error_type, error_message, received_at)
 SELECT %s, %s, %s, %s, false, %s, %s, %s, %s, now()
-WHERE (SELECT count(*) FROM fleet_taskoutcome WHERE task_id = %s AND NOT applied) < %s
+WHERE (SELECT count(*) FROM fleet_taskoutcome WHERE task_execution_id = %s AND NOT applied) < %s
 """
 
 
@@ -133,16 +133,16 @@ WITH done AS (
         finished_at = now(), error_type = '', error_message = '', traceback = ''
     WHERE id = %(task)s AND status = 'Running' AND assignment = %(assignment)s
       AND (%(agent)s::uuid IS NULL OR agent_id = %(agent)s::uuid)
-    RETURNING id, status, assignment, agent_id, attempt, workflow_execution_id, task_id
+    RETURNING id, status, assignment, agent_id, attempt, workflow_execution_id, task_name
 ), recorded AS (
-    INSERT INTO fleet_taskoutcome (task_id, assignment, attempt, outcome, applied,
+    INSERT INTO fleet_taskoutcome (task_execution_id, assignment, attempt, outcome, applied,
         ignored_reason, agent_name, error_type, error_message, received_at)
     SELECT id, assignment, attempt, 'success', true, '', %(agent_name)s, '', '', now() FROM done
 ), head AS (
     SELECT d.*, EXISTS (
         SELECT 1 FROM fleet_taskexecution n
         WHERE n.workflow_execution_id = d.workflow_execution_id AND n.status = 'NotStarted'
-          AND n.dependencies ? d.task_id
+          AND n.dependencies ? d.task_name
     ) AS has_dependents FROM done d
 ), closed AS (
     UPDATE fleet_workflowexecution w SET open_tasks = GREATEST(w.open_tasks - 1, 0)
@@ -417,7 +417,7 @@ class TaskResultHandler:
             ]
         )
         event = TaskReadyEvent(
-            task.id, task.workflow_execution_id, task.task_id, task.attempt + 1,
+            task.id, task.workflow_execution_id, task.task_name, task.attempt + 1,
             task.tenant_id, task.priority,
         )  # fmt: skip
         return Applied(True, ExecutionStatus.REQUEUED, task.wait_reason, ready=[event])
@@ -463,7 +463,7 @@ class TaskResultHandler:
                     TaskReadyEvent(
                         task.id,
                         task.workflow_execution_id,
-                        task.task_id,
+                        task.task_name,
                         task.attempt + 1,
                         task.tenant_id,
                         task.priority,

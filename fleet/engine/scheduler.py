@@ -16,6 +16,7 @@ from django.utils import timezone
 from artifacts.queries import active_package
 from fleet.engine import hooks
 from fleet.engine.events import TaskReadyEvent
+from fleet.errors import DomainError, ErrorKind
 from fleet.models import (
     TASK_TERMINAL,
     WORKFLOW_TERMINAL,
@@ -28,12 +29,8 @@ from fleet.models import (
 )
 
 
-class SchedulingError(Exception):
-    """A request the scheduler refuses (unknown workflow, bad state); ``status`` is the HTTP code."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
+class SchedulingError(DomainError):
+    """A request the scheduler refuses: an unknown workflow or execution, or a bad state."""
 
 
 def start_execution(
@@ -50,7 +47,8 @@ def start_execution_with_roots(
     package = active_package(tenant, workflow_name)
     if package is None:
         raise SchedulingError(
-            f"no active package provides workflow {workflow_name!r} in this tenant", 404
+            ErrorKind.NOT_FOUND,
+            f"no active package provides workflow {workflow_name!r} in this tenant",
         )
     now = timezone.now()
     tasks = package.manifest["tasks"]
@@ -68,7 +66,7 @@ def start_execution_with_roots(
     rows = [_task_values(spec, position, priority) for position, spec in enumerate(tasks)]
     _insert_execution(execution, rows)
     roots = [
-        TaskReadyEvent(row["id"], execution.id, row["task_id"], 1, tenant.pk, row["priority"])
+        TaskReadyEvent(row["id"], execution.id, row["task_name"], 1, tenant.pk, row["priority"])
         for row in rows
         if row["root"]
     ]
@@ -79,7 +77,7 @@ def _task_values(spec: dict, position: int, execution_priority: int) -> dict:
     """The manifest-derived columns of one task execution (the rest start at their defaults)."""
     return {
         "id": uuid.uuid4(),
-        "task_id": spec["id"],
+        "task_name": spec["id"],
         "function": spec["function"],
         "dependencies": list(spec.get("dependencies") or []),
         "trigger_rule": spec.get("trigger_rule") or TriggerRule.ALL_SUCCESS,
@@ -104,7 +102,7 @@ WORKFLOW_INSERT_COLUMNS = (
     "finished_at",
 )  # fmt: skip
 TASK_INSERT_COLUMNS = (
-    "id", "workflow_execution_id", "tenant_id", "task_id", "function", "dependencies",
+    "id", "workflow_execution_id", "tenant_id", "task_name", "function", "dependencies",
     "trigger_rule", "position", "status", "attempt", "max_retries", "retry_backoff_s",
     "timeout_s", "routing", "priority", "ready_at", "assignment", "claimed_by", "claimed_at",
     "started_at", "finished_at", "result_deadline", "agent_id", "refusals", "wait_reason",
@@ -117,13 +115,13 @@ WITH execution AS (
             '', %(priority)s, %(open)s, %(now)s, NULL, NULL)
 )
 INSERT INTO fleet_taskexecution ({", ".join(TASK_INSERT_COLUMNS)})
-SELECT r.id, %(workflow)s, %(tenant)s, r.task_id, r.function, r.dependencies,
+SELECT r.id, %(workflow)s, %(tenant)s, r.task_name, r.function, r.dependencies,
     r.trigger_rule, r.position, CASE WHEN r.root THEN 'Ready' ELSE 'NotStarted' END, 0,
     r.max_retries, r.retry_backoff_s, r.timeout_s, r.routing, r.priority,
     CASE WHEN r.root THEN %(now)s::timestamptz END, 0, '', NULL, NULL, NULL, NULL, NULL, 0, '',
     NULL, '', '', ''
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(
-    id uuid, task_id text, function text, dependencies jsonb, trigger_rule text, position int,
+    id uuid, task_name text, function text, dependencies jsonb, trigger_rule text, position int,
     root boolean, max_retries int, retry_backoff_s float8, timeout_s float8, routing jsonb,
     priority int)
 """
@@ -150,7 +148,7 @@ def _insert_execution(execution: WorkflowExecution, rows: list[dict]) -> None:
     execution._state.db = connection.alias
 
 
-def _task_row(execution: WorkflowExecution, spec: dict, position: int, now) -> TaskExecution:
+def unsaved_task_row(execution: WorkflowExecution, spec: dict, position: int, now) -> TaskExecution:
     """An unsaved TaskExecution for ``spec`` (tests build executions with it)."""
     values = _task_values(spec, position, execution.priority)
     root = values.pop("root")
@@ -185,18 +183,18 @@ def rule_outcome(rule: str, dependency_states: list[str]) -> str | None:
 
 
 _LOCK_DEPENDENTS = """
-SELECT id, task_id, trigger_rule, attempt, dependencies, tenant_id, priority FROM fleet_taskexecution
+SELECT id, task_name, trigger_rule, attempt, dependencies, tenant_id, priority FROM fleet_taskexecution
 WHERE workflow_execution_id = %s AND status = 'NotStarted' AND dependencies ?| %s::text[]
 ORDER BY id FOR UPDATE
 """
 _DEPENDENCY_STATES = """
-SELECT task_id, status FROM fleet_taskexecution
-WHERE workflow_execution_id = %s AND task_id = ANY(%s::text[])
+SELECT task_name, status FROM fleet_taskexecution
+WHERE workflow_execution_id = %s AND task_name = ANY(%s::text[])
 """
 
 
 def settle(task) -> tuple[list[TaskReadyEvent], int]:
-    """Decide the dependents of ``task`` (a row with task_id and workflow_execution_id),
+    """Decide the dependents of ``task`` (a row with task_name and workflow_execution_id),
     which just reached a terminal state.
 
     Runs inside the outcome's transaction, after the task's own row was
@@ -209,7 +207,7 @@ def settle(task) -> tuple[list[TaskReadyEvent], int]:
     workflow_id = task.workflow_execution_id
     events: list[TaskReadyEvent] = []
     skipped = 0
-    frontier = [task.task_id]
+    frontier = [task.task_name]
     cancelled: bool | None = None
     with connection.cursor() as cursor:
         while frontier:
@@ -248,11 +246,11 @@ def settle(task) -> tuple[list[TaskReadyEvent], int]:
     return events, skipped
 
 
-def _set_status(cursor, task_ids: list, status: str, stamp_column: str) -> None:
-    if task_ids:
+def _set_status(cursor, task_execution_ids: list, status: str, stamp_column: str) -> None:
+    if task_execution_ids:
         cursor.execute(
             f"UPDATE fleet_taskexecution SET status = %s, {stamp_column} = now() WHERE id = ANY(%s)",
-            [status, task_ids],
+            [status, task_execution_ids],
         )
 
 
@@ -297,11 +295,11 @@ def finish_if_done(workflow_execution_id: uuid.UUID, open_tasks: int, status: st
 # output in manifest order (a later task's key wins, as in the context builder).
 _FINISH = """
 WITH tasks AS (
-    SELECT task_id, status, output_context, position FROM fleet_taskexecution
+    SELECT task_name, status, output_context, position FROM fleet_taskexecution
     WHERE workflow_execution_id = %(workflow)s
 ), outcome AS (
     SELECT
-        (SELECT array_agg(task_id ORDER BY task_id COLLATE "C") FROM tasks
+        (SELECT array_agg(task_name ORDER BY task_name COLLATE "C") FROM tasks
          WHERE status = 'Failed') AS failed,
         (SELECT jsonb_object_agg(kv.key, kv.value ORDER BY t.position)
          FROM tasks t CROSS JOIN LATERAL jsonb_each(t.output_context) AS kv
@@ -332,9 +330,9 @@ def cancel_execution(tenant: Tenant, execution_id: uuid.UUID) -> WorkflowExecuti
     with transaction.atomic():
         execution = WorkflowExecution.objects.filter(tenant=tenant, pk=execution_id).first()
         if execution is None:
-            raise SchedulingError("execution not found", 404)
+            raise SchedulingError(ErrorKind.NOT_FOUND, "execution not found")
         if execution.status in WORKFLOW_TERMINAL:
-            raise SchedulingError(f"execution is already {execution.status}", 409)
+            raise SchedulingError(ErrorKind.CONFLICT, f"execution is already {execution.status}")
         now = timezone.now()
         skipped = TaskExecution.objects.filter(
             workflow_execution=execution, status__in=[TaskStatus.NOT_STARTED, TaskStatus.READY]
@@ -355,6 +353,8 @@ def cancel_execution(tenant: Tenant, execution_id: uuid.UUID) -> WorkflowExecuti
                 ],
             )
             if cursor.rowcount != 1:
-                raise SchedulingError("execution finished before it could be cancelled", 409)
+                raise SchedulingError(
+                    ErrorKind.CONFLICT, "execution finished before it could be cancelled"
+                )
     execution.refresh_from_db()
     return execution

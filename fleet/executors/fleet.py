@@ -27,15 +27,23 @@ import psycopg
 from django.db import connection
 
 from agents import result_batches
+from agents.lifecycle import sweep_dead_agents
 from cloacina_site.config import Config
+from fleet import ledger
 from fleet.delivery import db as delivery_db
 from fleet.delivery import local_sockets, outbox_ack, socket_writes
-from fleet.delivery.batch_placement import Delivered, place_tasks
+from fleet.delivery.batch_placement import place_tasks
 from fleet.delivery.depth import SAMPLE_INTERVAL_S, sample_outbox_depth
 from fleet.delivery.listener import NotificationListener
-from fleet.delivery.liveness import sweep_dead_agents
 from fleet.delivery.pg import connect_async
-from fleet.delivery.placement import NoAgent, NotClaimed, Placed, place_task, run_status
+from fleet.delivery.placement import (
+    Delivered,
+    NoAgent,
+    NotClaimed,
+    Placed,
+    place_task,
+    run_status,
+)
 from fleet.delivery.pruning import prune_acked, prune_depth_samples
 from fleet.delivery.redelivery import redeliver_unreceived
 from fleet.delivery.relay import Relay
@@ -55,10 +63,10 @@ CAPACITY_PROBE_S = 0.1  # how stale has_capacity's view of free agent slots may 
 PRUNE_INTERVAL_S = 60.0
 PLACE_BATCH = 128  # most tasks placed in one transaction
 
-_FREE_SLOTS = """
-SELECT coalesce(sum(max_concurrency - in_flight), 0) FROM agents_agent
-WHERE state = 'live' AND connected_to <> '' AND in_flight < max_concurrency
-  AND last_heartbeat > now() - make_interval(secs => %s)
+_FREE_SLOTS = f"""
+SELECT coalesce(sum({ledger.free_slots("a")}), 0) FROM {ledger.AGENTS} a
+WHERE a.state = 'live' AND a.connected_to <> '' AND {ledger.has_free_slot("a")}
+  AND a.last_heartbeat > now() - make_interval(secs => %s)
 """
 
 
@@ -109,7 +117,7 @@ class FleetExecutor(TaskExecutor):
         self._started_at = self._database_seen_at = time.monotonic()
         self._probe_wake = asyncio.Event()
         self.listener = NotificationListener(
-            {"delivery_outbox": self.relay.on_notify, OUTCOME_CHANNEL: rendezvous.on_notify},
+            {ledger.OUTBOX_CHANNEL: self.relay.on_notify, OUTCOME_CHANNEL: rendezvous.on_notify},
             on_reconnect=self._after_listener_reconnect,
         )
         self.listener.start()
@@ -191,37 +199,37 @@ class FleetExecutor(TaskExecutor):
         )
 
     async def execute(self, event: TaskReadyEvent) -> ExecutionResult:
-        task_id = event.task_execution_id
+        task_execution_id = event.task_execution_id
         started = time.monotonic()
         # The waiter exists before the packet can reach an agent (no lost early result).
-        future = rendezvous.register(task_id)
+        future = rendezvous.register(task_execution_id)
         self.capacity.claiming += 1
         try:
-            placement = await self._place(task_id)
+            placement = await self._place(task_execution_id)
         except BaseException:
-            rendezvous.unregister(task_id, future)
+            rendezvous.unregister(task_execution_id, future)
             raise
         finally:
             self.capacity.claiming -= 1
         if isinstance(placement, NotClaimed | NoAgent):
-            rendezvous.unregister(task_id, future)
+            rendezvous.unregister(task_execution_id, future)
             if isinstance(placement, NotClaimed):
                 # SUPERSEDED, or FAILED for a task no agent could ever run (Unroutable).
-                return ExecutionResult(task_id, placement.status, placement.reason)
+                return ExecutionResult(task_execution_id, placement.status, placement.reason)
             self._stats["requeued"] += 1
             # What we believed free was not: look again now rather than at the next probe.
             self.capacity.probed = 0 if self.capacity.probed is not None else None
             self._probe_wake.set()
-            log.debug("task %s waits: %s", task_id, placement.reason)
-            return ExecutionResult(task_id, ExecutionStatus.REQUEUED, placement.reason)
+            log.debug("task %s waits: %s", task_execution_id, placement.reason)
+            return ExecutionResult(task_execution_id, ExecutionStatus.REQUEUED, placement.reason)
         self._stats["dispatched"] += 1
         self.capacity.delta -= 1
         self._active += 1
-        rendezvous.set_assignment(task_id, placement.assignment)
+        rendezvous.set_assignment(task_execution_id, placement.assignment)
         try:
             if isinstance(placement, Delivered):
                 await self._push(placement)
-            status = await self._await_outcome(task_id, placement.assignment, future)
+            status = await self._await_outcome(task_execution_id, placement.assignment, future)
         finally:
             self._active -= 1
             self.capacity.delta += 1
@@ -230,14 +238,14 @@ class FleetExecutor(TaskExecutor):
             self._stats["completed"] += 1
         elif status == ExecutionStatus.FAILED:
             self._stats["failed"] += 1
-        return ExecutionResult(task_id, status, duration_s=time.monotonic() - started)
+        return ExecutionResult(task_execution_id, status, duration_s=time.monotonic() - started)
 
-    async def _place(self, task_id: uuid.UUID) -> Placed | NoAgent | NotClaimed:
+    async def _place(self, task_execution_id: uuid.UUID) -> Placed | NoAgent | NotClaimed:
         if self._placer is None:  # not started (tests driving execute directly)
-            return await delivery_db.call(place_task, task_id, self.claimer)
+            return await delivery_db.call(place_task, task_execution_id, self.claimer)
         # With every task that turns up while the previous batch is written: one
         # transaction for them all (fleet/delivery/batch_placement.py).
-        return await self._placer.submit(task_id)
+        return await self._placer.submit(task_execution_id)
 
     async def _push(self, placed: Delivered) -> None:
         try:
@@ -248,12 +256,14 @@ class FleetExecutor(TaskExecutor):
             # The row stays delivered and unconfirmed: redelivery pushes it again.
             log.warning("could not push or return packet %s: %s", placed.outbox_id, exc)
 
-    def _place_batch(self, task_ids: list[uuid.UUID]) -> list[Placed | NoAgent | NotClaimed]:
-        placed = place_tasks(task_ids, self.claimer)
-        return [placed[task_id] for task_id in task_ids]
+    def _place_batch(
+        self, task_execution_ids: list[uuid.UUID]
+    ) -> list[Placed | NoAgent | NotClaimed]:
+        placed = place_tasks(task_execution_ids, self.claimer)
+        return [placed[task_execution_id] for task_execution_id in task_execution_ids]
 
     async def _await_outcome(
-        self, task_id: uuid.UUID, assignment: int, future: asyncio.Future
+        self, task_execution_id: uuid.UUID, assignment: int, future: asyncio.Future
     ) -> ExecutionStatus:
         try:
             while True:
@@ -262,14 +272,14 @@ class FleetExecutor(TaskExecutor):
                 outcome = await wait_or_none(future, timeout)
                 if outcome is not None and outcome.assignment == assignment:
                     return outcome.status
-                status = await delivery_db.call(run_status, task_id, assignment)
+                status = await delivery_db.call(run_status, task_execution_id, assignment)
                 if status is not None:
                     return status
                 if future.done():  # woken to re-check: wait on a fresh future
-                    rendezvous.unregister(task_id, future)
-                    future = rendezvous.register(task_id, assignment)
+                    rendezvous.unregister(task_execution_id, future)
+                    future = rendezvous.register(task_execution_id, assignment)
         finally:
-            rendezvous.unregister(task_id, future)
+            rendezvous.unregister(task_execution_id, future)
 
     def periodic_jobs(self) -> list[PeriodicJob]:
         config = self.config

@@ -245,33 +245,36 @@ class InProcessExecutor(TaskExecutor):
             )
         return self._preparer, self._recorder
 
-    def _prepare_batch(self, task_ids: list[uuid.UUID]) -> list[_Prepared | None]:
+    def _prepare_batch(self, task_execution_ids: list[uuid.UUID]) -> list[_Prepared | None]:
         """Claim these tasks in one statement, then resolve each one's package and context
         (database thread).  None for a task not claimed (someone else got it, not due)."""
-        claims = {claim.task_execution_id: claim for claim in claim_tasks(task_ids, self.claimer)}
+        claims = {
+            claim.task_execution_id: claim
+            for claim in claim_tasks(task_execution_ids, self.claimer)
+        }
         if not claims:
-            return [None] * len(task_ids)
+            return [None] * len(task_execution_ids)
         try:
             contexts = build_task_contexts(list(claims))
             digests = self._digests_of({claim.workflow_execution_id for claim in claims.values()})
         except Exception as exc:
             log.exception("preparing %d claimed tasks failed", len(claims))
             failed = {
-                task_id: _Prepared(
+                task_execution_id: _Prepared(
                     claim,
                     error_type=type(exc).__name__,
                     error_message=f"could not prepare the task: {exc}",
                 )
-                for task_id, claim in claims.items()
+                for task_execution_id, claim in claims.items()
             }
-            return _each_once(task_ids, failed)
+            return _each_once(task_execution_ids, failed)
         prepared = {
-            task_id: self._resolve(
-                claim, digests.get(claim.workflow_execution_id, ""), contexts.get(task_id)
+            task_execution_id: self._resolve(
+                claim, digests.get(claim.workflow_execution_id, ""), contexts.get(task_execution_id)
             )
-            for task_id, claim in claims.items()
+            for task_execution_id, claim in claims.items()
         }
-        return _each_once(task_ids, prepared)
+        return _each_once(task_execution_ids, prepared)
 
     def _resolve(self, claim: Claim, digest: str, context: dict | None) -> _Prepared:
         """The claimed task's unpacked package (pinned until its run ends) and input."""
@@ -361,10 +364,10 @@ class InProcessExecutor(TaskExecutor):
             self._total_duration_s += outcome.duration_s
 
 
-def _each_once(task_ids: list[uuid.UUID], prepared: dict[uuid.UUID, _Prepared]) -> list:
-    """The answers in the order of ``task_ids``: a task offered twice in one batch was claimed
+def _each_once(task_execution_ids: list[uuid.UUID], prepared: dict[uuid.UUID, _Prepared]) -> list:
+    """The answers in the order of ``task_execution_ids``: a task offered twice in one batch was claimed
     once, so only its first offer gets the claim (the other is not claimed, None)."""
-    return [prepared.pop(task_id, None) for task_id in task_ids]
+    return [prepared.pop(task_execution_id, None) for task_execution_id in task_execution_ids]
 
 
 def _load_blob(digest: str) -> bytes:

@@ -17,7 +17,7 @@ class DeliveryOutbox(models.Model):
 
     tenant = models.ForeignKey("fleet.Tenant", on_delete=models.CASCADE, related_name="outbox_rows")
     agent = models.ForeignKey("agents.Agent", on_delete=models.CASCADE, related_name="outbox_rows")
-    task = models.ForeignKey(
+    task_execution = models.ForeignKey(
         "fleet.TaskExecution", on_delete=models.CASCADE, related_name="outbox_rows"
     )
     assignment = models.PositiveIntegerField()
@@ -48,7 +48,7 @@ class DeliveryOutbox(models.Model):
         ]
         constraints = [
             models.UniqueConstraint(
-                fields=["task", "assignment"], name="one_packet_per_assignment"
+                fields=["task_execution", "assignment"], name="one_packet_per_assignment"
             ),
         ]
 

@@ -80,7 +80,7 @@ class TaskExecution(models.Model):
     tenant = models.ForeignKey(
         "fleet.Tenant", on_delete=models.CASCADE, related_name="task_executions"
     )
-    task_id = models.CharField(max_length=200)
+    task_name = models.CharField(max_length=200)  # the manifest's task id
     function = models.CharField(max_length=400)
     dependencies = models.JSONField(default=list)
     trigger_rule = models.CharField(
@@ -121,7 +121,7 @@ class TaskExecution(models.Model):
         ordering = ["position"]
         constraints = [
             models.UniqueConstraint(
-                fields=["workflow_execution", "task_id"], name="uniq_task_per_execution"
+                fields=["workflow_execution", "task_name"], name="uniq_task_per_execution"
             ),
         ]
         indexes = [
@@ -141,7 +141,9 @@ class Outcome(models.TextChoices):
 class TaskOutcome(models.Model):
     """Every outcome reported for a task, applied or not (audit + idempotency)."""
 
-    task = models.ForeignKey(TaskExecution, on_delete=models.CASCADE, related_name="outcomes")
+    task_execution = models.ForeignKey(
+        TaskExecution, on_delete=models.CASCADE, related_name="outcomes"
+    )
     assignment = models.PositiveIntegerField()
     attempt = models.PositiveIntegerField()
     outcome = models.CharField(max_length=8, choices=Outcome.choices)
@@ -156,7 +158,7 @@ class TaskOutcome(models.Model):
         constraints = [
             # At most one applied outcome per assignment: the database enforces exactly-once completion.
             models.UniqueConstraint(
-                fields=["task", "assignment"],
+                fields=["task_execution", "assignment"],
                 condition=models.Q(applied=True),
                 name="one_applied_outcome_per_assignment",
             ),

@@ -101,7 +101,7 @@ class ApiKey(models.Model):
         return f"{self.role} key {self.lookup}… ({owner})"
 
     # Revoking a key also retires the agents registered with it: that is the agents
-    # layer's service, agents.roster.revoke_key (tenancy imports nothing above it).
+    # layer's service, agents.lifecycle.revoke_key (tenancy imports nothing above it).
 
     @property
     def is_active(self) -> bool:

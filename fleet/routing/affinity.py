@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from django.db import connection
 
+from fleet import ledger
 from fleet.engine.context import encode_context
 from fleet.models import AffinityBinding, BindingKind
 from fleet.routing.selectors import SelectorError
@@ -87,9 +88,9 @@ def bound_agent(tenant_id: int, keys: list[BindingKey]) -> tuple[uuid.UUID, Bind
         return None
     with connection.cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             SELECT b.id, b.key, b.agent_id, a.state FROM fleet_affinitybinding b
-            JOIN agents_agent a ON a.id = b.agent_id
+            JOIN {ledger.AGENTS} a ON a.id = b.agent_id
             WHERE b.tenant_id = %s AND b.key = ANY(%s)
             """,
             [tenant_id, [k.key for k in keys]],

@@ -17,6 +17,8 @@ from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from fleet import ledger
+
 log = logging.getLogger(__name__)
 
 HEARTBEATS = Counter(
@@ -60,7 +62,7 @@ class AgentFabricCollector(Collector):
         try:
             with connection.cursor() as cursor:
                 cursor.execute(
-                    "SELECT count(*) FROM agents_agent WHERE connected_to <> '' AND state <> 'dead'"
+                    f"SELECT count(*) FROM {ledger.AGENTS} WHERE connected_to <> '' AND state <> 'dead'"
                 )
                 connected = cursor.fetchone()[0]
                 cursor.execute(

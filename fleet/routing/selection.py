@@ -23,16 +23,17 @@ from dataclasses import dataclass, field
 from django.db import connection
 
 from cloacina_site.config import get_config
+from fleet import ledger
 from fleet.models import Tenant
 from fleet.routing import affinity, groups
 from fleet.routing.affinity import BindingKey
+from fleet.routing.candidates import ReservedAgent, no_capacity_reason
 from fleet.routing.metrics import (
     BACKPRESSURE,
     SELECTION_DURATION,
     SELECTION_FAILURE,
     SELECTION_SUCCESS,
 )
-from fleet.routing.reservation import ReservedAgent, no_capacity_reason
 from fleet.routing.selectors import UNCONSTRAINED, Choice, Selectors, compile_choice
 
 AGENTS_LISTED = 5  # agents named in a NoMatchingAgent message
@@ -178,7 +179,7 @@ def _census(tenant_id, triples, selectors: Selectors, bound_agent_id=None) -> _C
                               || '], capabilities ['
                               || array_to_string(ARRAY(SELECT jsonb_array_elements_text(a.capabilities)), ', ')
                               || '])' ORDER BY a.name) FILTER (WHERE {live}))[1:{AGENTS_LISTED}]
-            FROM agents_agent a WHERE a.tenant_id = %(tenant)s AND a.state <> 'dead'
+            FROM {ledger.AGENTS} a WHERE a.tenant_id = %(tenant)s AND a.state <> 'dead'
             """,
             params,
         )
@@ -261,10 +262,10 @@ def _bound_state(agent_id: uuid.UUID, selectors: Selectors) -> tuple[str, str]:
     config = get_config()
     with connection.cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             SELECT name, in_flight, max_concurrency, connected_to <> '',
                    extract(epoch FROM now() - last_heartbeat)
-            FROM agents_agent WHERE id = %s
+            FROM {ledger.AGENTS} WHERE id = %s
             """,
             [agent_id],
         )

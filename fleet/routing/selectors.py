@@ -32,6 +32,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet import ledger
 from fleet.routing.health import DEGRADED_SQL
 
 SCORE_TIE = 10.0  # fallback scores this close to the best count as best: round-robin among them
@@ -240,14 +241,14 @@ def _order(selectors: Selectors) -> str:
             score += f" + 0.5 * {_pct('free_vram_pct', 0.0)}"
         # The best healthy score among the candidates (an InitPlan: computed once).
         best = (
-            f"coalesce((SELECT max({score}) FROM agents_agent a "
+            f"coalesce((SELECT max({score}) FROM {ledger.AGENTS} a "
             f"WHERE {CANDIDATES} AND NOT ({DEGRADED_SQL})), -1)"
         )
         # The agents within SCORE_TIE of the best all rank as best - SCORE_TIE, so they take
         # turns (next key); the others follow, best score first.  (One expression, with
         # the best computed once: this statement is planned for every dispatch.)
         rank.append(f"LEAST({score}, {best} - {SCORE_TIE}) DESC")
-    rank += ["a.last_selected_at ASC NULLS FIRST", "a.max_concurrency - a.in_flight DESC", "a.id"]
+    rank += ["a.last_selected_at ASC NULLS FIRST", f"{ledger.free_slots('a')} DESC", "a.id"]
     return ", ".join(rank)
 
 

@@ -7,6 +7,7 @@ from datetime import datetime
 from django import template
 from django.utils import timezone
 
+from cloacina_site.error_status import http_status
 from fleet.console.formatting import human_seconds
 
 register = template.Library()
@@ -57,3 +58,9 @@ def pct(value: float | None) -> str:
 @register.filter
 def short_id(value: object) -> str:
     return str(value)[:8]
+
+
+@register.filter(name="http_status")
+def http_status_of(kind: str) -> int:
+    """A failed build's error kind → the HTTP status the API shows for it ('too_large' → 413)."""
+    return http_status(kind)

@@ -67,7 +67,7 @@ def test_the_diamond_completes_on_the_fleet_as_it_does_in_process(procs, tmp_pat
     assert tasks["extract"]["attempt"] == 2  # the task's own retry policy, on the fleet
     assert {t["agent"] for t in tasks.values()} <= {"w1", "w2"}
     assert all(t["agent"] is None for t in local["tasks"])
-    rows = DeliveryOutbox.objects.filter(task__workflow_execution_id=fleet_id)
+    rows = DeliveryOutbox.objects.filter(task_execution__workflow_execution_id=fleet_id)
     assert rows.count() == 5 and set(rows.values_list("state", flat=True)) == {"acked"}
 
 
@@ -92,7 +92,9 @@ def test_kill_9_of_an_agent_mid_task_fails_over_to_the_survivor(procs, tmp_path)
     survivor = ({"w1", "w2"} - {victim}).pop()
     assert (task["agent"], task["attempt"], body["context"]["who"]) == (survivor, 1, "second")
     failover_s = (
-        TaskExecution.objects.get(pk=DeliveryOutbox.objects.get().task_id).finished_at.timestamp()
+        TaskExecution.objects.get(
+            pk=DeliveryOutbox.objects.get().task_execution_id
+        ).finished_at.timestamp()
         - killed_at
     )
     assert failover_s < 0.5 * 3 + 2, f"failover took {failover_s:.2f}s"
@@ -123,7 +125,7 @@ def test_a_late_result_from_an_evicted_agent_does_not_change_the_outcome(procs, 
     task = TaskExecution.objects.get(workflow_execution_id=execution_id)
     # The thawed agent finishes its run and reports "first": recorded, never applied.
     late = wait_until(
-        lambda: TaskOutcome.objects.filter(task=task, agent_name=victim).first(), timeout=30,
+        lambda: TaskOutcome.objects.filter(task_execution=task, agent_name=victim).first(), timeout=30,
         what="the late outcome",
     )  # fmt: skip
     assert late.applied is False and late.ignored_reason  # e.g. "task is Completed, not Running"
@@ -190,7 +192,9 @@ def test_a_server_restart_with_tasks_in_flight_loses_and_repeats_nothing(procs, 
     server = fleet_serve(procs, port=port, name="serve-second")
     for execution_id in ids:
         assert wait_terminal(server, key, execution_id, timeout=60)["status"] == "Completed"
-    applied = Counter(TaskOutcome.objects.filter(applied=True).values_list("task_id", flat=True))
+    applied = Counter(
+        TaskOutcome.objects.filter(applied=True).values_list("task_execution_id", flat=True)
+    )
     assert len(applied) == 12 and set(applied.values()) == {1}  # each task completed exactly once
     assert set(TaskExecution.objects.values_list("status", flat=True)) == {"Completed"}
 
@@ -211,10 +215,10 @@ def test_two_servers_with_agents_on_either_execute_nothing_twice(procs, tmp_path
     ]
     for execution_id in ids:
         assert wait_terminal(first, key, execution_id, timeout=60)["status"] == "Completed"
-    runs = Counter(TaskOutcome.objects.values_list("task_id", flat=True))
+    runs = Counter(TaskOutcome.objects.values_list("task_execution_id", flat=True))
     twice = [
         list(
-            TaskOutcome.objects.filter(task_id=t).values_list(
+            TaskOutcome.objects.filter(task_execution_id=t).values_list(
                 "assignment", "outcome", "applied", "agent_name", "ignored_reason", "error_message"
             )
         )

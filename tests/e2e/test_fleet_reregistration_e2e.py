@@ -120,13 +120,16 @@ def test_a_packet_reclaimed_onto_its_own_agents_new_registration_completes_once(
         timeout=30,
         what="the reclaim onto the new registration, and its pushes",
     )
-    assert not TaskOutcome.objects.filter(task__workflow_execution_id=execution_id).exists()
+    assert not TaskOutcome.objects.filter(
+        task_execution__workflow_execution_id=execution_id
+    ).exists()
 
     # 4: the outcomes, under the old id.
     (gates / "results").unlink()
     wait_until(
         lambda: (
-            TaskOutcome.objects.filter(task__workflow_execution_id=execution_id).count() >= TASKS
+            TaskOutcome.objects.filter(task_execution__workflow_execution_id=execution_id).count()
+            >= TASKS
         ),
         timeout=30,
         what="the outcomes owed under the old id",
@@ -139,11 +142,11 @@ def test_a_packet_reclaimed_onto_its_own_agents_new_registration_completes_once(
     tasks = TaskExecution.objects.filter(workflow_execution_id=execution_id)
     assert sorted(tasks.values_list("status", flat=True)) == ["Completed"] * TASKS
     for task in tasks:
-        applied = TaskOutcome.objects.filter(task=task, applied=True)
+        applied = TaskOutcome.objects.filter(task_execution=task, applied=True)
         assert applied.count() == 1, list(applied.values())
         assert (task.attempt, task.output_context) == (1, {"quick": 0})  # ran once, no retry
     assert not DeliveryOutbox.objects.filter(
-        task__workflow_execution_id=execution_id, state__in=["pending", "delivered"]
+        task_execution__workflow_execution_id=execution_id, state__in=["pending", "delivered"]
     ).exists()
     assert Agent.objects.get(pk=new).in_flight == 0
     if not instance_id:  # the outcome under the old id was fenced; the re-push answered

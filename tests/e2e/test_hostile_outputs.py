@@ -57,9 +57,9 @@ def test_bad_outputs_fail_their_tasks_clearly_and_store_nothing(served):
         assert by_id[name]["status"] == "Failed", by_id[name]
         assert by_id[name]["error"].startswith("InvalidTaskOutput: "), by_id[name]
         assert words in by_id[name]["error"], by_id[name]
-        row = TaskExecution.objects.get(workflow_execution_id=execution_id, task_id=name)
+        row = TaskExecution.objects.get(workflow_execution_id=execution_id, task_name=name)
         assert row.output_context is None
-        assert not TaskOutcome.objects.filter(task=row, outcome="success").exists()
+        assert not TaskOutcome.objects.filter(task_execution=row, outcome="success").exists()
     served.assert_still_serving()
 
 

@@ -62,7 +62,7 @@ def test_native_builds_run_only_where_they_can_load_and_python_anywhere(procs):
     # stamped with that agent's own triple.
     done = wait_terminal(server, key, start(server, key, "py", {"n": 2}), timeout=30)
     assert (done["status"], done["tasks"][0]["agent"]) == ("Completed", "arm")
-    py_packet = DeliveryOutbox.objects.get(task__workflow_execution_id=done["id"])
+    py_packet = DeliveryOutbox.objects.get(task_execution__workflow_execution_id=done["id"])
     assert py_packet.payload["target_triple"] == ARM
 
     # Uploading an aarch64 build lets the waiting task run on the Arm agent, with that digest.
@@ -78,7 +78,7 @@ def test_native_builds_run_only_where_they_can_load_and_python_anywhere(procs):
     arm_digest = response.json()["digest"]
     finished = wait_terminal(server, key, waiting, timeout=30)
     assert (finished["status"], finished["tasks"][0]["agent"]) == ("Completed", "arm")
-    packet = DeliveryOutbox.objects.filter(task__workflow_execution_id=waiting).get()
+    packet = DeliveryOutbox.objects.filter(task_execution__workflow_execution_id=waiting).get()
     assert (packet.payload["artifact_digest"], packet.payload["target_triple"]) == (arm_digest, ARM)
 
     # A host-triple agent takes the primary build; the Arm agent is gone.
@@ -87,7 +87,7 @@ def test_native_builds_run_only_where_they_can_load_and_python_anywhere(procs):
     host_run = wait_terminal(server, key, start(server, key, "nat", {"n": 3}), timeout=30)
     assert (host_run["status"], host_run["tasks"][0]["agent"]) == ("Completed", "x86")
     primary = WorkflowPackage.objects.get(name="nat")
-    host_packet = DeliveryOutbox.objects.get(task__workflow_execution_id=host_run["id"])
+    host_packet = DeliveryOutbox.objects.get(task_execution__workflow_execution_id=host_run["id"])
     assert host_packet.payload["artifact_digest"] == primary.digest
     assert host_packet.payload["target_triple"] == primary.host_triple == host_triple()
     assert PackageArtifact.objects.filter(package=primary, target_triple=ARM).count() == 1

@@ -83,7 +83,10 @@ def test_selectors_exclusive_agents_and_a_context_too_large_for_a_frame(procs):
     assert {t["task_id"]: t["agent"] for t in body["tasks"]} == {
         "measure": "big", "after1": "big", "after2": "big",
     }  # fmt: skip
-    packets = {r.task.task_id: r.payload for r in DeliveryOutbox.objects.select_related("task")}
+    packets = {
+        r.task_execution.task_name: r.payload
+        for r in DeliveryOutbox.objects.select_related("task_execution")
+    }
     assert "context_json" not in packets["measure"]
     assert packets["measure"]["context_ref"]["bytes"] > 1024 * 1024
     assert "context_ref" in packets["after1"]  # the blob flows down to the dependents too
@@ -151,7 +154,7 @@ def test_a_drained_agent_finishes_its_work_then_exits_and_new_work_goes_elsewher
 def _queue_executions(tenant: Tenant, workflow: str, count: int) -> None:
     """``count`` executions of a one-task workflow, committed at once (their roots Ready)."""
     from artifacts.services import active_package
-    from fleet.engine.scheduler import _task_row
+    from fleet.engine.scheduler import unsaved_task_row
 
     package = active_package(tenant, workflow)
     spec = package.manifest["tasks"][0]
@@ -169,7 +172,7 @@ def _queue_executions(tenant: Tenant, workflow: str, count: int) -> None:
             for i in range(count)
         ]  # fmt: skip
     )
-    TaskExecution.objects.bulk_create([_task_row(e, spec, 0, now) for e in executions])
+    TaskExecution.objects.bulk_create([unsaved_task_row(e, spec, 0, now) for e in executions])
 
 
 def test_one_tenants_backlog_does_not_starve_another(procs):

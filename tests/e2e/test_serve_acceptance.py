@@ -52,7 +52,9 @@ def test_etl_demo_end_to_end_with_a_retry(procs, tmp_path):
     assert [tasks[n]["attempt"] for n in ("transform_a", "transform_b", "load")] == [1, 1, 1]
     assert all(t["agent"] is None for t in tasks.values())  # ran in-process
     assert marker.exists()
-    outcomes = TaskOutcome.objects.filter(task__task_id="extract").order_by("received_at")
+    outcomes = TaskOutcome.objects.filter(task_execution__task_name="extract").order_by(
+        "received_at"
+    )
     assert [(o.outcome, o.applied, o.error_type) for o in outcomes] == [
         ("failure", True, "TransientExtractError"),
         ("success", True, ""),
@@ -117,7 +119,9 @@ def test_two_servers_on_one_database_run_every_task_exactly_once(procs, tmp_path
     per_task = Counter((run, name) for run, name, _ in lines)
     assert len(per_task) == runs * 4
     assert set(per_task.values()) == {1}, [k for k, v in per_task.items() if v > 1]
-    applied = Counter(TaskOutcome.objects.filter(applied=True).values_list("task_id", flat=True))
+    applied = Counter(
+        TaskOutcome.objects.filter(applied=True).values_list("task_execution_id", flat=True)
+    )
     assert len(applied) == runs * 4 and set(applied.values()) == {1}
     assert not TaskOutcome.objects.filter(applied=False).exists()
     assert set(WorkflowExecution.objects.values_list("status", flat=True)) == {"Completed"}

@@ -64,7 +64,7 @@ def test_dependency_layers_of_the_diamond(tenant):
     publish_example(tenant)
     execution, _ = start(tenant, "etl", {})
     layers = dependency_layers(list(TaskExecution.objects.filter(workflow_execution=execution)))
-    assert [[t.task_id for t in layer] for layer in layers] == [
+    assert [[t.task_name for t in layer] for layer in layers] == [
         ["extract"],
         ["transform_a", "transform_b"],
         ["load"],
@@ -168,7 +168,7 @@ def test_the_detail_page_of_a_2000_task_chain_renders(admin_client, tenant):
         response = admin_client.get(url)
         assert response.status_code == 200, url
     layers = dependency_layers(list(TaskExecution.objects.filter(workflow_execution=execution)))
-    assert [[t.task_id for t in layer] for layer in layers] == [[f"t{i}"] for i in range(CHAIN)]
+    assert [[t.task_name for t in layer] for layer in layers] == [[f"t{i}"] for i in range(CHAIN)]
 
 
 def test_dependency_layers_put_a_task_after_its_deepest_dependency(tenant):
@@ -177,10 +177,10 @@ def test_dependency_layers_put_a_task_after_its_deepest_dependency(tenant):
 
     graph = {"a": [], "b": ["a"], "c": ["b"], "d": ["a", "c"], "e": ["a", "b"], "f": ["e", "d"]}
     tasks = [
-        SimpleNamespace(task_id=k, dependencies=v, position=i)
+        SimpleNamespace(task_name=k, dependencies=v, position=i)
         for i, (k, v) in enumerate(graph.items())
     ]
     layers = dependency_layers(tasks)
-    assert [[t.task_id for t in layer] for layer in layers] == [
+    assert [[t.task_name for t in layer] for layer in layers] == [
         ["a"], ["b"], ["c", "e"], ["d"], ["f"]
     ]  # fmt: skip

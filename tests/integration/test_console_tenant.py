@@ -241,7 +241,7 @@ def test_the_page_shows_builds_and_polls_only_while_one_is_active(reader_client,
         new_artifact=True, bytes_downloaded=2_500_000, started_at=now, finished_at=now,
     )  # fmt: skip
     failed = _build_job(
-        tenant, "x86_64-unknown-linux-gnu", state="failed", error_status=413,
+        tenant, "x86_64-unknown-linux-gnu", state="failed", error_kind="too_large",
         detail="pip download wrote more than 1048576 bytes", started_at=now, finished_at=now,
     )  # fmt: skip
     page = reader_client.get("/console/tenants/acme/").content.decode()

@@ -7,6 +7,7 @@ import threading
 import pytest
 from django.db import connection
 
+from cloacina_site.error_status import http_status
 from fleet.control import limits
 from fleet.models import ChangeReason, FleetChange, Tenant
 
@@ -25,8 +26,8 @@ def test_it_provisions_up_to_the_default_limit_then_refuses(tenant):
         assert limits.provision(tenant, "alice") == expected
     with pytest.raises(limits.FleetLimitError) as err:
         limits.provision(tenant, "alice")
-    assert err.value.status == 409
-    assert "effective limit (4)" in err.value.message
+    assert http_status(err.value) == 409
+    assert "effective limit (4)" in err.value.detail
     tenant.refresh_from_db()
     assert tenant.desired_count == 4
     assert changes(tenant) == [(n, n + 1, ChangeReason.MANUAL, "alice") for n in range(4)]
@@ -37,8 +38,8 @@ def test_it_deprovisions_to_zero_then_refuses(tenant):
     assert limits.deprovision(tenant, "b") == 0
     with pytest.raises(limits.FleetLimitError) as err:
         limits.deprovision(tenant, "b")
-    assert err.value.status == 409
-    assert "already 0" in err.value.message
+    assert http_status(err.value) == 409
+    assert "already 0" in err.value.detail
     assert changes(tenant)[-1] == (1, 0, ChangeReason.MANUAL, "b")
 
 
@@ -46,7 +47,7 @@ def test_it_refuses_a_disabled_tenant(tenant):
     Tenant.objects.filter(pk=tenant.pk).update(is_active=False)
     with pytest.raises(limits.FleetLimitError) as err:
         limits.provision(tenant, "a")
-    assert err.value.status == 409 and "disabled" in err.value.message
+    assert http_status(err.value) == 409 and "disabled" in err.value.detail
 
 
 def test_an_override_replaces_the_default_limit(tenant):
@@ -81,7 +82,7 @@ def test_clearing_the_override_returns_to_the_default(tenant):
 def test_an_admin_desired_count_above_the_limit_changes_nothing(tenant):
     with pytest.raises(limits.FleetLimitError) as err:
         limits.set_fleet_overrides(tenant, "root", max_agents_override=3, desired_count=5)
-    assert err.value.status == 422 and "exceeds the effective limit (3)" in err.value.message
+    assert http_status(err.value) == 422 and "exceeds the effective limit (3)" in err.value.detail
     tenant.refresh_from_db()
     assert (tenant.max_agents_override, tenant.desired_count) == (None, 0)
     assert not FleetChange.objects.filter(tenant=tenant).exists()
@@ -98,7 +99,7 @@ def test_an_admin_sets_both_in_one_change(tenant):
 def test_it_rejects_malformed_numbers(tenant, bad):
     with pytest.raises(limits.FleetLimitError) as err:
         limits.set_fleet_overrides(tenant, "root", max_agents_override=bad)
-    assert err.value.status == 422
+    assert http_status(err.value) == 422
 
 
 def test_the_snapshot_counts_agents_backlog_and_outbox(tenant, other_tenant):
@@ -139,7 +140,7 @@ def test_concurrent_provision_calls_never_lose_an_update():
                 try:
                     value: int | str = limits.provision(tenant, f"thread-{n}")
                 except limits.FleetLimitError as exc:
-                    value = f"{exc.status}"
+                    value = f"{http_status(exc)}"
                 with lock:
                     results.append(value)
         finally:

@@ -38,7 +38,7 @@ def many_ready_tasks(tenant, count: int) -> list[uuid.UUID]:
             TaskExecution(
                 workflow_execution=execution,
                 tenant=tenant,
-                task_id=f"t{i}",
+                task_name=f"t{i}",
                 function="demo.steps:f",
                 status=TaskStatus.READY,
                 ready_at=now,
@@ -188,7 +188,7 @@ def test_the_due_rows_are_picked_once_whatever_the_plan(tenant, statement):
     from fleet.engine import claims as claims_module
 
     ids = many_ready_tasks(tenant, 3)
-    params = {"task_id": ids[0], "task_ids": ids, "limit": 1, "claimer": "s",
+    params = {"task_execution_id": ids[0], "task_execution_ids": ids, "limit": 1, "claimer": "s",
               "deadline": True, "relax": False, "grace": 30.0}  # fmt: skip
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN " + getattr(claims_module, statement), params)

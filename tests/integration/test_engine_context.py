@@ -21,8 +21,8 @@ from tests.support.loop import run_async
 SOURCE = "def f(ctx):\n    return {}\n"
 
 
-def t(task_id: str, deps: list[str] | None = None, rule: str | None = None) -> dict:
-    spec = {"id": task_id, "function": "demo.steps:f"}
+def t(task_name: str, deps: list[str] | None = None, rule: str | None = None) -> dict:
+    spec = {"id": task_name, "function": "demo.steps:f"}
     if deps:
         spec["dependencies"] = deps
     if rule:
@@ -95,7 +95,7 @@ def test_the_in_process_child_gets_exactly_the_shared_builders_bytes(tenant, tmp
 
     def builder_says(function: str) -> tuple[str, str]:
         task = next(x for x in tasks_of(execution).values() if x.function == function)
-        return task.task_id, encode_context(build_task_context(task.pk))
+        return task.task_name, encode_context(build_task_context(task.pk))
 
     db = DbThreadPool(1, "test-context")
     with running_executor(tmp_path / "cache") as (executor, sink):
@@ -103,8 +103,8 @@ def test_the_in_process_child_gets_exactly_the_shared_builders_bytes(tenant, tmp
 
         async def recording_run(package_dir, function, context_json, timeout_s):
             # What the shared builder says, computed independently at the moment of the run.
-            task_id, expected[task_id] = await db.call(builder_says, function)
-            handed[task_id] = context_json
+            task_name, expected[task_name] = await db.call(builder_says, function)
+            handed[task_name] = context_json
             return await real_run(package_dir, function, context_json, timeout_s)
 
         executor.runner.run = recording_run

@@ -71,7 +71,7 @@ def test_the_fail_once_path_retries_and_succeeds(tenant, tmp_path):
     extract = tasks_of(execution)["extract"]
     assert (extract.attempt, extract.status, extract.error_type) == (2, "Completed", "")
     history = list(
-        TaskOutcome.objects.filter(task=extract)
+        TaskOutcome.objects.filter(task_execution=extract)
         .order_by("id")
         .values_list("attempt", "outcome", "error_type", "applied")
     )
@@ -194,4 +194,4 @@ def test_a_run_cut_short_by_stop_is_given_back_without_using_an_attempt(tenant, 
     task = tasks_of(execution)["a"]
     assert (task.status, task.attempt, task.assignment) == ("Ready", 0, 1)
     assert task.wait_reason == "the server stopped before the task finished"
-    assert not TaskOutcome.objects.filter(task=task).exists()
+    assert not TaskOutcome.objects.filter(task_execution=task).exists()

@@ -80,7 +80,7 @@ def test_an_outcome_failing_in_the_batch_sends_every_outcome_through_its_own_tra
     claims.sort(key=lambda c: str(c.task_execution_id))
     duplicate = claims[0]
     TaskOutcome.objects.create(
-        task_id=duplicate.task_execution_id, assignment=duplicate.assignment, attempt=1,
+        task_execution_id=duplicate.task_execution_id, assignment=duplicate.assignment, attempt=1,
         outcome="success", applied=True,
     )  # fmt: skip
     applied = apply_reports([success(c) for c in claims])

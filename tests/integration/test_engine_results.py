@@ -27,7 +27,7 @@ def running_task(tenant, **task_fields):
 
 def outcomes(task) -> list[tuple]:
     return list(
-        TaskOutcome.objects.filter(task=task)
+        TaskOutcome.objects.filter(task_execution=task)
         .order_by("id")
         .values_list("assignment", "outcome", "applied", "ignored_reason")
     )
@@ -58,7 +58,7 @@ def test_a_duplicate_success_does_not_complete_twice(tenant):
     assert second.reason == "task is Completed, not Running"
     task.refresh_from_db()
     assert task.output_context == {"n": 1}
-    assert TaskOutcome.objects.filter(task=task, applied=True).count() == 1
+    assert TaskOutcome.objects.filter(task_execution=task, applied=True).count() == 1
     assert task.workflow_execution.final_context == {"in": 1, "n": 1}
 
 
@@ -83,7 +83,7 @@ def test_concurrent_duplicates_apply_exactly_once(tenant):
     for t in threads:
         t.join(30)
     assert sorted(r.applied for r in results) == [False, False, False, True]
-    assert TaskOutcome.objects.filter(task=task, applied=True).count() == 1
+    assert TaskOutcome.objects.filter(task_execution=task, applied=True).count() == 1
 
 
 @pytest.mark.django_db

@@ -53,7 +53,9 @@ def test_retries_back_off_exponentially_then_fail(tenant):
     task.refresh_from_db()
     assert (task.status, task.attempt) == ("Failed", 4)
     attempts = (
-        TaskOutcome.objects.filter(task=task).order_by("id").values_list("attempt", flat=True)
+        TaskOutcome.objects.filter(task_execution=task)
+        .order_by("id")
+        .values_list("attempt", flat=True)
     )
     assert list(attempts) == [1, 2, 3, 4]
     assert tasks_of(execution)["a"].workflow_execution.status == "Failed"
@@ -103,7 +105,7 @@ def timeout_package(tenant) -> None:
 
 def history(task) -> list[tuple]:
     return list(
-        TaskOutcome.objects.filter(task=task)
+        TaskOutcome.objects.filter(task_execution=task)
         .order_by("id")
         .values_list("attempt", "outcome", "error_type", "error_message")
     )

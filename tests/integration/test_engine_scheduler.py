@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from cloacina_site.error_status import http_status
 from fleet.engine.events import ExecutionStatus
 from fleet.engine.scheduler import SchedulingError, cancel_execution, rule_outcome
 from fleet.models import TaskOutcome, TaskStatus, WorkflowExecution, WorkflowStatus
@@ -13,8 +14,8 @@ SOURCE = "def f(ctx):\n    return {}\n"
 pytestmark = pytest.mark.django_db
 
 
-def task(task_id: str, deps: list[str] | None = None, rule: str | None = None, **extra) -> dict:
-    spec = {"id": task_id, "function": "demo.steps:f", **extra}
+def task(task_name: str, deps: list[str] | None = None, rule: str | None = None, **extra) -> dict:
+    spec = {"id": task_name, "function": "demo.steps:f", **extra}
     if deps:
         spec["dependencies"] = deps
     if rule:
@@ -67,7 +68,7 @@ def test_it_starts_with_only_the_roots_ready(tenant):
 def test_an_unknown_workflow_is_a_404(tenant):
     with pytest.raises(SchedulingError, match="no active package provides workflow 'nope'") as exc:
         start(tenant, "nope")
-    assert exc.value.status == 404
+    assert http_status(exc.value) == 404
     assert not WorkflowExecution.objects.exists()
 
 
@@ -193,12 +194,12 @@ def test_cancel_refuses_a_finished_execution_and_other_tenants(tenant, other_ten
     execution, tasks = start(tenant, "demo")
     with pytest.raises(SchedulingError, match="execution not found") as exc:
         cancel_execution(other_tenant, execution.pk)
-    assert exc.value.status == 404
+    assert http_status(exc.value) == 404
     assert reload(execution).status == WorkflowStatus.PENDING
     finish(tasks["a"], output={})
     with pytest.raises(SchedulingError, match="already Completed") as exc:
         cancel_execution(tenant, execution.pk)
-    assert exc.value.status == 409
+    assert http_status(exc.value) == 409
 
 
 def test_every_outcome_is_recorded_once(tenant):
@@ -206,7 +207,7 @@ def test_every_outcome_is_recorded_once(tenant):
     execution, tasks = start(tenant, "demo")
     for tid in ("a", "b", "c", "d"):
         finish(tasks[tid], output={tid: 1})
-    outcomes = TaskOutcome.objects.filter(task__workflow_execution=execution)
+    outcomes = TaskOutcome.objects.filter(task_execution__workflow_execution=execution)
     assert outcomes.count() == 4
     assert all(o.applied and o.outcome == "success" and o.attempt == 1 for o in outcomes)
     assert set(statuses(execution).values()) == {TaskStatus.COMPLETED}
@@ -234,8 +235,8 @@ def test_started_tasks_carry_the_manifest_and_start_at_the_defaults(tenant):
         SOURCE,
     )
     execution, roots = start_execution_with_roots(tenant, "demo", {"k": 1}, priority=10)
-    a = TaskExecution.objects.get(workflow_execution=execution, task_id="a")
-    b = TaskExecution.objects.get(workflow_execution=execution, task_id="b")
+    a = TaskExecution.objects.get(workflow_execution=execution, task_name="a")
+    b = TaskExecution.objects.get(workflow_execution=execution, task_name="b")
     assert [(r.task_execution_id, r.task_name, r.attempt, r.priority) for r in roots] == [
         (a.id, "a", 1, 13)
     ]

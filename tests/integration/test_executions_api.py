@@ -53,14 +53,14 @@ def get(client: Client, key: str, path: str):
     return client.get(f"/api/v1{path}", **bearer(key))
 
 
-def run_task(execution_id: str, task_id: str, **report) -> None:
+def run_task(execution_id: str, task_name: str, **report) -> None:
     """Claim one Ready task and report an outcome through the one result handler.
 
     Tests using it need ``transaction=True``: a claim compares ``ready_at`` with
     PostgreSQL's ``now()``, which inside the test's wrapping transaction would
     stay at the moment the test began.
     """
-    task = TaskExecution.objects.get(workflow_execution_id=execution_id, task_id=task_id)
+    task = TaskExecution.objects.get(workflow_execution_id=execution_id, task_name=task_name)
     claim = claim_task(task.pk, "test")
     assert claim is not None
     result_handler.apply(TaskReport(task.pk, claim.assignment, **report))

@@ -8,8 +8,8 @@ import uuid
 import pytest
 from django.test import Client
 
+from agents.lifecycle import revoke_key
 from agents.models import Agent
-from agents.roster import revoke_key
 from fleet.delivery.placement import place_task
 from fleet.models import ApiKey, DeliveryOutbox, Eviction, TaskExecution, TaskOutcome
 from tests.support.agents import make_agent
@@ -74,7 +74,7 @@ def test_registering_a_live_name_again_replaces_it_and_reclaims_its_work(client,
     # Force the packet onto the old agent: the survivor is full for a moment.
     Agent.objects.filter(pk=survivor.pk).update(in_flight=2)
     place_task(task.pk, "s")
-    assert DeliveryOutbox.objects.get(task=task).agent_id == old.id
+    assert DeliveryOutbox.objects.get(task_execution=task).agent_id == old.id
     Agent.objects.filter(pk=survivor.pk).update(in_flight=0)
 
     response = post(client, "/agents/register", agent_key, register_body())
@@ -83,7 +83,7 @@ def test_registering_a_live_name_again_replaces_it_and_reclaims_its_work(client,
     assert old.state == "dead"
     eviction = Eviction.objects.get(agent=old)
     assert "replaced" in eviction.reason and eviction.in_flight == 1 and eviction.reassigned == 1
-    row = DeliveryOutbox.objects.get(task=task)
+    row = DeliveryOutbox.objects.get(task_execution=task)
     assert (row.agent_id, row.state, row.former_agents) == (survivor.id, "pending", [str(old.id)])
 
 
@@ -176,7 +176,7 @@ def test_a_result_applies_once_and_a_retried_post_is_recorded_not_applied(
     task.refresh_from_db()
     assert (task.status, task.output_context) == ("Completed", {"a": 1})
     assert (
-        TaskExecution.objects.get(workflow_execution=task.workflow_execution, task_id="b").status
+        TaskExecution.objects.get(workflow_execution=task.workflow_execution, task_name="b").status
         == "Ready"
     )
     row.refresh_from_db()
@@ -184,7 +184,9 @@ def test_a_result_applies_once_and_a_retried_post_is_recorded_not_applied(
     agent.refresh_from_db()
     assert agent.in_flight == 0
     assert list(
-        TaskOutcome.objects.filter(task=task).values_list("applied", flat=True).order_by("id")
+        TaskOutcome.objects.filter(task_execution=task)
+        .values_list("applied", flat=True)
+        .order_by("id")
     ) == [True, False]
 
 

@@ -12,8 +12,8 @@ from django.db import connection
 from django.utils import timezone
 
 from agents.models import Agent
-from fleet.delivery.batch_placement import Delivered, place_tasks
-from fleet.delivery.placement import NoAgent, NotClaimed, Placed, Unroutable
+from fleet.delivery.batch_placement import place_tasks
+from fleet.delivery.placement import Delivered, NoAgent, NotClaimed, Placed, Unroutable
 from fleet.engine.context import build_task_context, encode_context
 from fleet.models import DeliveryOutbox, TaskExecution
 from tests.support.agents import make_agent
@@ -47,10 +47,10 @@ def test_a_batch_is_spread_over_the_agents_one_slot_per_agent_per_round(tenant):
     for agent in agents:
         agent.refresh_from_db()
         assert agent.in_flight == 2
-    rows = DeliveryOutbox.objects.filter(task_id__in=ids)
+    rows = DeliveryOutbox.objects.filter(task_execution_id__in=ids)
     assert rows.count() == 6
     for row in rows:
-        task = TaskExecution.objects.get(pk=row.task_id)
+        task = TaskExecution.objects.get(pk=row.task_execution_id)
         assert (task.status, task.attempt, task.agent_id) == ("Running", 1, row.agent_id)
         assert row.assignment == task.assignment == placed[task.pk].assignment
         # the shared context builder's exact bytes, and the agent's triple stamped on it
@@ -66,19 +66,19 @@ def test_packets_for_agents_connected_here_are_delivered_with_their_clock_starte
     Agent.objects.filter(pk=remote.pk).update(connected_to="another-server")
     ids = ready_tasks(tenant)
     placed = place_tasks(ids, "server-1")
-    by_agent = {p.agent_id: (task_id, p) for task_id, p in placed.items()}
-    task_id, here = by_agent[local.id]
+    by_agent = {p.agent_id: (task_execution_id, p) for task_execution_id, p in placed.items()}
+    task_execution_id, here = by_agent[local.id]
     assert isinstance(here, Delivered)
-    row = DeliveryOutbox.objects.get(task_id=task_id)
+    row = DeliveryOutbox.objects.get(task_execution_id=task_execution_id)
     assert (row.state, row.attempts, row.id) == ("delivered", 1, here.outbox_id)
     assert row.delivered_at is not None and row.received_at is None
     assert here.packet == {**row.payload, "outbox_id": row.id}
-    assert TaskExecution.objects.get(pk=task_id).result_deadline is not None
-    task_id, there = by_agent[remote.id]
+    assert TaskExecution.objects.get(pk=task_execution_id).result_deadline is not None
+    task_execution_id, there = by_agent[remote.id]
     assert type(there) is Placed  # the relay of the server holding its socket pushes it
-    row = DeliveryOutbox.objects.get(task_id=task_id)
+    row = DeliveryOutbox.objects.get(task_execution_id=task_execution_id)
     assert (row.state, row.attempts, row.delivered_at) == ("pending", 0, None)
-    assert TaskExecution.objects.get(pk=task_id).result_deadline is None
+    assert TaskExecution.objects.get(pk=task_execution_id).result_deadline is None
 
 
 @pytest.mark.django_db
@@ -87,7 +87,9 @@ def test_tasks_beyond_the_free_slots_wait_with_the_reason_and_keep_their_attempt
     make_agent(tenant, "a", max_concurrency=2)
     ids = ready_tasks(tenant)
     placed = place_tasks(ids, "server-1")
-    waiting = [task_id for task_id, p in placed.items() if isinstance(p, NoAgent)]
+    waiting = [
+        task_execution_id for task_execution_id, p in placed.items() if isinstance(p, NoAgent)
+    ]
     assert len(waiting) == 3
     assert {placed[t].reason for t in waiting} == {"the 1 live agent is at capacity"}
     for task in TaskExecution.objects.filter(pk__in=waiting):
@@ -194,7 +196,7 @@ def test_a_batch_that_fails_is_placed_again_task_by_task(tenant, monkeypatch):
     placed = place_tasks(ids, "server-1")
     assert all(isinstance(p, Placed) for p in placed.values())
     # Nothing of the failed batch remained: one claim, one row per task.
-    assert DeliveryOutbox.objects.filter(task_id__in=ids).count() == 3
+    assert DeliveryOutbox.objects.filter(task_execution_id__in=ids).count() == 3
     assert set(TaskExecution.objects.values_list("attempt", flat=True)) == {1}
 
 
@@ -223,6 +225,8 @@ def test_batch_contexts_are_the_single_builders_exact_contexts(tenant):
     ids = [t.pk for t in tasks.values()]
     batch = build_task_contexts(ids + [tasks["a"].workflow_execution_id])  # + an unknown id
     assert set(batch) == set(ids)
-    for task_id in ids:
-        assert encode_context(batch[task_id]) == encode_context(build_task_context(task_id))
+    for task_execution_id in ids:
+        assert encode_context(batch[task_execution_id]) == encode_context(
+            build_task_context(task_execution_id)
+        )
     assert batch[tasks["d"].pk] == {"in": "✓", "k": 2, "a": 1, "c": 1.5}

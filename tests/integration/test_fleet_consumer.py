@@ -9,8 +9,8 @@ import uuid
 import pytest
 
 from agents import consumers
+from agents.lifecycle import revoke_key
 from agents.models import Agent
-from agents.roster import revoke_key
 from fleet.delivery import local_sockets
 from fleet.delivery.placement import place_task
 from fleet.delivery.relay import Relay
@@ -87,7 +87,7 @@ def test_a_connection_owns_the_agent_and_beats_and_confirms_over_the_socket(tena
     make_agent(tenant, "helper")  # takes the packet below while `agent` is not connected
     _, task = ready_root(tenant)
     place_task(task.pk, "s")
-    row = DeliveryOutbox.objects.get(task=task)
+    row = DeliveryOutbox.objects.get(task_execution=task)
     DeliveryOutbox.objects.filter(pk=row.pk).update(agent=agent, state="delivered")
     Agent.objects.filter(pk=agent.pk).update(last_heartbeat="2001-01-01T00:00:00Z")
 
@@ -193,7 +193,7 @@ def test_the_relay_pushes_pending_work_to_the_socket(tenant, agent_key):
     _, task = ready_root(tenant, {"n": 1})
     Agent.objects.filter(pk=agent.pk).update(connected_to=local_sockets.server_id())
     place_task(task.pk, "s")
-    row = DeliveryOutbox.objects.get(task=task)
+    row = DeliveryOutbox.objects.get(task_execution=task)
 
     async def scenario():
         relay = Relay(poll_s=0.05)
@@ -289,7 +289,7 @@ def test_results_over_the_socket_are_applied_and_acknowledged(tenant, agent_key)
     Agent.objects.filter(pk=agent.pk).update(connected_to=local_sockets.server_id())
     _, task = ready_root(tenant)
     place_task(task.pk, "s")
-    row = DeliveryOutbox.objects.get(task=task)
+    row = DeliveryOutbox.objects.get(task_execution=task)
     DeliveryOutbox.objects.filter(pk=row.pk).update(state="delivered")
     other = make_agent(tenant, "other")
     body = {
@@ -350,7 +350,8 @@ def test_a_result_frame_without_an_outbox_id_is_closed_4400(tenant, agent_key):
 
 
 def test_a_packet_placed_for_a_socket_here_is_pushed_at_once_without_the_relay(tenant, agent_key):
-    from fleet.delivery.batch_placement import Delivered, place_tasks
+    from fleet.delivery.batch_placement import place_tasks
+    from fleet.delivery.placement import Delivered
 
     two_task_package(tenant)
     agent = make_agent(tenant, connected=False)
@@ -374,13 +375,14 @@ def test_a_packet_placed_for_a_socket_here_is_pushed_at_once_without_the_relay(t
         return pushed, frame
 
     pushed, frame = run_async(scenario())
-    row = DeliveryOutbox.objects.get(task=task)
+    row = DeliveryOutbox.objects.get(task_execution=task)
     assert pushed and frame == {"type": "work", "packet": {**row.payload, "outbox_id": row.id}}
     assert (row.state, row.attempts) == ("delivered", 1)
 
 
 def test_a_delivered_packet_that_cannot_be_pushed_goes_back_to_pending(tenant):
-    from fleet.delivery.batch_placement import Delivered, place_tasks
+    from fleet.delivery.batch_placement import place_tasks
+    from fleet.delivery.placement import Delivered
 
     two_task_package(tenant)
     make_agent(tenant)  # connected here per the roster, but no socket in this process
@@ -398,7 +400,7 @@ def test_a_delivered_packet_that_cannot_be_pushed_goes_back_to_pending(tenant):
             await relay.stop()
 
     assert run_async(scenario()) is False
-    row = DeliveryOutbox.objects.get(task=task)
+    row = DeliveryOutbox.objects.get(task_execution=task)
     assert (row.state, row.delivered_at) == ("pending", None)  # a relay pushes it from here
 
 
@@ -415,7 +417,7 @@ def test_a_confirmation_never_waits_for_a_locked_packet_and_lands_once_it_is_fre
     for _ in range(2):
         _, task = ready_root(tenant)
         place_task(task.pk, "s")
-        rows.append(DeliveryOutbox.objects.get(task=task))
+        rows.append(DeliveryOutbox.objects.get(task_execution=task))
     locked, release = threading.Event(), threading.Event()
 
     def hold_lock() -> None:  # e.g. a result batch acking that packet right now
@@ -474,7 +476,7 @@ def test_a_write_the_database_refuses_costs_the_other_sockets_nothing(tenant, ag
     for _ in range(3):
         _, task = ready_root(tenant)
         place_task(task.pk, "s")
-        rows.append(DeliveryOutbox.objects.get(task=task))
+        rows.append(DeliveryOutbox.objects.get(task_execution=task))
     DeliveryOutbox.objects.update(agent=honest)
 
     async def scenario():

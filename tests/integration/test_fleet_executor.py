@@ -24,7 +24,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def event(task) -> TaskReadyEvent:
-    return TaskReadyEvent(task.pk, task.workflow_execution_id, task.task_id, task.attempt + 1)
+    return TaskReadyEvent(task.pk, task.workflow_execution_id, task.task_name, task.attempt + 1)
 
 
 def in_thread(fn, *args):
@@ -79,7 +79,7 @@ def test_an_outcome_applied_by_another_process_wakes_the_waiter_by_notify(tenant
     _, task = ready_root(tenant)
 
     def other_process_reports():
-        row = DeliveryOutbox.objects.get(task=task)
+        row = DeliveryOutbox.objects.get(task_execution=task)
         applied = result_handler.apply(
             TaskReport(task.pk, row.assignment, "success", output={"a": 1}, agent_id=agent.id)
         )
@@ -94,7 +94,7 @@ def test_an_outcome_applied_by_another_process_wakes_the_waiter_by_notify(tenant
         try:
             running = asyncio.ensure_future(executor.execute(event(task)))
             while not await asyncio.to_thread(
-                in_thread, lambda: DeliveryOutbox.objects.filter(task=task).exists()
+                in_thread, lambda: DeliveryOutbox.objects.filter(task_execution=task).exists()
             ):
                 await asyncio.sleep(0.01)
             assert not running.done()

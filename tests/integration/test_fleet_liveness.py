@@ -7,8 +7,9 @@ import json
 import pytest
 from django.test import Client
 
+from agents.lifecycle import sweep_dead_agents
 from agents.models import Agent
-from fleet.delivery.liveness import reclaim_in_flight, sweep_dead_agents
+from fleet.delivery.liveness import reclaim_in_flight
 from fleet.delivery.placement import place_task
 from fleet.models import DeliveryOutbox, Eviction, TaskExecution, TaskOutcome
 from tests.support.agents import make_agent
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("short_liveness")
 def _running_on(tenant, agent, delivered=True):
     _, task = ready_root(tenant)
     place_task(task.pk, "s")
-    row = DeliveryOutbox.objects.get(task=task)
+    row = DeliveryOutbox.objects.get(task_execution=task)
     assert row.agent_id == agent.id
     if delivered:
         DeliveryOutbox.objects.filter(pk=row.pk).update(
@@ -154,7 +155,9 @@ def test_a_late_result_from_an_evicted_agent_is_recorded_not_applied(tenant, age
     task.refresh_from_db()
     assert (task.status, task.output_context) == ("Completed", {"a": 1})
     outcomes = list(
-        TaskOutcome.objects.filter(task=task).order_by("id").values_list("agent_name", "applied")
+        TaskOutcome.objects.filter(task_execution=task)
+        .order_by("id")
+        .values_list("agent_name", "applied")
     )
     assert outcomes == [("doomed", False), ("survivor", True)]
     assert Eviction.objects.get(agent=doomed).reassigned == 1

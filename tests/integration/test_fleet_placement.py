@@ -28,7 +28,7 @@ def test_it_claims_reserves_and_enqueues_a_packet(tenant):
     assert task.result_deadline is None  # the clock starts at delivery
     agent.refresh_from_db()
     assert agent.in_flight == 1
-    row = DeliveryOutbox.objects.get(task=task)
+    row = DeliveryOutbox.objects.get(task_execution=task)
     assert (row.state, row.agent_id, row.assignment, row.attempts) == (
         "pending",
         agent.id,
@@ -58,15 +58,15 @@ def test_the_packet_carries_the_shared_builders_exact_bytes(tenant):
     execution, tasks = start(tenant, "demo", {"ünïcode": "✓", "f": 1.5, "nested": {"k": [None]}})
     a = tasks["a"]
     assert isinstance(place_task(a.pk, "s"), Placed)
-    row = DeliveryOutbox.objects.get(task=a)
+    row = DeliveryOutbox.objects.get(task_execution=a)
     result_handler.apply(
         TaskReport(
             a.pk, row.assignment, "success", output={"a": 1, "f": 2.5}, agent_id=row.agent_id
         )
     )
-    b = TaskExecution.objects.get(workflow_execution=execution, task_id="b")
+    b = TaskExecution.objects.get(workflow_execution=execution, task_name="b")
     assert isinstance(place_task(b.pk, "s"), Placed)
-    packet = DeliveryOutbox.objects.get(task=b).payload
+    packet = DeliveryOutbox.objects.get(task_execution=b).payload
     assert packet["context_json"] == encode_context(build_task_context(b.pk))
     assert json.loads(packet["context_json"]) == {
         "ünïcode": "✓",
@@ -137,4 +137,4 @@ def test_run_status_declares_a_run_lost_after_its_deadline(tenant):
     assert run_status(task.pk, placed.assignment) == ExecutionStatus.RETRY
     task.refresh_from_db()
     assert (task.status, task.error_type) == ("Ready", "ResultLost")
-    assert DeliveryOutbox.objects.get(task=task).state == "acked"
+    assert DeliveryOutbox.objects.get(task_execution=task).state == "acked"

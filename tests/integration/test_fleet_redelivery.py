@@ -23,7 +23,7 @@ from tests.support.factories import ready_root, two_task_package
 def _packet(tenant, agent, delivered_ago_s=None, received=False):
     _, task = ready_root(tenant)
     place_task(task.pk, "s")
-    row = DeliveryOutbox.objects.get(task=task)
+    row = DeliveryOutbox.objects.get(task_execution=task)
     assert row.agent_id == agent.id
     if delivered_ago_s is not None:
         at = timezone.now() - timedelta(seconds=delivered_ago_s)
@@ -77,12 +77,12 @@ def test_hello_confirms_what_the_agent_holds_and_requeues_the_rest(tenant, other
     held = _packet(tenant, agent, delivered_ago_s=5)
     lost = _packet(tenant, agent, delivered_ago_s=5)
     pending = _packet(tenant, agent)
-    assert apply_hello(agent.id, [(held.task_id, held.assignment)]) == (1, 1)
+    assert apply_hello(agent.id, [(held.task_execution_id, held.assignment)]) == (1, 1)
     held.refresh_from_db()
     assert held.state == "delivered" and held.received_at is not None
     assert (_state(lost), _state(pending)) == ("pending", "pending")
     # Holding another assignment of the task is not holding this packet.
-    assert apply_hello(agent.id, [(held.task_id, held.assignment + 1)]) == (0, 1)
+    assert apply_hello(agent.id, [(held.task_execution_id, held.assignment + 1)]) == (0, 1)
     assert _state(held) == "pending"
 
 
@@ -96,7 +96,7 @@ def test_received_frames_only_touch_the_agents_own_rows(tenant):
     assert mark_received(mine.id, [row.id, other.id]) == 1
     other.refresh_from_db()
     assert other.received_at is None
-    assert mark_running_received(theirs.id, [other.task_id, row.task_id]) == 1
+    assert mark_running_received(theirs.id, [other.task_execution_id, row.task_execution_id]) == 1
     other.refresh_from_db()
     assert other.received_at is not None
 
@@ -122,6 +122,10 @@ def test_a_hello_assignment_past_int_matches_nothing_instead_of_failing_the_cast
     agent = make_agent(tenant, max_concurrency=5)
     held = _packet(tenant, agent, delivered_ago_s=5)
     lost = _packet(tenant, agent, delivered_ago_s=5)
-    holding = [(held.task_id, held.assignment), (lost.task_id, 2**31), (lost.task_id, 2**64 - 1)]
+    holding = [
+        (held.task_execution_id, held.assignment),
+        (lost.task_execution_id, 2**31),
+        (lost.task_execution_id, 2**64 - 1),
+    ]
     assert apply_hello(agent.id, holding) == (1, 1)
     assert (_state(held), _state(lost)) == ("delivered", "pending")

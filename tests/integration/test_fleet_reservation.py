@@ -8,7 +8,8 @@ import pytest
 from django.db import connection, transaction
 
 from agents.models import Agent
-from fleet.routing.reservation import no_capacity_reason, reserve_agent
+from fleet.delivery.placement import reserve_agent
+from fleet.routing.candidates import no_capacity_reason
 from tests.support.agents import make_agent
 
 

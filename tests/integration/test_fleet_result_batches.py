@@ -26,9 +26,9 @@ def delivered(tenant, workflow: str) -> dict:
     for task in tasks.values():
         if task.status == "Ready":
             place_task(task.pk, "s")
-            row = DeliveryOutbox.objects.get(task=task)
+            row = DeliveryOutbox.objects.get(task_execution=task)
             DeliveryOutbox.objects.filter(pk=row.pk).update(state="delivered")
-            out[task.task_id] = (task, row)
+            out[task.task_name] = (task, row)
     return out
 
 
@@ -38,7 +38,7 @@ def result(task, row, **extra) -> ResultIn:
         "task_execution_id": task.pk,
         "assignment": row.assignment,
         "outcome": "success",
-        "output": {task.task_id: 1},
+        "output": {task.task_name: 1},
     }
     return ResultIn(**{**body, **extra})
 
@@ -60,7 +60,7 @@ def test_a_batch_applies_every_result_and_frees_each_slot_once(tenant, wide):
     assert set(TaskExecution.objects.values_list("status", flat=True)) == {"Completed"}
     assert set(DeliveryOutbox.objects.values_list("state", flat=True)) == {"acked"}
     assert [Agent.objects.get(pk=a.pk).in_flight for a in agents] == [0, 0]
-    assert TaskExecution.objects.get(task_id="t2").output_context == {"t2": 1}
+    assert TaskExecution.objects.get(task_name="t2").output_context == {"t2": 1}
 
 
 @pytest.mark.django_db
@@ -87,7 +87,7 @@ def test_each_result_of_a_batch_gets_its_own_answer(tenant, wide, other_tenant):
     assert TaskExecution.objects.get(pk=t3.pk).status == "Failed"
     # Two packets acked (t0, t3): two slots freed, the two still open keep theirs.
     assert Agent.objects.get(pk=agent.pk).in_flight == 2
-    assert TaskOutcome.objects.filter(task_id=t0.pk).count() == 2
+    assert TaskOutcome.objects.filter(task_execution_id=t0.pk).count() == 2
 
 
 @pytest.mark.django_db
@@ -109,7 +109,7 @@ def test_two_dependencies_finishing_in_one_batch_make_the_join_ready_once(tenant
     placed = delivered(tenant, "diamond")
     items = [(tenant.pk, agent.id, result(task, row)) for task, row in placed.values()]
     assert [a[0] for a in apply_results(items)] == [200, 200]
-    join = TaskExecution.objects.get(task_id="join")
+    join = TaskExecution.objects.get(task_name="join")
     assert join.status == "Ready"
     assert [e.task_execution_id for e in offered] == [join.pk]
 
@@ -158,7 +158,11 @@ def test_a_result_failing_in_its_handler_sends_the_whole_batch_result_by_result(
     task, row = placed[0]
     # As if a concurrent duplicate of this outcome had just been committed.
     TaskOutcome.objects.create(
-        task_id=task.pk, assignment=row.assignment, attempt=1, outcome="success", applied=True
+        task_execution_id=task.pk,
+        assignment=row.assignment,
+        attempt=1,
+        outcome="success",
+        applied=True,
     )
     items = [(tenant.pk, agent.id, result(t, r)) for t, r in placed]
     answers = apply_results(items)

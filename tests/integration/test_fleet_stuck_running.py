@@ -17,9 +17,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from agents.lifecycle import sweep_dead_agents
 from agents.models import Agent
 from cloacina_site.config import apply_overrides
-from fleet.delivery.liveness import sweep_dead_agents
 from fleet.delivery.placement import place_task
 from fleet.delivery.redelivery import redeliver_unreceived
 from fleet.metrics import UNCONFIRMED_LOST
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.usefixtures("short_liveness")
 def _placed(tenant, agent):
     _, task = ready_root(tenant)
     place_task(task.pk, "s")
-    row = DeliveryOutbox.objects.get(task=task)
+    row = DeliveryOutbox.objects.get(task_execution=task)
     assert row.agent_id == agent.id
     return task, row
 
@@ -72,7 +72,7 @@ def test_a_packet_pushed_max_pushes_times_without_confirmation_is_declared_lost(
     # Lost goes through the retry policy like any lost run: attempt 2 is Ready.
     assert (task.status, task.error_type) == ("Ready", "PacketUnconfirmed")
     assert "pushed 3 times" in task.error_message
-    outcome = TaskOutcome.objects.get(task=task)
+    outcome = TaskOutcome.objects.get(task_execution=task)
     assert (outcome.outcome, outcome.applied) == ("lost", True)
     assert Agent.objects.get(pk=agent.pk).in_flight == 0  # its slot is free again
     assert UNCONFIRMED_LOST._value.get() == lost_before + 1
@@ -174,7 +174,7 @@ def test_an_outcome_reported_under_the_old_id_of_the_same_process_is_applied_onc
     # The same outcome again, now under the new id (the agent's answer to a re-push):
     again = _report(client, agent_key, new, task, row)
     assert (again.status_code, again.json()["applied"]) == (200, False)
-    applied = TaskOutcome.objects.filter(task=task, applied=True).count()
+    applied = TaskOutcome.objects.filter(task_execution=task, applied=True).count()
     assert applied == 1
 
 

@@ -16,6 +16,7 @@ from agents.models import Agent
 from agents.protocol.triples import host_triple
 from artifacts.manifest import ManifestError, parse_manifest
 from artifacts.testing import build_archive, manifest_toml, package_files
+from cloacina_site.error_status import http_status
 from tests.support.keys import bearer
 
 pytestmark = pytest.mark.django_db
@@ -97,7 +98,7 @@ def test_a_raw_surrogate_in_an_execution_context_is_a_400(tenant, write_key):
 def test_the_roster_refuses_metrics_jsonb_cannot_store(metrics):
     with pytest.raises(roster.RosterError) as refused:
         roster.check_metrics(metrics)
-    assert refused.value.status == 422
+    assert http_status(refused.value) == 422
 
 
 # -- NUL in a manifest's routing strings ---------------------------------------------------

@@ -44,7 +44,7 @@ def test_an_agent_posting_nan_or_an_oversized_output_fails_the_task(agent_key, t
     answer = _post_raw(client, agent, agent_key, text)
     assert answer.status_code == 422 and "NaN is not a JSON number" in answer.json()["detail"]
     task.refresh_from_db()
-    assert task.status == "Running" and not TaskOutcome.objects.filter(task=task).exists()
+    assert task.status == "Running" and not TaskOutcome.objects.filter(task_execution=task).exists()
     fallback = result_body(task, row, outcome="failure", output=None, error_type="ResultRejected")
     assert _post_raw(client, agent, agent_key, json.dumps(fallback)).json()["applied"] is True
     task.refresh_from_db()
@@ -74,7 +74,7 @@ def test_an_agent_posting_nul_is_refused_and_nothing_is_recorded(agent_key, tena
         answer = _post_raw(Client(), agent, agent_key, json.dumps(body))
         assert answer.status_code == 422 and "NUL character" in answer.json()["detail"]
     task.refresh_from_db()
-    assert task.status == "Running" and not TaskOutcome.objects.filter(task=task).exists()
+    assert task.status == "Running" and not TaskOutcome.objects.filter(task_execution=task).exists()
     # The agent's fallback (a failure without the bad text, see outcome_reporter) applies.
     body = result_body(task, row, outcome="failure", output=None, error_type="ResultRejected")
     assert _post_raw(Client(), agent, agent_key, json.dumps(body)).json()["applied"] is True
@@ -104,13 +104,13 @@ def test_an_outcome_posted_many_times_at_once_is_applied_once(agent_key, tenant)
     assert len(applied) == 1, answers
     task.refresh_from_db()
     assert task.status == "Completed" and set(task.output_context) == {"copy"}
-    assert TaskOutcome.objects.filter(task=task, applied=True).count() == 1
+    assert TaskOutcome.objects.filter(task_execution=task, applied=True).count() == 1
     # The slot was given back once (a second release would have gone below zero).
     agent.refresh_from_db()
     row.refresh_from_db()
     assert (agent.in_flight, row.state) == (0, "acked")
     # The dependent was made Ready once, and the server goes on: it completes normally.
-    b = TaskExecution.objects.get(workflow_execution=task.workflow_execution, task_id="b")
+    b = TaskExecution.objects.get(workflow_execution=task.workflow_execution, task_name="b")
     assert (b.status, b.attempt) == ("Ready", 0)
 
 
@@ -125,8 +125,8 @@ def test_an_outcome_re_posted_in_a_loop_is_recorded_a_bounded_number_of_times(ag
     client = Client()
     answers = [_post_raw(client, agent, agent_key, body).json() for _ in range(80)]
     assert [a["applied"] for a in answers].count(True) == 1
-    assert TaskOutcome.objects.filter(task=task, applied=True).count() == 1
-    assert TaskOutcome.objects.filter(task=task, applied=False).count() == (
+    assert TaskOutcome.objects.filter(task_execution=task, applied=True).count() == 1
+    assert TaskOutcome.objects.filter(task_execution=task, applied=False).count() == (
         MAX_UNAPPLIED_OUTCOMES_PER_TASK
     )
 
@@ -143,4 +143,4 @@ def test_an_outcome_naming_numbers_past_their_columns_is_refused_cleanly(agent_k
         answer = _post_raw(Client(), agent, agent_key, body)
         assert answer.status_code in (404, 422), (extra, answer.status_code, answer.content)
     task.refresh_from_db()
-    assert task.status == "Running" and not TaskOutcome.objects.filter(task=task).exists()
+    assert task.status == "Running" and not TaskOutcome.objects.filter(task_execution=task).exists()

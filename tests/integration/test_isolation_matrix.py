@@ -104,7 +104,7 @@ def world(transactional_db) -> World:
     b_agent = make_agent(b, name=GLOBEX_AGENT)
     claim = claim_task(b_tasks["extract"].pk, "matrix")
     b_outbox = DeliveryOutbox.objects.create(
-        pk=1_234_567, tenant=b, agent=b_agent, task_id=b_tasks["extract"].pk,
+        pk=1_234_567, tenant=b, agent=b_agent, task_execution_id=b_tasks["extract"].pk,
         assignment=claim.assignment, payload={"task": "extract"},
     )  # fmt: skip
     TaskExecution.objects.filter(pk=b_tasks["extract"].pk).update(agent=b_agent)
@@ -131,7 +131,7 @@ def world(transactional_db) -> World:
     world.b_build = BuildJob.objects.create(
         id=uuid.uuid4(), tenant=b, package=b_package, package_name=b_package.name,
         version=b_package.version, target_triple="aarch64-unknown-linux-gnu", state="failed",
-        detail="globex build detail", error_status=422,
+        detail="globex build detail", error_kind="invalid",
     )  # fmt: skip
     world.b_snapshot = snapshot_of_b(world)
     return world
@@ -299,10 +299,13 @@ def result_for_bs_packet(world: World) -> None:
                 "outcome": "success", "output": {"stolen": True}}  # fmt: skip
         return _post_json(client, url, body)
 
-    of_b = report(packet.pk, packet.task_id)
+    of_b = report(packet.pk, packet.task_execution_id)
     missing = report(world.missing["outbox"], world.missing["task"])
     same_as_missing(
-        of_b, missing, [packet.pk, packet.task_id], [world.missing["outbox"], world.missing["task"]]
+        of_b,
+        missing,
+        [packet.pk, packet.task_execution_id],
+        [world.missing["outbox"], world.missing["task"]],
     )
     b_unchanged(world)
 
@@ -311,7 +314,7 @@ def context_of_bs_task(world: World) -> None:
     """A's agent asking for the input context of B's task (by A's agent id or B's):
     refused like an unknown task or agent (docs/routing.md, large contexts)."""
     client = world.api("agent")
-    b_task, missing_task = world.b_outbox.task_id, world.missing["task"]
+    b_task, missing_task = world.b_outbox.task_execution_id, world.missing["task"]
     for agent_id, missing_agent in ((world.a_agent.pk, world.a_agent.pk),
                                     (world.b_agent.pk, world.missing["agent"])):  # fmt: skip
         answers = [
@@ -618,10 +621,10 @@ def result_frame_for_bs_packet(world: World) -> None:
                 return frame
 
     packet, missing = world.b_outbox, world.missing
-    of_b = run_async(ack_for(packet.pk, packet.task_id))
+    of_b = run_async(ack_for(packet.pk, packet.task_execution_id))
     of_missing = run_async(ack_for(missing["outbox"], missing["task"]))
     assert of_b["status"] == of_missing["status"] == 404, (of_b, of_missing)
-    normalise = [(str(packet.pk), "<id>"), (str(packet.task_id), "<id>")]
+    normalise = [(str(packet.pk), "<id>"), (str(packet.task_execution_id), "<id>")]
     text_b = json.dumps({**of_b, "outbox_id": 0})
     for old, new in normalise:
         text_b = text_b.replace(old, new)

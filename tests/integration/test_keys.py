@@ -1,6 +1,6 @@
 import pytest
 
-from agents.roster import revoke_key
+from agents.lifecycle import revoke_key
 from fleet.models import ApiKey
 
 

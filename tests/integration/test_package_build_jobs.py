@@ -25,6 +25,7 @@ from artifacts.build_runner import BuildRunner
 from artifacts.models import BuildJob, BuildState, PackageArtifact
 from artifacts.services import publish_package
 from cloacina_site import config
+from cloacina_site.error_status import http_status
 from fleet.models import ServerInstance, Tenant
 from tests.support.packages import (
     ARM,
@@ -286,7 +287,7 @@ def test_builds_of_dead_servers_are_queued_again_or_failed_after_their_attempts(
         assert (row.state, row.claimed_by, row.started_at) == (BuildState.QUEUED, "", None)
         assert words in row.detail and row.attempts == 1
     failed = rows[of_silent.pk]
-    assert failed.state == BuildState.FAILED and failed.error_status == 500
+    assert failed.state == BuildState.FAILED and http_status(failed.error_kind) == 500
     assert "server silent stopped" in failed.detail and "after 2 attempts" in failed.detail
     # The dead server finishing late changes nothing: its claim is gone.
     assert not build_jobs.succeed_build(of_dead, "0" * 64, True, 1)

@@ -44,14 +44,14 @@ T = {"id": "a", "function": "m:f"}
 def test_the_example_package_validates():
     package = validate_package(example_archive())
     assert package.name == "etl-demo" and package.workflow_name == "etl"
-    assert package.task_ids == ["extract", "transform_a", "transform_b", "load"]
+    assert package.task_names == ["extract", "transform_a", "transform_b", "load"]
     extract = package.manifest["tasks"][0]
     assert extract["retries"] == 2 and extract["retry_backoff_s"] == 0.2
 
 
 def test_it_accepts_a_single_wrapping_directory():
     files = {f"demo-1.0/{k}": v for k, v in package_files().items()}
-    assert validate_package(build_archive(files)).task_ids == ["a", "b"]
+    assert validate_package(build_archive(files)).task_names == ["a", "b"]
 
 
 def test_it_finds_functions_in_vendor_packages_assignments_and_imports():
@@ -64,7 +64,7 @@ def test_it_finds_functions_in_vendor_packages_assignments_and_imports():
         source="from lib.tools import helper as b\nc = b\n",
     )
     files["vendor/lib/tools/__init__.py"] = "async def helper(ctx):\n    pass\n"
-    assert validate_package(build_archive(files)).task_ids == ["a", "b", "c"]
+    assert validate_package(build_archive(files)).task_names == ["a", "b", "c"]
 
 
 def test_it_never_imports_tenant_code(tmp_path):

@@ -7,13 +7,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from agents.lifecycle import evict_agent, request_drain, sweep_dead_agents
 from agents.models import Agent
-from fleet.delivery.liveness import evict_agent, sweep_dead_agents
 from fleet.delivery.placement import NoAgent, Placed, place_task
 from fleet.engine.results import TaskReport, result_handler
 from fleet.models import AffinityBinding, DeliveryOutbox, TaskExecution
 from fleet.routing import groups
-from fleet.routing.drain import request_drain
 from tests.support.factories import start
 from tests.support.routing import agent, place_root, routed_package
 
@@ -88,7 +87,7 @@ def test_a_group_rebinds_when_its_agent_dies(tenant):
     Agent.objects.filter(name="w2").update(in_flight=0)
     evict_agent(w1.pk, "test: died")
     # Cleared with the eviction; the reclaimed "load" bound the group to the survivor.
-    assert DeliveryOutbox.objects.get(task=tasks["load"]).agent.name == "w2"
+    assert DeliveryOutbox.objects.get(task_execution=tasks["load"]).agent.name == "w2"
     assert AffinityBinding.objects.get().agent.name == "w2"
     assert place(tasks["train"]).agent_name == "w2"
     assert place(tasks["score"]).agent_name == "w2"
@@ -172,7 +171,7 @@ def test_reclaimed_work_only_goes_to_an_agent_its_selectors_accept(tenant):
     result, task = place_root(tenant)
     assert result.agent_name == "g1"
     evict_agent(g1.pk, "test: died")
-    row = DeliveryOutbox.objects.get(task=task)
+    row = DeliveryOutbox.objects.get(task_execution=task)
     assert row.agent_id == g1.pk and row.state == "pending"  # no gpu survivor: it waits
     agent(tenant, "g2", tags=["gpu"])
     sweep_dead_agents()

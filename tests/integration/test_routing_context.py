@@ -30,7 +30,7 @@ def test_a_context_too_large_for_a_frame_travels_by_reference(tenant, agent_key)
     _, tasks = start(tenant, "demo", {"blob": BIG})
     placed = place_task(tasks["a"].pk, "s")
     assert isinstance(placed, Placed)
-    payload = DeliveryOutbox.objects.get(task=tasks["a"]).payload
+    payload = DeliveryOutbox.objects.get(task_execution=tasks["a"]).payload
     text = encode_context(build_task_context(tasks["a"].pk))
     assert len(text.encode()) < INLINE_MAX_BYTES < len(text.encode()) * 1.3  # escaping counts
     assert "context_json" not in payload
@@ -56,7 +56,7 @@ def test_a_small_context_stays_inline(tenant):
     make_agent(tenant, "w1")
     _, tasks = start(tenant, "demo", {"small": "x" * 1000})
     place_task(tasks["a"].pk, "s")
-    payload = DeliveryOutbox.objects.get(task=tasks["a"]).payload
+    payload = DeliveryOutbox.objects.get(task_execution=tasks["a"]).payload
     assert "context_ref" not in payload and '"small"' in payload["context_json"]
 
 
@@ -102,8 +102,8 @@ def test_a_context_over_the_maximum_fails_the_task_without_retrying(tenant, monk
     assert (join.status, join.error_type, join.attempt) == ("Failed", "ContextTooLarge", 1)
     assert join.error_message.startswith("the task's input context is 1800")
     assert "over the 1500000-byte limit (CLOACINA_MAX_CONTEXT_BYTES)" in join.error_message
-    assert TaskOutcome.objects.filter(task=join).count() == 1
-    assert not DeliveryOutbox.objects.filter(task=join).exists()
+    assert TaskOutcome.objects.filter(task_execution=join).count() == 1
+    assert not DeliveryOutbox.objects.filter(task_execution=join).exists()
     execution.refresh_from_db()
     assert execution.status == "Failed"
 

@@ -9,8 +9,8 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
+from agents.lifecycle import sweep_dead_agents
 from agents.models import Agent
-from fleet.delivery.liveness import sweep_dead_agents
 from fleet.models import ApiKey, DeliveryOutbox, Eviction, TenantMembership
 from tests.support.keys import bearer
 from tests.support.routing import agent, place_root, routed_package
@@ -106,7 +106,7 @@ def test_past_its_deadline_a_draining_agent_is_evicted_and_its_work_moves_on(ten
     (eviction,) = sweep_dead_agents()
     assert eviction.reason == "drain deadline passed with 1 task(s) still in flight"
     assert (eviction.in_flight, Eviction.objects.get().reassigned) == (1, 1)
-    assert DeliveryOutbox.objects.get(task=task).agent.name == "w2"
+    assert DeliveryOutbox.objects.get(task_execution=task).agent.name == "w2"
     assert Agent.objects.get(pk=w1.pk).state == "dead"
 
 

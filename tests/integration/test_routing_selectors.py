@@ -12,6 +12,7 @@ import pytest
 from django.test import Client
 
 from agents.models import Agent
+from cloacina_site.error_status import http_status
 from fleet.delivery.placement import NoAgent, Placed, Unroutable, place_task
 from fleet.engine.events import ExecutionStatus
 from fleet.models import TaskExecution, TaskOutcome
@@ -61,7 +62,9 @@ def test_a_name_no_agent_is_registered_under_fails_the_task_at_once(tenant, read
     assert isinstance(result, Unroutable) and result.status == ExecutionStatus.FAILED
     assert (task.status, task.error_type) == ("Failed", "NoMatchingAgent")
     assert task.error_message == "no agent named 'nobody' is registered in tenant acme"
-    assert TaskOutcome.objects.get(task=task).outcome == "failure"  # no retry: 3 were allowed
+    assert (
+        TaskOutcome.objects.get(task_execution=task).outcome == "failure"
+    )  # no retry: 3 were allowed
     # …and the API shows why.
     body = Client().get(f"/api/v1/executions/{task.workflow_execution_id}", **bearer(read_key))
     by_id = {t["task_id"]: t for t in body.json()["tasks"]}
@@ -264,7 +267,7 @@ def test_an_affinity_of_neither_form_is_refused_at_upload(tenant):
 
     with pytest.raises(UploadRejected) as refused:
         routed_package(tenant, affinity="sticky")
-    assert refused.value.status == 422
+    assert http_status(refused.value) == 422
     assert str(refused.value).endswith(
         'affinity must be "definition" or "payload:<context key>", got \'sticky\''
     )
@@ -291,5 +294,5 @@ def test_a_waiting_task_never_uses_an_attempt(tenant):
     for _ in range(3):
         result, task = place_root(tenant)
         assert isinstance(result, NoAgent)
-    assert set(TaskExecution.objects.filter(task_id="a").values_list("attempt", flat=True)) == {0}
+    assert set(TaskExecution.objects.filter(task_name="a").values_list("attempt", flat=True)) == {0}
     assert TaskOutcome.objects.count() == 0

@@ -68,7 +68,7 @@ def test_a_run_past_its_deadline_is_lost_and_retried_by_its_policy(tenant, submi
     task.refresh_from_db()
     assert (task.status, task.attempt, task.error_type) == ("Ready", 1, "ResultLost")
     assert [e.task_execution_id for e in submitted] == [task.pk]  # no backoff: offered at once
-    outcome = TaskOutcome.objects.get(task=task)
+    outcome = TaskOutcome.objects.get(task_execution=task)
     assert (outcome.outcome, outcome.applied, outcome.assignment) == ("lost", True, 1)
 
     overdue(claimed(task, "s:1:a"))
@@ -95,7 +95,11 @@ def test_a_silent_servers_in_process_claims_go_back_to_ready(tenant, submitted, 
     elsewhere = claimed(tasks["c"], alive.id)
     agent = Agent.objects.create(tenant=tenant, name="ag", target_triple="x86_64-unknown-linux-gnu")
     DeliveryOutbox.objects.create(
-        tenant=tenant, agent=agent, task=on_agent, assignment=on_agent.assignment, payload={}
+        tenant=tenant,
+        agent=agent,
+        task_execution=on_agent,
+        assignment=on_agent.assignment,
+        payload={},
     )
 
     assert recovery.sweep_dead_servers() == [dead.id]
@@ -148,7 +152,7 @@ def test_heartbeat_interval_comes_from_the_environment(monkeypatch):
 def test_only_the_lock_holder_runs_a_leader_only_job():
     calls = []
     job = PeriodicJob("test_leader_job", lambda: calls.append(1), 1.0, leader_only=True)
-    other = leader._connect()  # another "server" holding the job's lock
+    other = leader.dedicated_connection()  # another "server" holding the job's lock
     try:
         other.execute("SELECT pg_advisory_lock(%s)", [leader.lock_id_for(job.name)])
         assert run_job_once(job) is False and calls == []

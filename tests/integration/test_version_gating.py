@@ -11,6 +11,7 @@ import pytest
 from agents import roster
 from agents.models import Agent
 from agents.protocol.triples import host_triple
+from cloacina_site.error_status import http_status
 from fleet.models import ApiKey
 from tests.support.keys import bearer
 
@@ -28,7 +29,7 @@ def test_the_roster_refuses_an_unsupported_protocol_naming_both_versions(tenant)
     key = ApiKey.mint("agent", tenant=tenant)[0]
     with pytest.raises(roster.RosterError) as info:
         roster.register(key, registration(2))
-    assert info.value.status == 409
+    assert http_status(info.value) == 409
     assert REFUSAL in info.value.detail and "cloacina-agent/9.0" in info.value.detail
     assert not Agent.objects.exists()
     assert roster.register(key, registration(1)).protocol_version == 1

@@ -278,7 +278,7 @@ def check_invariants(url: str, ledger: Path, killed: set[str] | None) -> Figures
                   count(o.id) FILTER (WHERE o.applied AND o.outcome = 'success'),
                   count(o.id) FILTER (WHERE o.applied),
                   count(o.id) FILTER (WHERE NOT o.applied)
-           FROM fleet_taskexecution t LEFT JOIN fleet_taskoutcome o ON o.task_id = t.id
+           FROM fleet_taskexecution t LEFT JOIN fleet_taskoutcome o ON o.task_execution_id = t.id
            GROUP BY t.id, t.status""",
     )
     doubled = [r for r in applied if r[2] > 1]
@@ -300,7 +300,7 @@ def check_invariants(url: str, ledger: Path, killed: set[str] | None) -> Figures
     status_of = {
         (execution, task): status
         for execution, task, status in query(
-            url, "SELECT workflow_execution_id::text, task_id, status FROM fleet_taskexecution"
+            url, "SELECT workflow_execution_id::text, task_name, status FROM fleet_taskexecution"
         )
     }
     v["task functions run"] = sum(ran.values())

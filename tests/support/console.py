@@ -138,7 +138,7 @@ def make_outbox_row(task, agent, state: str = "pending", age_s: float = 0, assig
     return DeliveryOutbox.objects.create(
         tenant=task.tenant,
         agent=agent,
-        task=task,
+        task_execution=task,
         assignment=assignment,
         state=state,
         payload={"task": str(task.pk)},

@@ -74,7 +74,7 @@ def start(tenant, workflow: str, context: dict | None = None):
 def tasks_of(execution) -> dict:
     from fleet.models import TaskExecution
 
-    return {t.task_id: t for t in TaskExecution.objects.filter(workflow_execution=execution)}
+    return {t.task_name: t for t in TaskExecution.objects.filter(workflow_execution=execution)}
 
 
 def finish(task, outcome: str = "success", output: dict | None = None, **report_fields):
@@ -83,7 +83,7 @@ def finish(task, outcome: str = "success", output: dict | None = None, **report_
     from fleet.engine.results import TaskReport, result_handler
 
     claim = claim_task(task.pk, "test")
-    assert claim is not None, f"task {task.task_id} could not be claimed"
+    assert claim is not None, f"task {task.task_name} could not be claimed"
     return result_handler.apply(
         TaskReport(task.pk, claim.assignment, outcome, output=output, **report_fields)
     )

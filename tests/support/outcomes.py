@@ -12,7 +12,7 @@ def delivered_task(tenant, agent):
     """Place a fresh execution's root task and mark its outbox row delivered: (task, row)."""
     _, task = ready_root(tenant)
     place_task(task.pk, "s")
-    row = DeliveryOutbox.objects.get(task=task)
+    row = DeliveryOutbox.objects.get(task_execution=task)
     DeliveryOutbox.objects.filter(pk=row.pk).update(state="delivered")
     return task, row
 

@@ -30,5 +30,5 @@ def place_root(tenant, workflow: str = "demo", context: dict | None = None):
 
 
 def placed_on(task) -> str | None:
-    row = DeliveryOutbox.objects.filter(task=task).select_related("agent").first()
+    row = DeliveryOutbox.objects.filter(task_execution=task).select_related("agent").first()
     return row.agent.name if row else None

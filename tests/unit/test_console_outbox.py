@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from fleet.console.charts import DepthPoint, _nice_ceiling, depth_chart_svg, downsample
+from fleet.console.charts import DepthPoint, depth_chart_svg, downsample, nice_ceiling
 
 
 def _at(minute: int) -> datetime:
@@ -15,7 +15,7 @@ def _at(minute: int) -> datetime:
 
 
 def test_the_chart_scales_to_a_readable_ceiling():
-    assert [_nice_ceiling(v) for v in (0, 1, 3, 7, 12, 180, 501)] == [1, 1, 5, 10, 20, 200, 1000]
+    assert [nice_ceiling(v) for v in (0, 1, 3, 7, 12, 180, 501)] == [1, 1, 5, 10, 20, 200, 1000]
     svg = depth_chart_svg(
         [DepthPoint(_at(0), 0, 0), DepthPoint(_at(30), 7, 2), DepthPoint(_at(60), 0, 0)],
         _at(0),

@@ -366,5 +366,5 @@ def test_many_compiled_modules_are_found_in_linear_time():
     )
     start = time.monotonic()
     package = validate_package(build_archive(files), limits())
-    assert len(package.task_ids) == count
+    assert len(package.task_names) == count
     assert time.monotonic() - start < 5

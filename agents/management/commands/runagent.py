@@ -105,7 +105,8 @@ class Command(BaseCommand):
         install_db_guard()
         _configure_logging()
         config = self._config(options)
-        from agents.runtime.agent import Agent  # after the guard: nothing may sneak a connection
+        # A local import, after the guard: nothing the agent loads may sneak a connection.
+        from agents.runtime.agent import Agent
 
         code = asyncio.run(_run(Agent(config)))
         if code:

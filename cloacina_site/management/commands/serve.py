@@ -22,6 +22,7 @@ from django.db import close_old_connections, connection
 from agents.sandbox.task_isolation import TaskUserError
 from artifacts.build_runner import BuildRunner
 from cloacina_site.config import Config, ConfigError, apply_overrides
+from cloacina_site.daphne_limits import apply_daphne_limits
 from cloacina_site.isolation import current_warning
 from cloacina_site.schema import migrate_with_lock
 from cloacina_site.tls import PLAINTEXT_WARNING, ServerTLS, daphne_endpoint, server_tls
@@ -32,6 +33,8 @@ from fleet.engine import leader, recovery, server_registry
 from fleet.engine.dispatcher import Dispatcher
 from fleet.engine.events import ExecutorNotFound
 from fleet.engine.executor import PeriodicJob
+from fleet.engine.loop import EngineLoop
+from fleet.engine.periodic import PeriodicJobs
 from fleet.executors.registry import build_dispatcher
 
 log = logging.getLogger("cloacina.serve")
@@ -151,8 +154,9 @@ class ServeProcess:
         from daphne.server import Server
         from twisted.internet import reactor
 
+        # A local import: the ASGI app reads the settings as it is built, and handle() has
+        # only now finished adjusting them (TLS, overrides); the reactor is installed above.
         from cloacina_site.asgi import application
-        from cloacina_site.daphne_limits import apply_daphne_limits
 
         apply_daphne_limits(self.config.max_request_bytes)
         self.server = Server(
@@ -196,9 +200,6 @@ class ServeProcess:
             reactor.stop()
 
     async def _start_async(self) -> None:
-        from fleet.engine.loop import EngineLoop
-        from fleet.engine.periodic import PeriodicJobs
-
         executor = self.dispatcher.executor
         await executor.start()
         self._executor_started = True

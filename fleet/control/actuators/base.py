@@ -11,8 +11,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 
-from django.utils import timezone
-
+from agents import lifecycle
 from fleet.control.naming import tenant_label
 from fleet.models import ApiKey, Role, Tenant
 
@@ -53,12 +52,11 @@ def mint_agent_key(tenant: Tenant, label: str) -> tuple[ApiKey, str]:
 
 
 def revoke_keys(lookups: list[str] | set[str]) -> int:
-    """Revoke minted keys by their public lookup part; already revoked or deleted ones are skipped."""
+    """Revoke minted keys by their public lookup part (already revoked or deleted ones are
+    skipped) and retire the agents registered with them (:mod:`agents.lifecycle`)."""
     if not lookups:
         return 0
-    return ApiKey.objects.filter(lookup__in=list(lookups), revoked_at__isnull=True).update(
-        revoked_at=timezone.now()
-    )
+    return lifecycle.revoke_keys(lookups)
 
 
 class Actuator(abc.ABC):

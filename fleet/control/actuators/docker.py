@@ -20,8 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.utils import timezone
-
+from agents import lifecycle
 from agents.models import Agent, AgentState
 from fleet.control.actuators.base import (
     Actuator,
@@ -207,8 +206,10 @@ class DockerActuator(Actuator):
 
     def _drain(self, box: Box) -> None:
         if box.key_lookup:
-            Agent.objects.filter(api_key__lookup=box.key_lookup, state=AgentState.LIVE).update(
-                state=AgentState.DRAINING, drain_requested_at=timezone.now()
+            # Through the lifecycle: a drain deadline (the sweep evicts an agent past it) and
+            # its bindings cleared, exactly as a drain asked for over the API.
+            lifecycle.drain_agents_of_key(
+                box.key_lookup, self.settings.agent_drain_timeout_s, "docker actuator"
             )
         self._draining[box.id] = self.clock()
         self.client.api.kill(box.id, signal="SIGTERM")

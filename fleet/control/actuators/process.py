@@ -33,9 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from django.utils import timezone
-
-from agents.models import Agent, AgentState
+from agents import lifecycle
+from agents.models import Agent
 from fleet.control.actuators.base import (
     Actuator,
     AgentHandle,
@@ -250,9 +249,8 @@ class ProcessActuator(Actuator):
 
     def _drain(self, child: Child) -> None:
         # Stop new work first (the dispatcher only picks live agents), then let it finish.
-        Agent.objects.filter(api_key__lookup=child.key_lookup, state=AgentState.LIVE).update(
-            state=AgentState.DRAINING, drain_requested_at=timezone.now()
-        )
+        # Through the lifecycle: a drain deadline and its bindings cleared, as over the API.
+        lifecycle.drain_agents_of_key(child.key_lookup, self.drain_timeout_s, "process actuator")
         child.draining_since = time.monotonic()
         if child.proc.poll() is None:
             child.proc.send_signal(signal.SIGTERM)

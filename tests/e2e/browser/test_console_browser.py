@@ -69,7 +69,7 @@ def test_a_change_made_elsewhere_shows_up_live(page, live_server, admin_user, te
 
 
 def test_a_dead_agent_appears_in_the_eviction_history(page, live_server, admin_user, tenant):
-    from fleet.delivery.liveness import sweep_dead_agents
+    from agents.lifecycle import sweep_dead_agents
 
     publish_example(tenant)
     _, tasks = start(tenant, "etl", {})
@@ -123,8 +123,8 @@ def test_outbox_depth_moves_live(page, live_server, admin_user, tenant):
     chart = page.locator('figure.chart[data-tenant="acme"] svg')
     expect(chart).to_have_attribute("data-pending-now", "3")
 
-    DeliveryOutbox.objects.filter(task=tasks["extract"]).update(state="delivered")
-    DeliveryOutbox.objects.exclude(task=tasks["extract"]).update(state="acked")
+    DeliveryOutbox.objects.filter(task_execution=tasks["extract"]).update(state="delivered")
+    DeliveryOutbox.objects.exclude(task_execution=tasks["extract"]).update(state="acked")
     expect(pending).to_have_text("0", timeout=LIVE_UPDATE_S * 1000)
     expect(page.locator("#delivered-acme")).to_have_text("1")
     _assert_not_reloaded(page)

@@ -1,0 +1,430 @@
+"""Slot accounting and outbox state: the one place that says how an agent slot is taken
+and released and how a ``delivery_outbox`` row moves.
+
+An agent's slot counter (``agents_agent.in_flight``) counts its open outbox rows: a
+slot is taken in the statement that writes (or re-addresses) a row for the agent and
+given back in the statement that acks it.  A row moves pending → delivered (pushed,
+``attempts`` + 1) → acked (its outcome recorded, or withdrawn); delivered goes back to
+pending when a push did not land (``redeliveries`` + 1) and a reclaim re-addresses an
+open row to a survivor (``former_agents`` remembers the dead one).
+
+Every SQL fragment that writes ``in_flight`` or an outbox row's state is here.  The
+statements that do more than that (a placement also claims the task, an outcome also
+records it) are built elsewhere from these fragments, so each stays ONE statement on
+the hot path.  Readers name the tables through :data:`AGENTS` and :data:`OUTBOX` and
+the state predicates below.  tests/test_state_owners.py enforces it.
+
+Lock order everywhere: task (and workflow) rows → outbox row → agent row; statements
+that lock several agent rows lock them in id order, so two of them never deadlock.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import connection
+from django.utils import timezone
+
+from fleet.models import DeliveryOutbox, OutboxState, TaskStatus
+
+AGENTS = "agents_agent"
+OUTBOX = "delivery_outbox"
+# The NOTIFY channel the outbox's insert/update trigger signals (migration fleet/0004).
+OUTBOX_CHANNEL = "delivery_outbox"
+
+OPEN_STATES = (OutboxState.PENDING, OutboxState.DELIVERED)
+
+
+# -- slots (on ``agents_agent``) -----------------------------------------------------
+
+
+def has_free_slot(agent: str) -> str:
+    """SQL: the agent row aliased ``agent`` has a free slot."""
+    return f"{agent}.in_flight < {agent}.max_concurrency"
+
+
+def free_slots(agent: str) -> str:
+    """SQL: how many free slots the agent row aliased ``agent`` has."""
+    return f"{agent}.max_concurrency - {agent}.in_flight"
+
+
+def take_slots(agent: str, count: str = "1") -> str:
+    """SQL SET clause: take ``count`` slots on the agent row aliased ``agent``."""
+    return f"in_flight = {agent}.in_flight + {count}"
+
+
+def give_back_slots(agent: str, count: str = "1") -> str:
+    """SQL SET clause: give back ``count`` slots (never below zero: a slot released twice,
+    e.g. by a reclaim racing an outcome, must not make room that does not exist)."""
+    return f"in_flight = GREATEST({agent}.in_flight - {count}, 0)"
+
+
+# A dead agent holds no slot: its open rows are reclaimed onto survivors.
+SLOTS_CLEARED = "in_flight = 0"
+
+
+def open_row(row: str) -> str:
+    """SQL: the outbox row aliased ``row`` is open (pending or delivered: in-flight work)."""
+    return f"{row}.state IN ('pending', 'delivered')"
+
+
+# -- placement: a slot taken and a packet written, in one statement ------------------
+
+
+def reserve_one_sql(candidates: str, order: str, skip: str) -> str:
+    """Take one slot on the best candidate (``candidates``: SQL over ``agents_agent a``,
+    ranked by ``order``), as the CTE body ``reserved``.  The UPDATE re-checks the state
+    and the capacity on the locked row, so two reservations never overfill an agent;
+    ``last_selected_at`` is the round-robin's memory.  ``skip``: "SKIP LOCKED" or ""."""
+    return f"""
+    UPDATE agents_agent AS r
+    SET {take_slots("r")}, last_selected_at = clock_timestamp()
+    WHERE r.id = (
+        SELECT a.id FROM agents_agent a
+        WHERE {candidates}
+        ORDER BY {order}
+        LIMIT 1 FOR UPDATE OF a {skip}
+    ) AND r.state = 'live' AND {has_free_slot("r")}
+    RETURNING r.id, r.name, r.target_triple
+    """
+
+
+def any_candidate_sql(candidates: str) -> str:
+    return f"SELECT EXISTS (SELECT 1 FROM agents_agent a WHERE {candidates})"
+
+
+# After ``reserved``: the chosen agent only (a reclaim re-addresses the row itself).
+RESERVED_AGENT = "SELECT id, name, target_triple FROM reserved"
+
+# After ``reserved``: the packet addressed to the chosen agent, stamped with its triple
+# and the artifact built for it, and the task naming the agent.
+ENQUEUE_ON_RESERVED = """
+, packet AS (
+    INSERT INTO delivery_outbox (tenant_id, agent_id, task_execution_id, assignment, state, payload,
+                                 attempts, created_at, updated_at, former_agents)
+    SELECT %(o_tenant)s, r.id, %(o_task)s, %(o_assignment)s, 'pending',
+           %(o_payload)s::jsonb || jsonb_build_object(
+               'target_triple', r.target_triple,
+               'artifact_digest', coalesce(%(o_digests)s::jsonb ->> r.target_triple, %(o_digest)s)
+           ),
+           0, now(), now(), '[]'::jsonb
+    FROM reserved r
+    RETURNING agent_id
+), assigned AS (
+    UPDATE fleet_taskexecution t SET agent_id = p.agent_id FROM packet p
+    WHERE t.id = %(o_task)s AND t.assignment = %(o_assignment)s
+)
+, relax AS (
+    -- The dispatch need not survive a database crash on its own (a lost one leaves the
+    -- task Ready: it runs again); the outcome's synchronous commit flushes it anyway.
+    SELECT set_config('synchronous_commit', 'off', true)
+)
+SELECT id, name, target_triple FROM reserved, relax
+"""
+
+# N slots and N packets in one statement (plain tasks of one package).  The agents are
+# locked in id order — waiting for a result batch that is releasing slots rather than
+# skipping its agents as full — then ranked by the selection's own order ({order}), and
+# their free slots dealt out one per agent per round: healthy agents first, degraded
+# ones ({degraded}) only once every healthy slot is taken — spread like consecutive
+# single reservations.  A packet for an agent whose socket THIS process holds is written
+# as delivered (its result clock started) and pushed by the caller right after the
+# commit; the others are pending, for the relay that holds their socket.
+RESERVE_AND_ENQUEUE = (
+    """
+WITH locked AS (
+    SELECT a.* FROM agents_agent a WHERE {candidates} ORDER BY a.id FOR UPDATE OF a
+), ranked AS (
+    SELECT a.id, a.name, a.target_triple, """
+    + free_slots("a")
+    + """ AS free,
+           a.connected_to = %(me)s AS local,
+           ({degraded}) AS degraded, row_number() OVER (ORDER BY {order}) AS rank
+    FROM locked a
+), slots AS (
+    SELECT r.id, r.name, r.target_triple, r.local,
+           row_number() OVER (ORDER BY r.degraded, s.n, r.rank) AS k
+    FROM ranked r CROSS JOIN LATERAL generate_series(1, LEAST(r.free, %(count)s)) AS s(n)
+), work AS (
+    SELECT w.task_execution_id, w.assignment, w.payload, s.id AS agent_id, s.name, s.target_triple,
+           s.local
+    FROM unnest(%(tasks)s::uuid[], %(assignments)s::int[], %(payloads)s::jsonb[])
+         WITH ORDINALITY AS w(task_execution_id, assignment, payload, k)
+    JOIN slots s ON s.k = w.k
+), reserved AS (
+    UPDATE agents_agent r SET """
+    + take_slots("r", "c.n")
+    + """, last_selected_at = clock_timestamp()
+    FROM (SELECT agent_id, count(*) AS n FROM work GROUP BY agent_id) c
+    WHERE r.id = c.agent_id
+), packets AS (
+    INSERT INTO delivery_outbox (tenant_id, agent_id, task_execution_id, assignment, state, payload,
+                                 attempts, delivered_at, created_at, updated_at, former_agents)
+    SELECT %(tenant)s, w.agent_id, w.task_execution_id, w.assignment,
+           CASE WHEN w.local THEN 'delivered' ELSE 'pending' END,
+           w.payload || jsonb_build_object(
+               'target_triple', w.target_triple,
+               'artifact_digest', coalesce(%(digests)s::jsonb ->> w.target_triple, %(digest)s)
+           ),
+           CASE WHEN w.local THEN 1 ELSE 0 END, CASE WHEN w.local THEN now() END,
+           now(), now(), '[]'::jsonb
+    FROM work w
+    RETURNING id, task_execution_id, payload
+), assigned AS (
+    UPDATE fleet_taskexecution t SET agent_id = w.agent_id,
+        result_deadline = CASE WHEN w.local
+                               THEN now() + make_interval(secs => t.timeout_s + %(grace)s) END
+    FROM work w
+    WHERE t.id = w.task_execution_id AND t.assignment = w.assignment
+    RETURNING t.id, extract(epoch FROM now() - t.ready_at) AS waited_s
+), relax AS (
+    -- As for a single dispatch: a lost one leaves the tasks Ready (they run again), and
+    -- the outcome's synchronous commit flushes it anyway.
+    SELECT set_config('synchronous_commit', 'off', true)
+)
+SELECT w.task_execution_id, w.agent_id, w.name, w.local, p.id, p.payload, a.waited_s
+FROM work w JOIN packets p ON p.task_execution_id = w.task_execution_id JOIN assigned a ON a.id = w.task_execution_id, relax
+"""
+)
+
+
+# -- reclaim: an open row of a dead agent moves to a survivor ------------------------
+
+
+def readdress_row(row: DeliveryOutbox, survivor_id: uuid.UUID, payload: dict) -> None:
+    """Re-address the open ``row`` to ``survivor_id`` (whose slot the caller reserved):
+    pending again, for the relay that holds the survivor's socket (the NOTIFY wakes it)."""
+    DeliveryOutbox.objects.filter(pk=row.pk).update(
+        agent_id=survivor_id,
+        state=OutboxState.PENDING,
+        delivered_at=None,
+        received_at=None,
+        redeliveries=0,  # a new agent gets its own share of pushes
+        updated_at=timezone.now(),
+        payload=payload,
+        former_agents=[*row.former_agents, str(row.agent_id)],
+    )
+
+
+def close_row(row_id: int) -> None:
+    """Ack a row that is no longer work (its task moved on without it); its dead agent
+    holds no slot any more, so none is given back."""
+    now = timezone.now()
+    DeliveryOutbox.objects.filter(pk=row_id).update(
+        state=OutboxState.ACKED, acked_at=now, updated_at=now
+    )
+
+
+# -- the relay: pending → delivered, and back when a push could not be made ----------
+
+TAKE_PENDING = """
+WITH due AS MATERIALIZED (  -- picked once: a LIMIT … SKIP LOCKED subquery must not re-run
+    SELECT o.id FROM delivery_outbox o
+    WHERE o.state = 'pending' AND o.agent_id = ANY(%(agents)s)
+    ORDER BY o.id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE delivery_outbox o SET
+    state = 'delivered', delivered_at = now(), received_at = NULL,
+    attempts = o.attempts + 1, updated_at = now()
+FROM due, agents_agent a
+WHERE o.id = due.id AND a.id = o.agent_id AND a.connected_to = %(me)s AND a.state <> 'dead'
+RETURNING o.id, o.agent_id, o.task_execution_id, o.assignment, o.attempts, o.payload
+"""
+
+UNTAKE = """
+UPDATE delivery_outbox SET state = 'pending', delivered_at = NULL, updated_at = now()
+WHERE id = ANY(%s) AND state = 'delivered'
+"""
+
+
+# -- confirmations: the agent holds the packet (``received_at``) ---------------------
+
+MARK_RECEIVED = """
+UPDATE delivery_outbox SET received_at = now()
+WHERE agent_id = %s AND id = ANY(%s) AND state = 'delivered' AND received_at IS NULL
+"""
+
+MARK_RUNNING_RECEIVED = """
+UPDATE delivery_outbox SET received_at = now()
+WHERE agent_id = %s AND task_execution_id = ANY(%s) AND state = 'delivered' AND received_at IS NULL
+"""
+
+# The socket writer's batched forms.  Confirmations never wait for a row lock: a packet
+# being acked by a result batch right now is skipped and confirmed on a later round
+# (``received_at`` on an acked row is only the late receipt it is).  Waiting instead
+# queued every confirmation — and the latency they measure — behind result batches, and
+# two writers locking outbox rows in different orders can deadlock.
+RECEIVED_MANY = """
+UPDATE delivery_outbox o SET received_at = now()
+FROM (
+    SELECT w.id FROM delivery_outbox w
+    JOIN unnest(%(agents)s::uuid[], %(ids)s::bigint[]) AS r(agent_id, id)
+      ON w.id = r.id AND w.agent_id = r.agent_id
+    WHERE w.state <> 'pending' AND w.received_at IS NULL
+    FOR UPDATE OF w SKIP LOCKED
+) wanted
+WHERE o.id = wanted.id
+RETURNING o.id
+"""
+
+RUNNING_MANY = """
+WITH wanted AS (
+    SELECT o.id FROM delivery_outbox o
+    JOIN unnest(%(agents)s::uuid[], %(tasks)s::uuid[]) AS r(agent_id, task_execution_id)
+      ON o.agent_id = r.agent_id AND o.task_execution_id = r.task_execution_id
+    WHERE o.state = 'delivered' AND o.received_at IS NULL
+    FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE delivery_outbox o SET received_at = now() FROM wanted w WHERE o.id = w.id
+"""
+
+# A reconnected agent's ``hello`` (``{held}``: its (task_execution_id, assignment) list): rows it
+# holds count as received, delivered rows it does not hold go back to pending.
+HELLO_CONFIRM = """
+UPDATE delivery_outbox o SET received_at = coalesce(o.received_at, now())
+FROM ({held}) AS h
+WHERE o.agent_id = %s AND o.state = 'delivered'
+  AND o.task_execution_id = h.task_execution_id AND o.assignment = h.assignment
+"""
+
+HELLO_REQUEUE = """
+UPDATE delivery_outbox o SET state = 'pending', delivered_at = NULL,
+    received_at = NULL, updated_at = now()
+WHERE o.agent_id = %s AND o.state = 'delivered'
+  AND (o.task_execution_id, o.assignment) NOT IN ({held})
+"""
+
+
+# -- redelivery: delivered rows nobody confirmed -------------------------------------
+
+# Delivered rows of living agents that no ``received`` answered in time; the fourth
+# column says the row had its share of pushes to this agent.
+UNCONFIRMED = """
+SELECT o.id, o.task_execution_id, o.assignment, o.redeliveries + 1 >= %(max_pushes)s, a.name
+FROM delivery_outbox o JOIN agents_agent a ON a.id = o.agent_id
+WHERE a.state <> 'dead' AND o.state = 'delivered' AND o.received_at IS NULL
+  AND o.delivered_at < now() - make_interval(secs => %(seconds)s)
+ORDER BY o.id
+FOR UPDATE OF o SKIP LOCKED
+"""
+
+REQUEUE_UNCONFIRMED = """
+UPDATE delivery_outbox SET state = 'pending', delivered_at = NULL,
+    redeliveries = redeliveries + 1, updated_at = now()
+WHERE id = ANY(%s) AND state = 'delivered' AND received_at IS NULL
+"""
+
+# A row whose run could not be declared lost (the task moved on without it): closed,
+# and its agent's slot given back.
+CLOSE_STALE = f"""
+WITH acked AS (
+    UPDATE delivery_outbox SET state = 'acked', acked_at = now(), updated_at = now()
+    WHERE id = %s AND state <> 'acked' RETURNING agent_id
+)
+UPDATE agents_agent a SET {give_back_slots("a")} WHERE id IN (SELECT agent_id FROM acked)
+"""
+
+
+# -- settling: an outcome acks its packet and gives its slot back --------------------
+
+# Ack the packets of the settling (task, assignment) rows ({settling}: a relation with
+# task_execution_id and assignment); the agents they were on are returned as ``held``.
+# Locked after the task and workflow rows, the agent row last.
+SETTLE_ACK = """, held AS (
+    UPDATE delivery_outbox o SET state = 'acked', acked_at = now(), updated_at = now()
+    FROM {settling} s WHERE o.task_execution_id = s.task_execution_id
+      AND o.assignment = s.assignment AND o.state <> 'acked'
+    RETURNING o.agent_id AS holder
+)"""
+SETTLE_FREE = f""", freed AS (
+    UPDATE agents_agent a SET {give_back_slots("a")}
+    WHERE id IN (SELECT holder FROM held)
+)"""
+
+# Every agent row once, in id order (so two such transactions never deadlock), each
+# slot counter lowered by the number of its packets acked.
+_RELEASE_SLOTS = f"""
+WITH n AS (
+    SELECT agent_id, count(*) AS n FROM unnest(%s::uuid[]) AS r(agent_id) GROUP BY agent_id
+), locked AS (
+    SELECT a.id FROM agents_agent a JOIN n ON n.agent_id = a.id ORDER BY a.id FOR UPDATE OF a
+)
+UPDATE agents_agent a SET {give_back_slots("a", "n.n")}
+FROM n, locked WHERE a.id = n.agent_id AND locked.id = a.id
+"""
+
+_ACK_AND_RELEASE = f"""
+WITH acked AS (
+    UPDATE delivery_outbox SET state = 'acked', acked_at = now(), updated_at = now()
+    WHERE task_execution_id = %s AND assignment = %s AND state <> 'acked'
+    RETURNING agent_id
+)
+UPDATE agents_agent a SET {give_back_slots("a")}
+WHERE id IN (SELECT agent_id FROM acked)
+"""
+
+_WITHDRAW_UNDELIVERED = f"""
+WITH rows AS (
+    UPDATE delivery_outbox o SET state = 'acked', acked_at = now(), updated_at = now()
+    FROM fleet_taskexecution t
+    WHERE o.task_execution_id = t.id AND o.assignment = t.assignment AND o.state = 'pending'
+      AND t.workflow_execution_id = %s AND t.status = 'Running'
+    RETURNING o.agent_id, o.task_execution_id
+), freed AS (
+    UPDATE agents_agent a SET {give_back_slots("a", "n.cnt")}
+    FROM (SELECT agent_id, count(*) AS cnt FROM rows GROUP BY agent_id) n
+    WHERE a.id = n.agent_id
+)
+UPDATE fleet_taskexecution SET status = %s, finished_at = now(), error_message = 'cancelled'
+WHERE id IN (SELECT task_execution_id FROM rows)
+"""
+
+
+def settle_ctes(settling: str, release: bool) -> str:
+    """The CTEs an outcome statement appends: ack the packets of ``settling`` and, when
+    ``release``, give their slots back in the same statement (else the caller frees the
+    ``held`` agents with :func:`release_slots`, in agent id order, before its commit)."""
+    return SETTLE_ACK.format(settling=settling) + (SETTLE_FREE if release else "")
+
+
+def holds_sql(task: str) -> str:
+    """SQL: the task row aliased ``task`` has a packet (so an agent holds its run)."""
+    return (
+        f"EXISTS (SELECT 1 FROM delivery_outbox o"
+        f" WHERE o.task_execution_id = {task}.id AND o.assignment = {task}.assignment)"
+    )
+
+
+def ack_and_release(task_execution_id: uuid.UUID, assignment: int) -> bool:
+    """Ack the row of this assignment and free the slot it reserved on its agent."""
+    with connection.cursor() as cursor:
+        cursor.execute(_ACK_AND_RELEASE, [task_execution_id, assignment])
+        return cursor.rowcount > 0
+
+
+def release_slots(agent_ids: list[uuid.UUID]) -> None:
+    """Free one slot per entry of ``agent_ids`` (in the caller's transaction)."""
+    if agent_ids:
+        with connection.cursor() as cursor:
+            cursor.execute(_RELEASE_SLOTS, [list(agent_ids)])
+
+
+def withdraw_undelivered(workflow_execution_id: uuid.UUID) -> int:
+    """On cancel: tasks whose packet was never delivered are Skipped and their rows acked
+    (their slots given back)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_WITHDRAW_UNDELIVERED, [workflow_execution_id, TaskStatus.SKIPPED])
+        return cursor.rowcount
+
+
+# -- housekeeping ---------------------------------------------------------------------
+
+PRUNE_ACKED = """
+DELETE FROM delivery_outbox WHERE id IN (
+    SELECT id FROM delivery_outbox
+    WHERE state = 'acked' AND acked_at < now() - make_interval(secs => %s)
+    LIMIT %s
+)
+"""

@@ -1,0 +1,135 @@
+"""One owner per state machine (issue 14): only the owners name the tables in SQL.
+
+* ``delivery_outbox`` — only the slots/outbox owner (fleet/ledger.py);
+* ``agents_agent`` — only the agent lifecycle (agents/lifecycle.py) and the slots owner
+  (the slot counter lives on that table);
+* ``in_flight`` is written (``in_flight =`` / ``+`` / ``-`` in SQL, or an ORM
+  ``update(in_flight=…)``) only by the slots owner.
+
+Strings are read with ``ast`` (comments never count); docstrings are prose, not SQL, and
+the models' ``db_table`` declarations and migrations are where the tables are defined.
+Everyone else reads through the ORM, a function of an owner, or the fragments an owner
+exports (``fleet.ledger.AGENTS`` / ``OUTBOX`` and its predicates).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCANNED = ("fleet", "agents", "artifacts", "cloacina_site")
+SLOTS_OWNER = "fleet/ledger.py"
+LIFECYCLE_OWNER = "agents/lifecycle.py"
+OWNERS = {
+    "agents_agent": {SLOTS_OWNER, LIFECYCLE_OWNER},
+    "delivery_outbox": {SLOTS_OWNER},
+}
+TABLE = re.compile(r"\b(agents_agent|delivery_outbox)\b")
+SLOT_WRITE = re.compile(r"\bin_flight\s*[=+-](?!=)")
+
+
+def _sources() -> Iterator[tuple[str, ast.Module]]:
+    for package in SCANNED:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            relative = path.relative_to(ROOT).as_posix()
+            if "/migrations/" in relative:
+                continue
+            yield relative, ast.parse(path.read_text(), filename=relative)
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """ids of the docstring nodes (module, class, function)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                found.add(id(body[0].value))
+    return found
+
+
+def _db_tables(tree: ast.Module) -> set[int]:
+    """ids of the strings a model's ``Meta.db_table = "..."`` declares."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            if any(isinstance(t, ast.Name) and t.id == "db_table" for t in node.targets):
+                found.add(id(node.value))
+    return found
+
+
+def _strings(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """(line, text) of every string literal that is not a docstring or a db_table."""
+    skipped = _docstrings(tree) | _db_tables(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) not in skipped:
+                yield node.lineno, node.value
+
+
+def _at(line: int, text: str, start: int) -> int:
+    return line + text.count("\n", 0, start)
+
+
+def _slot_keywords(tree: ast.Module) -> Iterator[int]:
+    """Lines of ORM writes of the slot counter: ``….update(in_flight=…)``."""
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in {"update", "update_or_create"}
+        ):
+            if any(k.arg == "in_flight" for k in node.keywords):
+                yield node.lineno
+
+
+def table_violations() -> list[str]:
+    found = []
+    for path, tree in _sources():
+        for line, text in _strings(tree):
+            for match in TABLE.finditer(text):
+                if path not in OWNERS[match.group(1)]:
+                    found.append(f"{path}:{_at(line, text, match.start())}: {match.group(1)}")
+    return found
+
+
+def slot_write_violations() -> list[str]:
+    found = []
+    for path, tree in _sources():
+        if path == SLOTS_OWNER:
+            continue
+        for line, text in _strings(tree):
+            for match in SLOT_WRITE.finditer(text):
+                found.append(f"{path}:{_at(line, text, match.start())}: {match.group(0)!r}")
+        found += [f"{path}:{line}: update(in_flight=…)" for line in _slot_keywords(tree)]
+    return found
+
+
+def test_only_the_owners_name_the_agent_and_outbox_tables_in_sql():
+    violations = table_violations()
+    assert not violations, (
+        f"{len(violations)} string(s) name a state owner's table outside its owner "
+        f"(agents_agent: {LIFECYCLE_OWNER}, {SLOTS_OWNER}; delivery_outbox: {SLOTS_OWNER}) — "
+        "use the ORM, an owner's function or the fragments it exports:\n" + "\n".join(violations)
+    )
+
+
+def test_only_the_slots_owner_writes_the_slot_counter():
+    violations = slot_write_violations()
+    assert not violations, (
+        f"{len(violations)} write(s) of in_flight outside {SLOTS_OWNER}:\n" + "\n".join(violations)
+    )
+
+
+def test_the_scan_sees_the_owners_own_sql():
+    # Guards the scanner itself: if it stopped reading strings it would pass vacuously.
+    owned = {
+        path: [match.group(1) for _, text in _strings(tree) for match in TABLE.finditer(text)]
+        for path, tree in _sources()
+        if path in {SLOTS_OWNER, LIFECYCLE_OWNER}
+    }
+    assert "delivery_outbox" in owned[SLOTS_OWNER]
+    assert "agents_agent" in owned[LIFECYCLE_OWNER]
