@@ -12,7 +12,7 @@ Every SQL fragment that writes ``in_flight`` or an outbox row's state is here.  
 statements that do more than that (a placement also claims the task, an outcome also
 records it) are built elsewhere from these fragments, so each stays ONE statement on
 the hot path.  Readers name the tables through :data:`AGENTS` and :data:`OUTBOX` and
-the state predicates below.  tests/test_state_owners.py enforces it.
+the state predicates below.  tests/unit/test_state_owners.py enforces it.
 
 Lock order everywhere: task (and workflow) rows → outbox row → agent row; statements
 that lock several agent rows lock them in id order, so two of them never deadlock.

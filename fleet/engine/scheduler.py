@@ -95,7 +95,7 @@ def _task_values(spec: dict, position: int, execution_priority: int) -> dict:
 # round trips), the task rows travelling as one jsonb parameter.  The ORM's create +
 # bulk_create prepared each of ~30 fields of each row in Python: a fifth of the
 # server's CPU for starting an execution.  Every column is named, so a column added
-# to a model must be added here too; tests/test_engine_scheduler.py compares the lists.
+# to a model must be added here too; tests/integration/test_engine_scheduler.py compares the lists.
 WORKFLOW_INSERT_COLUMNS = (
     "id", "tenant_id", "package_id", "workflow_name", "status", "input_context",
     "final_context", "error", "priority", "open_tasks", "created_at", "started_at",
