@@ -14,7 +14,7 @@ def main() -> None:
         os.environ["CLOACINA_DB_LESS"] = "1"
     from django.core.management import execute_from_command_line
 
-    from cloacina_site.config import ConfigError
+    from fleet.platform.config import ConfigError
 
     try:
         execute_from_command_line(sys.argv)

@@ -17,16 +17,16 @@ from ninja import Field, Router, Schema, Status
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
 
-from agents import lifecycle, roster
 from agents.models import Agent
 from agents.protocol.triples import MAX_TRIPLE_CHARS, TRIPLE_PATTERN
-from agents.result_intake import UNKNOWN_AGENT, ResultIn, apply_result
-from cloacina_site.auth import KeyAuth, agent_auth
-from cloacina_site.config import get_config
-from fleet.delivery import context_ref
-from fleet.delivery import db as delivery_db
+from fleet.executors.fleet import lifecycle, roster
+from fleet.executors.fleet.delivery import context_ref
+from fleet.executors.fleet.delivery import db as delivery_db
+from fleet.executors.fleet.result_intake import UNKNOWN_AGENT, ResultIn, apply_result
+from fleet.executors.fleet.routing.metrics import HEARTBEATS
 from fleet.models import Role
-from fleet.routing.metrics import HEARTBEATS
+from fleet.platform.auth import KeyAuth, agent_auth
+from fleet.platform.config import get_config
 
 router = Router()
 

@@ -33,13 +33,13 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
 
-from agents import result_batches, roster
 from agents.protocol import wire
-from agents.result_intake import MAX_BIGINT, MAX_INT, ResultIn
-from fleet.delivery import db as delivery_db
-from fleet.delivery import local_sockets, redelivery, socket_writes
 from fleet.engine.context import unstorable
-from fleet.routing.metrics import HEARTBEATS
+from fleet.executors.fleet import result_batches, roster, socket_writes
+from fleet.executors.fleet.delivery import db as delivery_db
+from fleet.executors.fleet.delivery import local_sockets, redelivery
+from fleet.executors.fleet.result_intake import MAX_BIGINT, MAX_INT, ResultIn
+from fleet.executors.fleet.routing.metrics import HEARTBEATS
 
 log = logging.getLogger(__name__)
 
@@ -322,7 +322,7 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             valid = [f for f in frames if "invalid" not in f]
             grant = self.grant
             # One wait for the lot: one transaction, one synchronous commit with the results
-            # of every socket of this process that arrive meanwhile (agents/result_batches.py).
+            # of every socket of this process that arrive meanwhile (fleet/executors/fleet/result_batches.py).
             answers = iter(
                 await result_batches.apply_many(
                     [(grant.tenant_id, grant.agent_id, f["body"]) for f in valid]

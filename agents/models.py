@@ -42,9 +42,9 @@ class Agent(models.Model):
     connection_generation = models.PositiveIntegerField(default=0)
     drain_requested_at = models.DateTimeField(null=True, blank=True)
     # A drain asked through the API/console: past this the sweep evicts the agent and
-    # moves its unfinished work (agents/lifecycle.py).  Null: no deadline.
+    # moves its unfinished work (fleet/executors/fleet/lifecycle.py).  Null: no deadline.
     drain_deadline = models.DateTimeField(null=True, blank=True)
-    # When a reservation last picked it: selection round-robins on it (fleet/routing/).
+    # When a reservation last picked it: selection round-robins on it (fleet/executors/fleet/routing/).
     last_selected_at = models.DateTimeField(null=True, blank=True)
     dead_at = models.DateTimeField(null=True, blank=True)
     # The agent process's own id (sent at registration): a process that re-registers

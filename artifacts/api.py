@@ -15,11 +15,12 @@ from ninja import Field, File, Form, Router, Schema, Status, UploadedFile
 from ninja.errors import HttpError
 
 from agents.protocol.triples import MAX_TRIPLE_CHARS, TRIPLE_PATTERN
-from artifacts import build_jobs, queries, services, wheels
+from artifacts.builds import jobs as build_jobs
 from artifacts.models import BuildJob, PackageArtifact, WorkflowPackage
-from cloacina_site.auth import agent_auth, read_auth, write_auth
-from cloacina_site.config import get_config
-from cloacina_site.error_status import http_status
+from artifacts.store import queries, services, wheels
+from fleet.api.error_status import http_status
+from fleet.platform.auth import agent_auth, read_auth, write_auth
+from fleet.platform.config import get_config
 
 router = Router(tags=["packages"])
 

@@ -96,7 +96,7 @@ ACTIVE_BUILD_STATES = (BuildState.QUEUED, BuildState.RUNNING)
 
 class BuildJob(models.Model):
     """A server-side per-target build (``POST .../builds``), run in the background by
-    :mod:`artifacts.build_runner` (table ``package_build_jobs``).
+    :mod:`artifacts.builds.runner` (table ``package_build_jobs``).
 
     Durable so a server restart loses none: a job left ``running`` by a dead server is
     queued again (or failed once it has had its attempts). At most one queued or running
@@ -113,7 +113,7 @@ class BuildJob(models.Model):
     target_triple = models.CharField(max_length=100)
     state = models.CharField(max_length=10, choices=BuildState.choices, default=BuildState.QUEUED)
     detail = models.TextField(blank=True, default="")  # why it failed, in the API's words
-    # Why it failed, by kind (fleet.errors.ErrorKind); the API and console show its HTTP status.
+    # Why it failed, by kind (fleet.platform.errors.ErrorKind); the API and console show its HTTP status.
     error_kind = models.CharField(max_length=20, blank=True, default="")
     digest = models.CharField(max_length=64, blank=True, default="")  # the built artifact
     new_artifact = models.BooleanField(null=True)  # False: identical to the stored build

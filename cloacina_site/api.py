@@ -4,7 +4,7 @@ from ninja import NinjaAPI
 
 from agents.api import router as agents_router
 from artifacts.api import router as artifacts_router
-from cloacina_site.api_contract import (
+from fleet.api.contract import (
     ObjectBodyParser,
     document_shared_contract,
     install_error_handlers,

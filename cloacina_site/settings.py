@@ -1,6 +1,6 @@
 """Django settings for the Cloacina server.
 
-Every knob comes from :mod:`cloacina_site.config` (flag > env > config.toml >
+Every knob comes from :mod:`fleet.platform.config` (flag > env > config.toml >
 default).  With DATABASE_URL unset the embedded PostgreSQL is started, except
 in DB-less processes (``runagent``), which get a database entry that points
 nowhere and a guard that refuses any connection.
@@ -11,8 +11,9 @@ import secrets
 from datetime import timedelta
 from pathlib import Path
 
-from cloacina_site import db_pool, embedded_db, isolation, web_security
-from cloacina_site.config import get_config
+from cloacina_site import web_security
+from fleet.platform import db_pool, embedded_db, isolation
+from fleet.platform.config import get_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 CONFIG = get_config()

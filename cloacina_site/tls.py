@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cloacina_site.config import Config, ConfigError
+from fleet.platform.config import Config, ConfigError
 
 PLAINTEXT_WARNING = (
     "WARNING: TLS is off: traffic to this server, API keys included, is unencrypted "

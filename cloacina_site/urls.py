@@ -2,9 +2,9 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 
 from cloacina_site.api import api
-from cloacina_site.health import healthz
 from cloacina_site.static_files import static_file
-from fleet.metrics import metrics_view
+from fleet.api.health import healthz
+from fleet.api.metrics import metrics_view
 
 handler400 = "cloacina_site.web_security.bad_request"
 

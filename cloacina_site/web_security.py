@@ -22,7 +22,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from cloacina_site.config import Config
+from fleet.platform.config import Config
 
 CONTENT_SECURITY_POLICY = "; ".join(
     [

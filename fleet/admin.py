@@ -15,9 +15,9 @@ from django.contrib import admin, messages
 from django.db import transaction
 from django.http import HttpRequest
 
-from agents.lifecycle import revoke_key
-from artifacts import quota
+from artifacts.store import quota
 from fleet.control import limits
+from fleet.executors.fleet.lifecycle import revoke_key
 from fleet.management.commands.createtenant import TENANT_NAME, create_tenant
 from fleet.models import (
     ApiKey,

@@ -12,6 +12,6 @@ class FleetConfig(AppConfig):
         # registered at startup, in every process, whatever the default executor.
         # A local import: outbox_ack imports models, which only exist once the app
         # registry is ready, i.e. here, not when Django imports this apps module.
-        from fleet.delivery import outbox_ack
+        from fleet.executors.fleet.delivery import outbox_ack
 
         outbox_ack.register()

@@ -10,7 +10,7 @@ secrets (docs/threat-model.md, "Tenant code and the host").
   supplementary groups: it can read neither ``$CLOACINA_HOME`` (secret key, database
   password, 0600) nor this process's ``/proc/<pid>/environ`` (owner-only).
 * When it is not root that drop is impossible: children share its uid.  ``serve`` says so
-  at boot when more than one tenant exists (:mod:`cloacina_site.isolation`).
+  at boot when more than one tenant exists (:mod:`fleet.platform.isolation`).
 
 Imported by the task runner, shared by the server and the DB-less agent: stdlib only.
 """

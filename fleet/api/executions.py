@@ -14,14 +14,14 @@ from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
 
-from artifacts.manifest import PRIORITY_LIMIT
-from artifacts.queries import active_package
-from cloacina_site.auth import read_auth, write_auth
-from cloacina_site.config import get_config
+from artifacts.store.manifest import PRIORITY_LIMIT
+from artifacts.store.queries import active_package
 from fleet.engine import ready_queue, scheduler
 from fleet.engine.context import ContextError, validate_context
+from fleet.executors.fleet.routing import fairness
 from fleet.models import TaskExecution, Tenant, WorkflowExecution, WorkflowStatus
-from fleet.routing import fairness
+from fleet.platform.auth import read_auth, write_auth
+from fleet.platform.config import get_config
 
 router = Router(tags=["executions"])
 
@@ -162,7 +162,7 @@ def _summary(execution: WorkflowExecution) -> dict:
 
 def _check_backlog(tenant: Tenant, workflow: str) -> None:
     """429 when the execution would take the tenant past its backlog limit
-    (:mod:`fleet.routing.fairness`: the tenant's max_backlog, else the platform's)."""
+    (:mod:`fleet.executors.fleet.routing.fairness`: the tenant's max_backlog, else the platform's)."""
     if not fairness.max_backlog(tenant)[0]:
         return
     package = active_package(tenant, workflow)

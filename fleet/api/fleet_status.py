@@ -16,11 +16,11 @@ from ninja.errors import HttpError
 from pydantic import ConfigDict
 
 from agents.models import Agent, AgentState
-from cloacina_site.auth import admin_auth, read_auth, write_auth
-from cloacina_site.config import get_config
 from fleet.control import limits
+from fleet.executors.fleet.routing import health
 from fleet.models import AutoscaleDecision, FleetChange, Tenant
-from fleet.routing import health
+from fleet.platform.auth import admin_auth, read_auth, write_auth
+from fleet.platform.config import get_config
 
 router = Router(tags=["fleet"])
 

@@ -29,12 +29,12 @@ from pathlib import Path
 from django.db import connection
 
 from agents.models import Agent, AgentState
-from artifacts.testing import build_archive, manifest_toml
-from fleet import ledger
+from artifacts.store.testing import build_archive, manifest_toml
 from fleet.bench import workload
 from fleet.bench.cpu import CpuMeter, tree_cpu_seconds
 from fleet.bench.default import BENCH_TENANT, bench_tenant_key
 from fleet.bench.server import REPO, Api, BenchServer
+from fleet.executors.fleet import ledger
 from fleet.models import ApiKey, DeliveryOutbox, Tenant
 
 AGENT_SLOTS = 16  # task slots per agent (runagent --max-concurrency)

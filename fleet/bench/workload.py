@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from django.db import connection, transaction
 
-from artifacts.testing import build_archive, manifest_toml
+from artifacts.store.testing import build_archive, manifest_toml
 from fleet.bench.server import Api
 from fleet.engine.scheduler import start_execution
 from fleet.models import Tenant

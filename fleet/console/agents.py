@@ -6,13 +6,13 @@ import uuid
 
 from django.http import Http404, HttpRequest, HttpResponse
 
-from agents import lifecycle
 from agents.models import Agent
-from cloacina_site.config import get_config
-from cloacina_site.error_status import http_status
+from fleet.api.error_status import http_status
 from fleet.console.access import get_rw_tenant_for_user
 from fleet.console.responses import ConsoleError, action_done, console_view
 from fleet.console.tenants import actor_of, back_url
+from fleet.executors.fleet import lifecycle
+from fleet.platform.config import get_config
 
 
 @console_view(methods=["POST"])

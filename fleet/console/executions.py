@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 
-from cloacina_site.error_status import http_status
+from fleet.api.error_status import http_status
 from fleet.console import filters
 from fleet.console.access import get_execution_for_user, tenants_for_user
 from fleet.console.responses import ConsoleError, action_done, console_view

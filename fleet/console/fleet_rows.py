@@ -16,10 +16,10 @@ from datetime import timedelta
 from django.db.models import Count, Min
 from django.utils import timezone
 
-from cloacina_site.config import get_config
 from fleet.console.formatting import human_seconds
 from fleet.control import limits
 from fleet.models import AutoscaleDecision, DeliveryOutbox, Eviction, OutboxState, Tenant
+from fleet.platform.config import get_config
 
 EVICTION_WINDOW = timedelta(hours=1)
 # A packet pending this many redelivery periods has not moved: delivery is wedged.

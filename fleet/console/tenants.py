@@ -16,9 +16,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from agents.models import Agent, AgentState
-from artifacts import build_jobs
-from cloacina_site.config import get_config
-from cloacina_site.error_status import http_status
+from artifacts.builds import jobs as build_jobs
+from fleet.api.error_status import http_status
 from fleet.console.access import (
     get_rw_tenant_for_user,
     get_tenant_for_user,
@@ -28,8 +27,9 @@ from fleet.console.access import (
 from fleet.console.fleet_rows import tenant_rows
 from fleet.console.responses import ConsoleError, action_done, console_view
 from fleet.control import limits
+from fleet.executors.fleet.routing import health
 from fleet.models import AutoscaleDecision, FleetChange, Tenant
-from fleet.routing import health
+from fleet.platform.config import get_config
 
 # Dead agents stay listed this long, so a crash is visible after the sweeper ran.
 RECENTLY_DEAD = timedelta(hours=1)
@@ -46,7 +46,9 @@ class RosterEntry:
     heartbeat_age_s: float
     late: bool  # missed a beat
     overdue: bool  # past the liveness window: the sweeper should evict it
-    health: str = ""  # fleet.routing.health: healthy, degraded, unhealthy, draining, dead
+    health: str = (
+        ""  # fleet.executors.fleet.routing.health: healthy, degraded, unhealthy, draining, dead
+    )
 
 
 def actor_of(request: HttpRequest) -> str:

@@ -28,9 +28,9 @@ from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
 from agents.models import Agent, AgentState
-from cloacina_site.config import Config
 from fleet.control.limits import record_change
 from fleet.models import AutoscaleDecision, ChangeReason, TaskExecution, TaskStatus, Tenant
+from fleet.platform.config import Config
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ import socket
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from cloacina_site.config import Config, ConfigError
 from fleet.control import substrate
 from fleet.control.actuators.base import Actuator, ReconcileResult
 from fleet.control.actuators.docker import DockerActuator
@@ -27,6 +26,7 @@ from fleet.control.reconciler import reconcile_all
 from fleet.control.settings import ControlSettings, load_control_settings
 from fleet.engine.executor import PeriodicJob
 from fleet.models import AutoscaleDecision, ServerInstance
+from fleet.platform.config import Config, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def build_actuator(
 ) -> Actuator:
     """Validate the configured actuator's substrate (fail closed) and build it.
 
-    Raises :class:`cloacina_site.config.ConfigError` with a message naming the
+    Raises :class:`fleet.platform.config.ConfigError` with a message naming the
     problem.  The built actuator is also remembered for :func:`control_plane_jobs`.
     """
     name = substrate.check_actuator_name(config.fleet_actuator)

@@ -18,7 +18,8 @@ import threading
 
 import psycopg
 
-from fleet.engine.leader import dedicated_connection, lock_id_for
+from fleet.engine.leader import dedicated_connection
+from fleet.platform.advisory_locks import lock_id_for
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,6 @@ from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from agents.models import Agent, AgentState
-from cloacina_site.config import get_config
-from fleet.errors import DomainError, ErrorKind
 from fleet.models import (
     ChangeReason,
     DeliveryOutbox,
@@ -30,6 +28,8 @@ from fleet.models import (
     TaskStatus,
     Tenant,
 )
+from fleet.platform.config import get_config
+from fleet.platform.errors import DomainError, ErrorKind
 
 
 class _Unset(enum.Enum):

@@ -2,7 +2,7 @@
 
 Read with the same precedence as every other setting (environment variable >
 ``[server]`` table of ``$CLOACINA_HOME/config.toml`` > default) through the
-shared machinery of :mod:`cloacina_site.config`; they live here because only
+shared machinery of :mod:`fleet.platform.config`; they live here because only
 the control plane uses them.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from cloacina_site.config import AGENT_DRAIN_TIMEOUT, ConfigError, Setting, read_settings
+from fleet.platform.config import AGENT_DRAIN_TIMEOUT, ConfigError, Setting, read_settings
 
 CONTROL_SETTINGS: tuple[Setting, ...] = (
     # The URL agents use to reach the server.  The process actuator defaults to

@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cloacina_site.config import ConfigError
 from fleet.control.settings import ControlSettings
+from fleet.platform.config import ConfigError
 
 ACTUATORS = ("none", "process", "docker", "kubernetes")
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")

@@ -13,7 +13,7 @@ statement once it has run ``PREPARE_THRESHOLD`` times: the hot paths run the
 same few statements thousands of times a second, and planning them each time
 was most of the database's CPU per task (a claim: 0.5 ms planned, 0.1 ms
 prepared).  Everything else in the process keeps Django's default (client-side
-binding, no prepared statements); :func:`cloacina_site.db_pool.reset_session`
+binding, no prepared statements); :func:`fleet.platform.db_pool.reset_session`
 undoes the switch when such a connection goes back to the connection pool.
 """
 

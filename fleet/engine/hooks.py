@@ -4,7 +4,7 @@ The engine (scheduler, result handler, recovery) knows no executor and no execut
 table.  An executor whose running tasks hold something until their outcome is
 recorded — the fleet: an outbox packet and a slot on an agent — registers a
 :class:`SettleHook` at startup (:func:`register_settle_hook`; the fleet's is
-``fleet.delivery.outbox_ack.OUTBOX_SETTLE_HOOK``, registered by ``FleetConfig.ready``
+``fleet.executors.fleet.delivery.outbox_ack.OUTBOX_SETTLE_HOOK``, registered by ``FleetConfig.ready``
 because any server process may receive a fleet outcome).  The result handler folds
 the hook's SQL into its own statements, so the ack and the slot release stay inside
 the outcome's statement and transaction: no extra round trip, the locks in the same

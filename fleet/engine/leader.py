@@ -10,24 +10,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import zlib
 from collections.abc import Callable
 
 import psycopg
 from django.db import connections
 
 log = logging.getLogger(__name__)
-
-# Advisory lock ids are 64-bit; ours all start with "CL" in the high bytes so they stay apart
-# from anything else sharing the database.
-LOCK_NAMESPACE = 0x434C << 32
-MIGRATE_LOCK_ID = LOCK_NAMESPACE | 1
-
-
-def lock_id_for(job_name: str) -> int:
-    """A stable lock id per periodic job, so unrelated leader-only jobs never wait on each other."""
-    return LOCK_NAMESPACE | (zlib.crc32(job_name.encode()) & 0x7FFF_FFFF)
-
 
 _connections: dict[int, psycopg.Connection] = {}
 _guards: dict[int, threading.Lock] = {}

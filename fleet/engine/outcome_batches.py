@@ -2,7 +2,7 @@
 
 Each outcome still goes through :class:`~fleet.engine.results.TaskResultHandler` as if
 alone.  :func:`batch_transaction` is the transaction both batchers use (the fleet's
-socket results, :mod:`agents.result_intake`, and the in-process executor's outcomes,
+socket results, :mod:`fleet.executors.fleet.result_intake`, and the in-process executor's outcomes,
 :func:`apply_reports`); should a batch fail, nothing of it is committed and its
 outcomes are applied again one by one.
 """

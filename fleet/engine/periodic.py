@@ -18,7 +18,8 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from django.db import close_old_connections
 
 from fleet.engine.executor import PeriodicJob
-from fleet.engine.leader import lock_id_for, run_as_leader
+from fleet.engine.leader import run_as_leader
+from fleet.platform.advisory_locks import lock_id_for
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ from typing import NamedTuple
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from cloacina_site.config import get_config
 from fleet.engine import hooks, scheduler
 from fleet.engine.context import ContextError, encode_context, storable_text, validate_context
 from fleet.engine.events import ExecutionStatus, TaskReadyEvent
@@ -32,6 +31,7 @@ from fleet.models import (
     TaskStatus,
     WorkflowExecution,
 )
+from fleet.platform.config import get_config
 
 log = logging.getLogger(__name__)
 

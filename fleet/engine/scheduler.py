@@ -13,10 +13,9 @@ import uuid
 from django.db import connection, transaction
 from django.utils import timezone
 
-from artifacts.queries import active_package
+from artifacts.store.queries import active_package
 from fleet.engine import hooks
 from fleet.engine.events import TaskReadyEvent
-from fleet.errors import DomainError, ErrorKind
 from fleet.models import (
     TASK_TERMINAL,
     WORKFLOW_TERMINAL,
@@ -27,6 +26,7 @@ from fleet.models import (
     WorkflowExecution,
     WorkflowStatus,
 )
+from fleet.platform.errors import DomainError, ErrorKind
 
 
 class SchedulingError(DomainError):

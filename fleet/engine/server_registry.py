@@ -16,8 +16,8 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from cloacina_site.config import ConfigError
 from fleet.models import ServerInstance
+from fleet.platform.config import ConfigError
 
 log = logging.getLogger(__name__)
 

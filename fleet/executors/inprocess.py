@@ -31,7 +31,7 @@ from django.db import DatabaseError, connection
 from agents.sandbox.archive import ArchiveError
 from agents.sandbox.package_cache import PackageCache, PackageCacheError
 from agents.sandbox.task_runner import RunOutcome, TaskRunner, TaskRunnerClosed
-from artifacts.storage import load_blob
+from artifacts.store.storage import load_blob
 from fleet.engine import ready_queue
 from fleet.engine.batcher import Batcher
 from fleet.engine.claims import Claim, claim_tasks, release_claim

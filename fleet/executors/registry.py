@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import importlib
 
-from cloacina_site.config import Config
 from fleet.engine.dispatcher import Dispatcher
 from fleet.executors.inprocess import InProcessExecutor
+from fleet.platform.config import Config
 
 DEFAULT_KEY = "default"
 FLEET_KEY = "fleet"
@@ -33,7 +33,7 @@ def build_dispatcher(config: Config, claimer: str) -> Dispatcher:
     )
     if config.default_executor == FLEET_KEY:
         # Imported lazily: the fleet (and everything it pulls in) is loaded only when opted in.
-        fleet_executor = importlib.import_module("fleet.executors.fleet")
+        fleet_executor = importlib.import_module("fleet.executors.fleet.executor")
         dispatcher.register_executor(
             FLEET_KEY, fleet_executor.FleetExecutor(claimer=claimer, config=config)
         )

@@ -13,7 +13,7 @@ from fleet.models.executions import (
 )
 from fleet.models.routing import AffinityBinding, AgentEventCount, BindingKind
 from fleet.models.servers import ServerInstance
-from fleet.models.tenancy import ApiKey, Role, Tenant, TenantMembership
+from fleet.platform.tenancy import ApiKey, Role, Tenant, TenantMembership
 
 __all__ = [
     "AffinityBinding",

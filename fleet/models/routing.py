@@ -13,7 +13,7 @@ class BindingKind(models.TextChoices):
 
 
 class AffinityBinding(models.Model):
-    """Work keyed by ``key`` goes to ``agent`` while it lives (fleet/routing/affinity.py).
+    """Work keyed by ``key`` goes to ``agent`` while it lives (fleet/executors/fleet/routing/affinity.py).
 
     Cleared when the agent dies (liveness sweep) or drains; a group binding goes with
     its execution.

@@ -7,7 +7,7 @@ from datetime import datetime
 from django import template
 from django.utils import timezone
 
-from cloacina_site.error_status import http_status
+from fleet.api.error_status import http_status
 from fleet.console.formatting import human_seconds
 
 register = template.Library()

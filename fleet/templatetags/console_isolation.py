@@ -1,11 +1,11 @@
-"""The console's tenant-isolation banner (cloacina_site/isolation.py says when it shows)."""
+"""The console's tenant-isolation banner (fleet/platform/isolation.py says when it shows)."""
 
 from __future__ import annotations
 
 from django import template
 
-from cloacina_site.isolation import current_warning
 from fleet.console.access import is_platform_admin
+from fleet.platform.isolation import current_warning
 
 register = template.Library()
 

@@ -12,7 +12,7 @@ from collections import Counter
 import httpx
 import pytest
 
-from artifacts.testing import build_archive, example_archive, manifest_toml
+from artifacts.store.testing import build_archive, example_archive, manifest_toml
 from fleet.models import DeliveryOutbox, Eviction, TaskExecution, TaskOutcome
 from tests.support.keys import cli_agent_key, cli_tenant_key
 from tests.support.processes import Processes, fleet_serve, free_port, start_agent

@@ -26,7 +26,7 @@ from __future__ import annotations
 import pytest
 
 from agents.models import Agent
-from artifacts.testing import build_archive, manifest_toml
+from artifacts.store.testing import build_archive, manifest_toml
 from fleet.models import DeliveryOutbox, TaskExecution, TaskOutcome
 from tests.support.keys import cli_agent_key, cli_tenant_key
 from tests.support.processes import (

@@ -99,8 +99,8 @@ def procs(transactional_db, tmp_path):
 
 def _seed() -> dict:
     """Two tenants, a key of every role, a package, an execution and an agent of tenant A."""
-    from agents import roster
     from agents.protocol.triples import host_triple
+    from fleet.executors.fleet import roster
     from fleet.models import ApiKey
     from tests.support.factories import make_tenant, publish_example, start
 

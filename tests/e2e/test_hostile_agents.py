@@ -19,8 +19,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from agents import roster
 from agents.protocol.triples import host_triple
+from fleet.executors.fleet import roster
 
 pytestmark = pytest.mark.e2e
 

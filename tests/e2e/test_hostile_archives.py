@@ -18,7 +18,7 @@ import zipfile
 import psutil
 import pytest
 
-from artifacts.testing import (
+from artifacts.store.testing import (
     build_archive,
     example_archive,
     manifest_toml,

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from artifacts.testing import example_archive
+from artifacts.store.testing import example_archive
 from tests.support.hostile import Served
 from tests.support.keys import tenant_keys
 from tests.support.processes import Processes

@@ -11,7 +11,7 @@ import json
 import httpx
 import pytest
 
-from artifacts.testing import example_archive
+from artifacts.store.testing import example_archive
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +53,7 @@ def test_a_50_mb_context_is_a_413_and_starts_nothing(with_package):
 
 
 def test_a_context_just_over_its_limit_is_a_422_and_starts_nothing(with_package):
-    from cloacina_site.config import get_config
+    from fleet.platform.config import get_config
 
     served = with_package
     limit = get_config().max_context_bytes

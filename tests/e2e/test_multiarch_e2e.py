@@ -9,7 +9,7 @@ import pytest
 
 from agents.protocol.triples import host_triple
 from artifacts.models import PackageArtifact, WorkflowPackage
-from artifacts.testing import build_archive, manifest_toml
+from artifacts.store.testing import build_archive, manifest_toml
 from fleet.models import DeliveryOutbox
 from tests.support.keys import cli_agent_key, cli_tenant_key
 from tests.support.processes import Processes, fleet_serve, start_agent

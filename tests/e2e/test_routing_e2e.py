@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from agents.models import Agent
-from artifacts.testing import build_archive, manifest_toml
+from artifacts.store.testing import build_archive, manifest_toml
 from fleet.models import DeliveryOutbox, Eviction, TaskExecution, Tenant, WorkflowExecution
 from tests.support.keys import cli_agent_key, cli_tenant_key
 from tests.support.processes import Processes, fleet_serve, start_agent
@@ -153,7 +153,7 @@ def test_a_drained_agent_finishes_its_work_then_exits_and_new_work_goes_elsewher
 
 def _queue_executions(tenant: Tenant, workflow: str, count: int) -> None:
     """``count`` executions of a one-task workflow, committed at once (their roots Ready)."""
-    from artifacts.services import active_package
+    from artifacts.store.services import active_package
     from fleet.engine.scheduler import unsaved_task_row
 
     package = active_package(tenant, workflow)

@@ -16,7 +16,7 @@ import psutil
 import pytest
 from django.test import Client
 
-from agents.lifecycle import revoke_key
+from fleet.executors.fleet.lifecycle import revoke_key
 from fleet.models import ApiKey, Role
 from tests.support.keys import bearer, cli_agent_key
 from tests.support.processes import Processes, fleet_serve, start_agent

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from artifacts.testing import build_archive, example_archive, manifest_toml
+from artifacts.store.testing import build_archive, example_archive, manifest_toml
 from fleet.models import TaskExecution, TaskOutcome, WorkflowExecution
 from tests.support.keys import cli_tenant_key
 from tests.support.processes import Processes

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from artifacts.testing import build_archive, manifest_toml
+from artifacts.store.testing import build_archive, manifest_toml
 from fleet.models import ServerInstance, TaskExecution, TaskOutcome
 from tests.support.keys import cli_tenant_key
 from tests.support.processes import Processes

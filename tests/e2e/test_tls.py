@@ -18,7 +18,7 @@ import subprocess
 import httpx
 import pytest
 
-from artifacts.testing import example_archive
+from artifacts.store.testing import example_archive
 from cloacina_site.tls import PLAINTEXT_WARNING
 from tests.support.keys import cli_agent_key, cli_tenant_key
 from tests.support.processes import (

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from agents import roster
 from agents.models import Agent
 from agents.protocol.triples import host_triple
 from agents.runtime.agent_config import ENV_PROTOCOL_VERSION_OVERRIDE
+from fleet.executors.fleet import roster
 from tests.support.keys import cli_agent_key
 from tests.support.processes import AGENT_READY, Processes, start_agent
 

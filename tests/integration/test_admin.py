@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agents.lifecycle import revoke_key
 from agents.models import Agent
+from fleet.executors.fleet.lifecycle import revoke_key
 from fleet.models import ApiKey, FleetChange, Tenant
 from tests.support.console import make_agent, make_eviction
 from tests.support.factories import publish_example

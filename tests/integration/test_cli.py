@@ -11,8 +11,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 
-from cloacina_site.config import reset_config
 from fleet.models import ApiKey, FleetChange, Tenant, TenantMembership
+from fleet.platform.config import reset_config
 
 
 def run(*args: str, stdin: str | None = None, monkeypatch=None) -> str:

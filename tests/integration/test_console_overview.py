@@ -139,8 +139,8 @@ def test_the_overview_query_count_does_not_grow_per_agent(
 def _config(monkeypatch, **changes):
     from dataclasses import replace
 
-    from cloacina_site.config import get_config
     from fleet.console import fleet_rows
+    from fleet.platform.config import get_config
 
     config = replace(get_config(), **changes)
     monkeypatch.setattr(fleet_rows, "get_config", lambda: config)

@@ -223,8 +223,8 @@ def _build_job(tenant, triple: str, **fields):
     import uuid
 
     from artifacts.models import BuildJob
-    from artifacts.services import publish_package
-    from artifacts.testing import build_archive, package_files
+    from artifacts.store.services import publish_package
+    from artifacts.store.testing import build_archive, package_files
 
     files = {**package_files(kind="native"), "requirements.txt": "fakeext==1.0\n"}
     package, _ = publish_package(tenant, build_archive(files))

@@ -9,10 +9,10 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from cloacina_site.config import load_config
 from fleet.control import limits
 from fleet.control.autoscaler import DOWN, HOLD, UP, autoscale_tick
 from fleet.models import AutoscaleDecision, ChangeReason, FleetChange, Tenant
+from fleet.platform.config import load_config
 from tests.support.agents import make_agent
 from tests.support.factories import make_ready_tasks
 

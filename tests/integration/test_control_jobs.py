@@ -6,14 +6,14 @@ from __future__ import annotations
 import docker
 import pytest
 
-from cloacina_site.config import load_config
 from fleet.control.actuators.docker import DockerActuator
 from fleet.control.jobs import control_tick
 from fleet.control.leadership import StickyLeadership
 from fleet.control.naming import tenant_label
 from fleet.control.settings import ControlSettings
-from fleet.engine.leader import lock_id_for
 from fleet.models import AutoscaleDecision, Tenant
+from fleet.platform.advisory_locks import lock_id_for
+from fleet.platform.config import load_config
 from tests.support.factories import make_ready_tasks
 from tests.support.fakes.docker_engine import FakeDockerEngine
 

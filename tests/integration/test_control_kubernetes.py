@@ -16,7 +16,6 @@ import pytest
 from kubernetes import client as k8s
 
 from agents.models import Agent
-from cloacina_site.config import load_config
 from fleet.control.actuators import kubernetes_manifests as m
 from fleet.control.actuators.kubernetes import KubernetesActuator
 from fleet.control.jobs import build_actuator
@@ -25,6 +24,7 @@ from fleet.control.reconciler import reconcile_all
 from fleet.control.settings import ControlSettings
 from fleet.control.substrate import SubstrateProbe
 from fleet.models import ApiKey, Role, Tenant
+from fleet.platform.config import load_config
 from tests.support.fakes.kubernetes_api import SETTINGS, FakeKubernetesApi
 
 

@@ -7,7 +7,7 @@ import threading
 import pytest
 from django.db import connection
 
-from cloacina_site.error_status import http_status
+from fleet.api.error_status import http_status
 from fleet.control import limits
 from fleet.models import ChangeReason, FleetChange, Tenant
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from cloacina_site.config import ConfigError, load_config
 from fleet.control.actuators.docker import DockerActuator
 from fleet.control.jobs import build_actuator
 from fleet.control.substrate import SubstrateProbe
+from fleet.platform.config import ConfigError, load_config
 from tests.support.fakes.docker_engine import FakeDockerEngine
 from tests.support.processes import free_port
 

@@ -7,10 +7,10 @@ from django.conf import settings
 from django.db import connection
 from django.db.backends.postgresql.base import Cursor, ServerBindingCursor
 
-from cloacina_site import db_pool
-from cloacina_site.config import ConfigError
-from cloacina_site.embedded_db import database_settings
 from fleet.engine.db_threads import DbThreadPool
+from fleet.platform import db_pool
+from fleet.platform.config import ConfigError
+from fleet.platform.embedded_db import database_settings
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -126,6 +126,6 @@ def test_the_pool_is_on_metrics(client):
 
 
 def test_the_pool_leaves_room_for_every_delivery_thread():
-    from fleet.delivery.db import POOL_THREADS
+    from fleet.executors.fleet.delivery.db import POOL_THREADS
 
     assert db_pool.DELIVERY_THREADS == POOL_THREADS

@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from cloacina_site import embedded_db
+from fleet.platform import embedded_db
 
 
 @pytest.fixture

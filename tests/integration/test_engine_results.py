@@ -8,11 +8,11 @@ import threading
 import pytest
 from django.db import connections
 
-from cloacina_site.config import apply_overrides, reset_config
 from fleet.engine.claims import claim_task
 from fleet.engine.events import ExecutionStatus
 from fleet.engine.results import MAX_REFUSALS, TaskReport, result_handler
 from fleet.models import Outcome, TaskExecution, TaskOutcome, TaskStatus
+from fleet.platform.config import apply_overrides, reset_config
 from tests.support.factories import make_package, start
 
 SOURCE = "def f(ctx):\n    return {}\n"

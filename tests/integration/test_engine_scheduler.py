@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cloacina_site.error_status import http_status
+from fleet.api.error_status import http_status
 from fleet.engine.events import ExecutionStatus
 from fleet.engine.scheduler import SchedulingError, cancel_execution, rule_outcome
 from fleet.models import TaskOutcome, TaskStatus, WorkflowExecution, WorkflowStatus

@@ -9,12 +9,12 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
-from artifacts.testing import build_archive, package_files
-from cloacina_site.config import apply_overrides, reset_config
+from artifacts.store.testing import build_archive, package_files
 from fleet.engine import ready_queue
 from fleet.engine.claims import claim_task
 from fleet.engine.results import TaskReport, result_handler
 from fleet.models import TaskExecution, WorkflowExecution
+from fleet.platform.config import apply_overrides, reset_config
 from tests.support.keys import bearer
 
 pytestmark = pytest.mark.django_db

@@ -8,9 +8,9 @@ import uuid
 import pytest
 from django.test import Client
 
-from agents.lifecycle import revoke_key
 from agents.models import Agent
-from fleet.delivery.placement import place_task
+from fleet.executors.fleet.delivery.placement import place_task
+from fleet.executors.fleet.lifecycle import revoke_key
 from fleet.models import ApiKey, DeliveryOutbox, Eviction, TaskExecution, TaskOutcome
 from tests.support.agents import make_agent
 from tests.support.factories import ready_root, two_task_package

@@ -1,4 +1,4 @@
-"""Placing many Ready tasks in one transaction (fleet/delivery/batch_placement.py): the same
+"""Placing many Ready tasks in one transaction (fleet/executors/fleet/delivery/batch_placement.py): the same
 outcome per task as place_task, one claim statement, plain tasks reserved together."""
 
 from __future__ import annotations
@@ -12,9 +12,15 @@ from django.db import connection
 from django.utils import timezone
 
 from agents.models import Agent
-from fleet.delivery.batch_placement import place_tasks
-from fleet.delivery.placement import Delivered, NoAgent, NotClaimed, Placed, Unroutable
 from fleet.engine.context import build_task_context, encode_context
+from fleet.executors.fleet.delivery.batch_placement import place_tasks
+from fleet.executors.fleet.delivery.placement import (
+    Delivered,
+    NoAgent,
+    NotClaimed,
+    Placed,
+    Unroutable,
+)
 from fleet.models import DeliveryOutbox, TaskExecution
 from tests.support.agents import make_agent
 from tests.support.factories import make_package, start
@@ -183,7 +189,7 @@ def test_concurrent_batches_never_overfill_an_agent(tenant):
 def test_a_batch_that_fails_is_placed_again_task_by_task(tenant, monkeypatch):
     from django.db import OperationalError
 
-    from fleet.delivery import batch_placement
+    from fleet.executors.fleet.delivery import batch_placement
 
     wide_package(tenant, 3)
     make_agent(tenant, "a", max_concurrency=4)

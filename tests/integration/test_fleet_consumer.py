@@ -9,11 +9,11 @@ import uuid
 import pytest
 
 from agents import consumers
-from agents.lifecycle import revoke_key
 from agents.models import Agent
-from fleet.delivery import local_sockets
-from fleet.delivery.placement import place_task
-from fleet.delivery.relay import Relay
+from fleet.executors.fleet.delivery import local_sockets
+from fleet.executors.fleet.delivery.placement import place_task
+from fleet.executors.fleet.delivery.relay import Relay
+from fleet.executors.fleet.lifecycle import revoke_key
 from fleet.models import ApiKey, DeliveryOutbox, TaskExecution
 from tests.support.agents import make_agent
 from tests.support.factories import ready_root, two_task_package
@@ -350,8 +350,8 @@ def test_a_result_frame_without_an_outbox_id_is_closed_4400(tenant, agent_key):
 
 
 def test_a_packet_placed_for_a_socket_here_is_pushed_at_once_without_the_relay(tenant, agent_key):
-    from fleet.delivery.batch_placement import place_tasks
-    from fleet.delivery.placement import Delivered
+    from fleet.executors.fleet.delivery.batch_placement import place_tasks
+    from fleet.executors.fleet.delivery.placement import Delivered
 
     two_task_package(tenant)
     agent = make_agent(tenant, connected=False)
@@ -381,8 +381,8 @@ def test_a_packet_placed_for_a_socket_here_is_pushed_at_once_without_the_relay(t
 
 
 def test_a_delivered_packet_that_cannot_be_pushed_goes_back_to_pending(tenant):
-    from fleet.delivery.batch_placement import place_tasks
-    from fleet.delivery.placement import Delivered
+    from fleet.executors.fleet.delivery.batch_placement import place_tasks
+    from fleet.executors.fleet.delivery.placement import Delivered
 
     two_task_package(tenant)
     make_agent(tenant)  # connected here per the roster, but no socket in this process
@@ -466,7 +466,7 @@ def test_a_write_the_database_refuses_costs_the_other_sockets_nothing(tenant, ag
     """Frames are bounded at the socket, but should a value the database refuses reach the
     writer anyway, the round's other confirmations still land, the writer keeps its
     connection, and only the offender's socket is closed (4400)."""
-    from fleet.delivery import socket_writes
+    from fleet.executors.fleet import socket_writes
 
     two_task_package(tenant)
     honest = make_agent(tenant, "honest", max_concurrency=8, connected=False)

@@ -9,13 +9,13 @@ import threading
 import pytest
 from django.db import connection
 
-from cloacina_site.config import get_config
-from fleet.delivery import rendezvous as rendezvous_module
 from fleet.engine.events import ExecutionStatus, TaskReadyEvent
 from fleet.engine.results import TaskReport, result_handler
-from fleet.executors import fleet as fleet_executor_module
-from fleet.executors.fleet import FleetExecutor
+from fleet.executors.fleet import executor as fleet_executor_module
+from fleet.executors.fleet.delivery import rendezvous as rendezvous_module
+from fleet.executors.fleet.executor import FleetExecutor
 from fleet.models import DeliveryOutbox, TaskExecution
+from fleet.platform.config import get_config
 from tests.support.agents import make_agent
 from tests.support.factories import ready_root, two_task_package
 from tests.support.loop import run_async

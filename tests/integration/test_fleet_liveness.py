@@ -7,10 +7,10 @@ import json
 import pytest
 from django.test import Client
 
-from agents.lifecycle import sweep_dead_agents
 from agents.models import Agent
-from fleet.delivery.liveness import reclaim_in_flight
-from fleet.delivery.placement import place_task
+from fleet.executors.fleet.delivery.liveness import reclaim_in_flight
+from fleet.executors.fleet.delivery.placement import place_task
+from fleet.executors.fleet.lifecycle import sweep_dead_agents
 from fleet.models import DeliveryOutbox, Eviction, TaskExecution, TaskOutcome
 from tests.support.agents import make_agent
 from tests.support.factories import ready_root, two_task_package

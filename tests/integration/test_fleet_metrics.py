@@ -7,9 +7,9 @@ import re
 import pytest
 from django.test import Client
 
-from fleet.delivery.placement import place_task
-from fleet.delivery.wait_reasons import explain_waiting_tasks
-from fleet.metrics import RESULTS
+from fleet.executors.fleet.delivery.metrics import RESULTS
+from fleet.executors.fleet.delivery.placement import place_task
+from fleet.executors.fleet.delivery.wait_reasons import explain_waiting_tasks
 from fleet.models import DeliveryOutbox, Eviction, TaskExecution
 from tests.support.agents import make_agent
 from tests.support.factories import ready_root, two_task_package

@@ -7,10 +7,16 @@ import json
 import pytest
 
 from agents.models import Agent
-from fleet.delivery.placement import NoAgent, NotClaimed, Placed, place_task, run_status
 from fleet.engine.context import build_task_context, encode_context
 from fleet.engine.events import ExecutionStatus
 from fleet.engine.results import TaskReport, result_handler
+from fleet.executors.fleet.delivery.placement import (
+    NoAgent,
+    NotClaimed,
+    Placed,
+    place_task,
+    run_status,
+)
 from fleet.models import DeliveryOutbox, TaskExecution
 from tests.support.agents import make_agent
 from tests.support.factories import ready_root, start, two_task_package

@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from fleet.delivery.placement import place_task
-from fleet.delivery.pruning import prune_acked
-from fleet.delivery.redelivery import (
+from fleet.executors.fleet.delivery.placement import place_task
+from fleet.executors.fleet.delivery.pruning import prune_acked
+from fleet.executors.fleet.delivery.redelivery import (
     apply_hello,
     mark_received,
     mark_running_received,

@@ -8,8 +8,8 @@ import pytest
 from django.db import connection, transaction
 
 from agents.models import Agent
-from fleet.delivery.placement import reserve_agent
-from fleet.routing.candidates import no_capacity_reason
+from fleet.executors.fleet.delivery.placement import reserve_agent
+from fleet.executors.fleet.routing.candidates import no_capacity_reason
 from tests.support.agents import make_agent
 
 

@@ -7,10 +7,10 @@ import pytest
 from django.db import OperationalError
 
 from agents.models import Agent
-from agents.result_intake import ResultIn, apply_result, apply_results
-from fleet.delivery.placement import place_task
 from fleet.engine import ready_queue
 from fleet.engine import results as engine_results
+from fleet.executors.fleet.delivery.placement import place_task
+from fleet.executors.fleet.result_intake import ResultIn, apply_result, apply_results
 from fleet.models import DeliveryOutbox, TaskExecution, TaskOutcome
 from tests.support.agents import make_agent
 from tests.support.factories import make_package, start
@@ -128,7 +128,7 @@ def test_a_batch_that_fails_is_applied_again_result_by_result(tenant, wide, monk
             raise OperationalError("deadlock detected")
         real_release(agent_ids)
 
-    monkeypatch.setattr("agents.result_intake.release_slots", deadlock_once)
+    monkeypatch.setattr("fleet.executors.fleet.result_intake.release_slots", deadlock_once)
     answers = apply_results(items)
     assert answers == [(200, {"applied": True, "reason": ""})] * 4
     # Nothing of the failed batch remained: one applied outcome per task, slots freed once.

@@ -17,13 +17,13 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from agents.lifecycle import sweep_dead_agents
 from agents.models import Agent
-from cloacina_site.config import apply_overrides
-from fleet.delivery.placement import place_task
-from fleet.delivery.redelivery import redeliver_unreceived
-from fleet.metrics import UNCONFIRMED_LOST
+from fleet.executors.fleet.delivery.metrics import UNCONFIRMED_LOST
+from fleet.executors.fleet.delivery.placement import place_task
+from fleet.executors.fleet.delivery.redelivery import redeliver_unreceived
+from fleet.executors.fleet.lifecycle import sweep_dead_agents
 from fleet.models import DeliveryOutbox, TaskExecution, TaskOutcome
+from fleet.platform.config import apply_overrides
 from tests.support.agents import make_agent
 from tests.support.factories import ready_root, two_task_package
 from tests.support.keys import bearer

@@ -11,12 +11,12 @@ import json
 import pytest
 from django.test import Client
 
-from agents import roster
 from agents.models import Agent
 from agents.protocol.triples import host_triple
-from artifacts.manifest import ManifestError, parse_manifest
-from artifacts.testing import build_archive, manifest_toml, package_files
-from cloacina_site.error_status import http_status
+from artifacts.store.manifest import ManifestError, parse_manifest
+from artifacts.store.testing import build_archive, manifest_toml, package_files
+from fleet.api.error_status import http_status
+from fleet.executors.fleet import roster
 from tests.support.keys import bearer
 
 pytestmark = pytest.mark.django_db

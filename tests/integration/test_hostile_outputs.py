@@ -31,7 +31,7 @@ def _post_raw(client: Client, agent, key: str, text: str):
 
 @pytest.mark.django_db(transaction=True)  # the result endpoint works on its own DB threads
 def test_an_agent_posting_nan_or_an_oversized_output_fails_the_task(agent_key, tenant):
-    from cloacina_site.config import get_config
+    from fleet.platform.config import get_config
 
     two_task_package(tenant)
     agent = make_agent(tenant)

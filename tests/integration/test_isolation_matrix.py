@@ -75,12 +75,12 @@ class World:
 def world(transactional_db) -> World:
     from django.contrib.auth import get_user_model
 
-    from agents import roster
     from agents.protocol.triples import host_triple
     from artifacts.models import BuildJob
-    from artifacts.services import publish_package
-    from artifacts.testing import build_archive, example_files
+    from artifacts.store.services import publish_package
+    from artifacts.store.testing import build_archive, example_files
     from fleet.engine.claims import claim_task
+    from fleet.executors.fleet import roster
     from fleet.models import (
         ApiKey,
         DeliveryOutbox,
@@ -254,7 +254,7 @@ def _lists_nothing_of_b(role: str, method: str, url: str, body=None):
 def _artifact_upload(world: World) -> dict:
     from django.core.files.uploadedfile import SimpleUploadedFile
 
-    from artifacts.testing import example_archive
+    from artifacts.store.testing import example_archive
 
     return {
         "file": SimpleUploadedFile("build.tar.gz", example_archive()),
@@ -266,7 +266,7 @@ def upload_under_bs_name(world: World) -> None:
     """A package of B's name and version is A's own: no conflict, no sign that B has it."""
     from django.core.files.uploadedfile import SimpleUploadedFile
 
-    from artifacts.testing import example_archive
+    from artifacts.store.testing import example_archive
 
     response = world.api("write").post(
         f"{API}/packages", {"file": SimpleUploadedFile("p.tar.gz", example_archive())}

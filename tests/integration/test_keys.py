@@ -1,6 +1,6 @@
 import pytest
 
-from agents.lifecycle import revoke_key
+from fleet.executors.fleet.lifecycle import revoke_key
 from fleet.models import ApiKey
 
 

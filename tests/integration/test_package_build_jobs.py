@@ -1,4 +1,4 @@
-"""Builds as background jobs (artifacts/build_jobs.py, artifacts/build_runner.py).
+"""Builds as background jobs (artifacts/builds/jobs.py, artifacts/builds/runner.py).
 
 What a hostile tenant could do with builds run inside the request (issue 13): hold a
 pooled connection for up to 300 s per build, start any number at once, download without
@@ -20,13 +20,14 @@ from django.db import IntegrityError, close_old_connections, connection
 from django.test import Client
 from django.utils import timezone
 
-from artifacts import build_jobs, wheels
-from artifacts.build_runner import BuildRunner
+from artifacts.builds import jobs as build_jobs
+from artifacts.builds.runner import BuildRunner
 from artifacts.models import BuildJob, BuildState, PackageArtifact
-from artifacts.services import publish_package
-from cloacina_site import config
-from cloacina_site.error_status import http_status
+from artifacts.store import wheels
+from artifacts.store.services import publish_package
+from fleet.api.error_status import http_status
 from fleet.models import ServerInstance, Tenant
+from fleet.platform import config
 from tests.support.packages import (
     ARM,
     X86,

@@ -15,9 +15,9 @@ from django.test import Client
 from agents.protocol.triples import host_triple
 from agents.sandbox import archive
 from artifacts.models import ArtifactBlob, PackageArtifact, WorkflowPackage
-from artifacts.queries import active_package
-from artifacts.storage import load_blob
-from artifacts.testing import (
+from artifacts.store.queries import active_package
+from artifacts.store.storage import load_blob
+from artifacts.store.testing import (
     build_archive,
     example_archive,
     package_files,
@@ -150,7 +150,7 @@ def test_a_zip_bomb_is_refused(client, write_key, zip_bomb):
 def test_an_oversized_upload_is_refused(client, write_key, settings, monkeypatch):
     from dataclasses import replace
 
-    from cloacina_site import config
+    from fleet.platform import config
 
     monkeypatch.setattr(config, "_config", replace(config.get_config(), max_package_bytes=100))
     response = upload(client, write_key, example_archive())
@@ -162,7 +162,7 @@ def test_an_oversized_upload_is_refused(client, write_key, settings, monkeypatch
 def set_config(monkeypatch, **values) -> None:
     from dataclasses import replace
 
-    from cloacina_site import config
+    from fleet.platform import config
 
     monkeypatch.setattr(config, "_config", replace(config.get_config(), **values))
 

@@ -10,8 +10,8 @@ from django.test import Client
 from agents.protocol.triples import host_triple
 from agents.sandbox import archive
 from artifacts.models import ArtifactBlob, PackageArtifact, WorkflowPackage
-from artifacts.queries import resolve_artifact, runnable_triples
-from artifacts.testing import build_archive, example_archive, package_files
+from artifacts.store.queries import resolve_artifact, runnable_triples
+from artifacts.store.testing import build_archive, example_archive, package_files
 from fleet.models import ApiKey
 from tests.support.keys import bearer
 from tests.support.packages import ARM, T, native, upload, upload_target, with_valid

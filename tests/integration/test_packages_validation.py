@@ -12,15 +12,15 @@ import sys
 import psutil
 import pytest
 
-from artifacts.build import canonical_archive
-from artifacts.testing import (
+from artifacts.store.build import canonical_archive
+from artifacts.store.testing import (
     build_archive,
     example_archive,
     manifest_toml,
     package_files,
     parse_bomb,
 )
-from artifacts.validation import (
+from artifacts.store.validation import (
     PackageError,
     PackageLimitError,
     ValidationLimits,

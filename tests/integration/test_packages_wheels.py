@@ -1,5 +1,5 @@
-"""The build step that vendors platform wheels (artifacts/wheels.py, POST .../builds,
-run as a background job: artifacts/build_jobs.py, artifacts/build_runner.py).
+"""The build step that vendors platform wheels (artifacts/store/wheels.py, POST .../builds,
+run as a background job: artifacts/builds/jobs.py, artifacts/builds/runner.py).
 
 Most tests run the real ``pip download`` against a local find-links directory of
 wheels built here (no index, no operator pip config), so they are fast and offline;
@@ -22,11 +22,11 @@ from django.test import Client
 
 from agents.protocol.triples import host_triple
 from agents.sandbox import archive
-from artifacts import wheels
 from artifacts.models import ArtifactBlob, BuildJob, PackageArtifact, WorkflowPackage
-from artifacts.queries import resolve_artifact
-from artifacts.storage import load_blob
-from artifacts.testing import build_archive, package_files
+from artifacts.store import wheels
+from artifacts.store.queries import resolve_artifact
+from artifacts.store.storage import load_blob
+from artifacts.store.testing import build_archive, package_files
 from tests.support.keys import bearer
 from tests.support.packages import (
     ARM,

@@ -7,12 +7,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agents.lifecycle import evict_agent, request_drain, sweep_dead_agents
 from agents.models import Agent
-from fleet.delivery.placement import NoAgent, Placed, place_task
 from fleet.engine.results import TaskReport, result_handler
+from fleet.executors.fleet.delivery.placement import NoAgent, Placed, place_task
+from fleet.executors.fleet.lifecycle import evict_agent, request_drain, sweep_dead_agents
+from fleet.executors.fleet.routing import groups
 from fleet.models import AffinityBinding, DeliveryOutbox, TaskExecution
-from fleet.routing import groups
 from tests.support.factories import start
 from tests.support.routing import agent, place_root, routed_package
 

@@ -8,12 +8,12 @@ import pytest
 from django.test import Client
 
 from agents.protocol.work import PacketError, parse_packet
-from cloacina_site.config import reset_config
-from fleet.delivery.context_ref import INLINE_MAX_BYTES
-from fleet.delivery.placement import Placed, Unroutable, place_task
 from fleet.engine.context import build_task_context, encode_context
 from fleet.engine.results import TaskReport, result_handler
+from fleet.executors.fleet.delivery.context_ref import INLINE_MAX_BYTES
+from fleet.executors.fleet.delivery.placement import Placed, Unroutable, place_task
 from fleet.models import DeliveryOutbox, TaskExecution, TaskOutcome
+from fleet.platform.config import reset_config
 from tests.support.agents import make_agent
 from tests.support.factories import start
 from tests.support.keys import bearer

@@ -9,8 +9,8 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from agents.lifecycle import sweep_dead_agents
 from agents.models import Agent
+from fleet.executors.fleet.lifecycle import sweep_dead_agents
 from fleet.models import ApiKey, DeliveryOutbox, Eviction, TenantMembership
 from tests.support.keys import bearer
 from tests.support.routing import agent, place_root, routed_package

@@ -10,9 +10,9 @@ import uuid
 import pytest
 from django.test import Client
 
-from cloacina_site.config import reset_config
 from fleet.engine.claims import due_ready_task_events
 from fleet.models import TaskExecution, Tenant
+from fleet.platform.config import reset_config
 from tests.support.factories import start, two_task_package
 from tests.support.keys import bearer
 

@@ -14,8 +14,8 @@ from channels.db import database_sync_to_async as sync_to_async
 from django.utils import timezone
 
 from agents.models import Agent
-from fleet.delivery import local_sockets
-from fleet.delivery.placement import NoAgent, Placed, place_task
+from fleet.executors.fleet.delivery import local_sockets
+from fleet.executors.fleet.delivery.placement import NoAgent, Placed, place_task
 from tests.support.agents import make_agent
 from tests.support.factories import start
 from tests.support.loop import run_async

@@ -8,9 +8,9 @@ import pytest
 from django.test import Client
 from prometheus_client import REGISTRY
 
-from agents import roster
-from agents.lifecycle import evict_agent
 from agents.protocol.triples import host_triple
+from fleet.executors.fleet import roster
+from fleet.executors.fleet.lifecycle import evict_agent
 from fleet.models import ApiKey
 from tests.support.keys import bearer
 from tests.support.routing import agent, place_root, routed_package

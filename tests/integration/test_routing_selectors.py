@@ -12,9 +12,9 @@ import pytest
 from django.test import Client
 
 from agents.models import Agent
-from cloacina_site.error_status import http_status
-from fleet.delivery.placement import NoAgent, Placed, Unroutable, place_task
+from fleet.api.error_status import http_status
 from fleet.engine.events import ExecutionStatus
+from fleet.executors.fleet.delivery.placement import NoAgent, Placed, Unroutable, place_task
 from fleet.models import TaskExecution, TaskOutcome
 from tests.support.factories import start
 from tests.support.keys import bearer
@@ -177,7 +177,7 @@ def test_a_vram_floor_waits_while_no_gpu_has_that_much_free(tenant):
     assert isinstance(result, NoAgent)
     assert task.wait_reason.endswith("but none has ≥ 60% free GPU memory now")
     Agent.objects.filter(pk=box.pk).update(metrics={"gpu_count": 1, "free_vram_pct": 70.0})
-    from fleet.delivery.placement import place_task
+    from fleet.executors.fleet.delivery.placement import place_task
 
     assert isinstance(place_task(task.pk, "s"), Placed)
 
@@ -263,7 +263,7 @@ def test_an_agent_past_the_window_or_without_a_socket_is_never_chosen(tenant):
 
 
 def test_an_affinity_of_neither_form_is_refused_at_upload(tenant):
-    from artifacts.services import UploadRejected
+    from artifacts.store.services import UploadRejected
 
     with pytest.raises(UploadRejected) as refused:
         routed_package(tenant, affinity="sticky")

@@ -26,7 +26,7 @@ def _secret_part(token: str) -> str:
 def test_keys_are_compared_in_constant_time(tenant, monkeypatch):
     """The stored hash is only ever compared with hmac.compare_digest (no early exit on the
     first differing character); a wrong secret under a real lookup takes the same path."""
-    from fleet.models import tenancy
+    from fleet.platform import tenancy
 
     key, token = ApiKey.mint("read", tenant=tenant)
     calls = []
@@ -51,7 +51,7 @@ def test_keys_are_compared_in_constant_time(tenant, monkeypatch):
 
 @pytest.mark.django_db
 def test_each_key_records_when_it_was_last_used(tenant, monkeypatch):
-    from cloacina_site import auth
+    from fleet.platform import auth
 
     key, token = ApiKey.mint("read", tenant=tenant)
     assert key.last_used_at is None

@@ -14,6 +14,7 @@ from fleet.engine.claims import claim_task
 from fleet.engine.executor import PeriodicJob
 from fleet.engine.periodic import run_job_once
 from fleet.models import DeliveryOutbox, ServerInstance, TaskExecution, TaskOutcome
+from fleet.platform.advisory_locks import lock_id_for
 from tests.support.factories import make_package, start
 
 pytestmark = pytest.mark.django_db
@@ -154,12 +155,12 @@ def test_only_the_lock_holder_runs_a_leader_only_job():
     job = PeriodicJob("test_leader_job", lambda: calls.append(1), 1.0, leader_only=True)
     other = leader.dedicated_connection()  # another "server" holding the job's lock
     try:
-        other.execute("SELECT pg_advisory_lock(%s)", [leader.lock_id_for(job.name)])
+        other.execute("SELECT pg_advisory_lock(%s)", [lock_id_for(job.name)])
         assert run_job_once(job) is False and calls == []
-        other.execute("SELECT pg_advisory_unlock(%s)", [leader.lock_id_for(job.name)])
+        other.execute("SELECT pg_advisory_unlock(%s)", [lock_id_for(job.name)])
         assert run_job_once(job) is True and calls == [1]
         # Released after the tick: the other server can lead the next one.
-        won = other.execute("SELECT pg_try_advisory_lock(%s)", [leader.lock_id_for(job.name)])
+        won = other.execute("SELECT pg_try_advisory_lock(%s)", [lock_id_for(job.name)])
         assert won.fetchone()[0] is True
     finally:
         other.close()
@@ -175,7 +176,7 @@ def test_a_failing_job_is_logged_not_raised(caplog):
 
 
 def test_leader_connections_survive_a_dropped_session():
-    lock = leader.lock_id_for("test_drop")
+    lock = lock_id_for("test_drop")
     assert leader.run_as_leader(lock, lambda: None)
     conn = leader._connections[lock]
     with psycopg.connect(**_params()) as admin:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from agents import roster
 from agents.models import Agent
 from agents.protocol.triples import host_triple
-from cloacina_site.error_status import http_status
+from fleet.api.error_status import http_status
+from fleet.executors.fleet import roster
 from fleet.models import ApiKey
 from tests.support.keys import bearer
 

@@ -13,8 +13,8 @@ from dataclasses import replace
 import pytest
 from django.test import Client
 
-from cloacina_site.config import get_config
 from cloacina_site.web_security import CONTENT_SECURITY_POLICY
+from fleet.platform.config import get_config
 from tests.support.console import PASSWORD, with_password
 
 
@@ -106,7 +106,7 @@ def test_a_forwarded_for_header_does_not_escape_an_address_lock(reader_user, wri
 
 @pytest.mark.django_db
 def test_metrics_require_the_bearer_token_once_one_is_configured(monkeypatch):
-    from fleet import metrics
+    from fleet.api import metrics
 
     client = Client()
     assert client.get("/metrics").status_code == 200  # no token configured: open, as before

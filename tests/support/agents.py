@@ -41,7 +41,7 @@ def make_agent(
 
     from agents.models import Agent
     from agents.protocol.triples import host_triple
-    from fleet.delivery import local_sockets
+    from fleet.executors.fleet.delivery import local_sockets
 
     if connected is True:
         connected = local_sockets.server_id()

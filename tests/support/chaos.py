@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlparse
 import httpx
 import psycopg
 
-from artifacts.testing import build_archive, manifest_toml
+from artifacts.store.testing import build_archive, manifest_toml
 
 # -- the database -------------------------------------------------------------------------
 

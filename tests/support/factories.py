@@ -1,6 +1,6 @@
 """Test data: archives from a dict of files, published packages, executions and runs.
 
-Packages are published through :func:`artifacts.services.publish_package`, the
+Packages are published through :func:`artifacts.store.services.publish_package`, the
 same validation, build and blob store an upload goes through.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import textwrap
 
-from artifacts.testing import build_archive, example_archive, manifest_toml
+from artifacts.store.testing import build_archive, example_archive, manifest_toml
 
 
 def build_tar_gz(files: dict[str, str | bytes]) -> bytes:
@@ -43,7 +43,7 @@ def make_package(
 
     ``tasks`` are manifest task tables, e.g. ``{"id": "a", "function": "demo.steps:a"}``.
     """
-    from artifacts.services import publish_package
+    from artifacts.store.services import publish_package
 
     files: dict[str, str | bytes] = {
         "cloacina.toml": manifest_toml(tasks, name=name, workflow=workflow, version=version),
@@ -57,7 +57,7 @@ def make_package(
 
 def publish_example(tenant, name: str = "etl-demo"):
     """Publish ``examples/<name>`` for ``tenant``."""
-    from artifacts.services import publish_package
+    from artifacts.store.services import publish_package
 
     package, _created = publish_package(tenant, example_archive(name))
     return package

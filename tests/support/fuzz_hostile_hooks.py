@@ -25,7 +25,7 @@ from typing import Any
 
 import schemathesis
 
-from artifacts.testing import build_archive, package_files
+from artifacts.store.testing import build_archive, package_files
 
 _MARK = "\x01hostile\x01"
 LONE_SURROGATE_BYTES = b"\xed\xa0\x80"  # U+D800 encoded as if it were a character

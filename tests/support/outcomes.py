@@ -3,7 +3,7 @@ body of its result."""
 
 from __future__ import annotations
 
-from fleet.delivery.placement import place_task
+from fleet.executors.fleet.delivery.placement import place_task
 from fleet.models import DeliveryOutbox
 from tests.support.factories import ready_root
 

@@ -14,8 +14,8 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
 from agents.sandbox import archive
-from artifacts.build_runner import BuildRunner
-from artifacts.testing import build_archive, manifest_toml, package_files, parse_bomb
+from artifacts.builds.runner import BuildRunner
+from artifacts.store.testing import build_archive, manifest_toml, package_files, parse_bomb
 from tests.support.keys import bearer
 
 ARM = "aarch64-unknown-linux-gnu"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleet.delivery.placement import place_task
+from fleet.executors.fleet.delivery.placement import place_task
 from fleet.models import DeliveryOutbox, TaskExecution
 from tests.support.agents import IDLE, make_agent
 from tests.support.factories import NOOP_SOURCE, make_package, start

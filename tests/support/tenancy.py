@@ -54,7 +54,7 @@ def other_write_key(other_tenant) -> str:
 def close_delivery_pool():
     """The delivery pool's threads keep connections; close them so the test DB can go."""
     yield
-    from fleet.delivery import db as delivery_db
+    from fleet.executors.fleet.delivery import db as delivery_db
 
     delivery_db.close()
 
@@ -62,7 +62,7 @@ def close_delivery_pool():
 @pytest.fixture
 def short_liveness():
     """Agents are dead after 1.5 s without a beat (0.5 s × 3), for the sweeps under test."""
-    from cloacina_site.config import apply_overrides, reset_config
+    from fleet.platform.config import apply_overrides, reset_config
 
     apply_overrides(heartbeat_interval_s=0.5, liveness_misses=3)
     yield

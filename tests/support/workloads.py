@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from artifacts.testing import build_archive, manifest_toml
+from artifacts.store.testing import build_archive, manifest_toml
 
 STEPS_SOURCE = '''
 import os

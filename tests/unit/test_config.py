@@ -1,6 +1,6 @@
 import pytest
 
-from cloacina_site.config import ConfigError, apply_overrides, load_config, reset_config
+from fleet.platform.config import ConfigError, apply_overrides, load_config, reset_config
 
 
 def test_it_uses_defaults(tmp_path):

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from cloacina_site.config import SETTINGS
 from fleet.control.settings import CONTROL_SETTINGS, ControlSettings
+from fleet.platform.config import SETTINGS
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "kubernetes"

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from cloacina_site.config import ConfigError, load_config
 from fleet.control.actuators.noop import NoopActuator
 from fleet.control.actuators.process import ProcessActuator
 from fleet.control.jobs import build_actuator, control_plane_jobs
 from fleet.control.substrate import SubstrateProbe, guard_process
+from fleet.platform.config import ConfigError, load_config
 
 SERVER_URL = {"CLOACINA_FLEET_SERVER_URL": "http://cloacina.example:8000"}
 

@@ -6,7 +6,7 @@ Here: the unit tests (no database, socket or process); the rest are in tests/int
 
 from __future__ import annotations
 
-from cloacina_site import embedded_db
+from fleet.platform import embedded_db
 
 
 def test_with_password_keeps_the_socket_and_quotes_the_password():

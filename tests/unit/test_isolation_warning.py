@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import stat
 
-from cloacina_site import isolation
+from fleet.platform import isolation
 
 NOT_ROOT = 1000
 

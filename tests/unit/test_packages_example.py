@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from agents.sandbox import archive
-from artifacts.testing import example_archive
+from artifacts.store.testing import example_archive
 
 
 @pytest.fixture

@@ -17,9 +17,9 @@ import pytest
 from agents.protocol.triples import TripleError, host_triple, parse_triple
 from agents.sandbox import archive
 from agents.sandbox.archive import ArchiveError, ArchiveLimitError, Limits
-from artifacts.build import canonical_archive, sha256_hex
-from artifacts.manifest import ManifestError, find_cycle, parse_manifest, task_routing
-from artifacts.testing import (
+from artifacts.store.build import canonical_archive, sha256_hex
+from artifacts.store.manifest import ManifestError, find_cycle, parse_manifest, task_routing
+from artifacts.store.testing import (
     build_archive,
     example_archive,
     example_files,
@@ -27,7 +27,7 @@ from artifacts.testing import (
     package_files,
     parse_bomb,
 )
-from artifacts.validation import (
+from artifacts.store.validation import (
     PackageError,
     PackageLimitError,
     ValidationLimits,

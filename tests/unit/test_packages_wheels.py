@@ -1,5 +1,5 @@
-"""The build step that vendors platform wheels (artifacts/wheels.py, POST .../builds,
-run as a background job: artifacts/build_jobs.py, artifacts/build_runner.py).
+"""The build step that vendors platform wheels (artifacts/store/wheels.py, POST .../builds,
+run as a background job: artifacts/builds/jobs.py, artifacts/builds/runner.py).
 
 Most tests run the real ``pip download`` against a local find-links directory of
 wheels built here (no index, no operator pip config), so they are fast and offline;
@@ -14,9 +14,9 @@ import re
 
 import pytest
 
-from artifacts import wheels
-from artifacts.services import UploadRejected
-from cloacina_site.error_status import http_status
+from artifacts.store import wheels
+from artifacts.store.services import UploadRejected
+from fleet.api.error_status import http_status
 from tests.support.packages import (
     ARM,
     ARM_SO,

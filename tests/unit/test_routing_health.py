@@ -11,8 +11,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from fleet.delivery import local_sockets
-from fleet.routing.health import Health, classify
+from fleet.executors.fleet.delivery import local_sockets
+from fleet.executors.fleet.routing.health import Health, classify
 
 NOW = timezone.now()
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from cloacina_site.config import load_config
 from fleet.engine.events import ExecutorNotFound
 from fleet.executors.registry import build_dispatcher
+from fleet.platform.config import load_config
 
 
 def config(tmp_path, **env: str):

@@ -46,8 +46,8 @@ def test_the_engine_names_no_executor_table():
 def test_the_fleet_settle_hook_is_registered_at_startup_and_folded_in():
     """One statement per outcome still acks the packet and frees the slot: the fleet's
     fragment is part of the result handler's statement, not a statement of its own."""
-    from fleet.delivery.outbox_ack import OUTBOX_SETTLE_HOOK
     from fleet.engine import hooks, results
+    from fleet.executors.fleet.delivery.outbox_ack import OUTBOX_SETTLE_HOOK
 
     assert hooks.settle_hook() is OUTBOX_SETTLE_HOOK
     statements = results._statements()

@@ -25,8 +25,8 @@ from agents.sandbox.task_isolation import (
     task_environment,
     task_user,
 )
-from cloacina_site import embedded_db
 from fleet.control.actuators.process import agent_environment
+from fleet.platform import embedded_db
 
 
 def doors(home: Path) -> dict:

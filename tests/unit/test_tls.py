@@ -19,8 +19,8 @@ from django.core.management import CommandError, call_command
 
 from agents.management.commands import runagent
 from agents.runtime.tls import AgentTLS, TLSConfigError, client_context
-from cloacina_site.config import ConfigError
 from cloacina_site.tls import load_server_tls
+from fleet.platform.config import ConfigError
 from tests.support.tls import TestCA
 
 EXIT_CONFIG = 2

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from cloacina_site.config import ConfigError, load_config
 from cloacina_site.web_security import allowed_hosts
+from fleet.platform.config import ConfigError, load_config
 
 
 def test_allowed_hosts_come_from_the_configuration_with_loopback_kept(tmp_path):

@@ -20,11 +20,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connection
 
 from agents.sandbox.task_isolation import TaskUserError
-from artifacts.build_runner import BuildRunner
-from cloacina_site.config import Config, ConfigError, apply_overrides
+from artifacts.builds.runner import BuildRunner
 from cloacina_site.daphne_limits import apply_daphne_limits
-from cloacina_site.isolation import current_warning
-from cloacina_site.schema import migrate_with_lock
 from cloacina_site.tls import PLAINTEXT_WARNING, ServerTLS, daphne_endpoint, server_tls
 from cloacina_site.web_security import apply_tls_settings
 from fleet.control import jobs as control
@@ -36,6 +33,9 @@ from fleet.engine.executor import PeriodicJob
 from fleet.engine.loop import EngineLoop
 from fleet.engine.periodic import PeriodicJobs
 from fleet.executors.registry import build_dispatcher
+from fleet.platform.config import Config, ConfigError, apply_overrides
+from fleet.platform.isolation import current_warning
+from fleet.platform.schema import migrate_with_lock
 
 log = logging.getLogger("cloacina.serve")
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 
-from agents import lifecycle
 from fleet.control.naming import tenant_label
+from fleet.executors.fleet import lifecycle
 from fleet.models import ApiKey, Role, Tenant
 
 
@@ -53,7 +53,7 @@ def mint_agent_key(tenant: Tenant, label: str) -> tuple[ApiKey, str]:
 
 def revoke_keys(lookups: list[str] | set[str]) -> int:
     """Revoke minted keys by their public lookup part (already revoked or deleted ones are
-    skipped) and retire the agents registered with them (:mod:`agents.lifecycle`)."""
+    skipped) and retire the agents registered with them (:mod:`fleet.executors.fleet.lifecycle`)."""
     if not lookups:
         return 0
     return lifecycle.revoke_keys(lookups)

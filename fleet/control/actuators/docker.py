@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agents import lifecycle
 from agents.models import Agent, AgentState
 from fleet.control.actuators.base import (
     Actuator,
@@ -31,6 +30,7 @@ from fleet.control.actuators.base import (
     revoke_keys,
 )
 from fleet.control.settings import ControlSettings
+from fleet.executors.fleet import lifecycle
 from fleet.models import Tenant
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from agents import lifecycle
 from agents.models import Agent
 from fleet.control.actuators.base import (
     Actuator,
@@ -43,6 +42,7 @@ from fleet.control.actuators.base import (
     mint_agent_key,
     revoke_keys,
 )
+from fleet.executors.fleet import lifecycle
 from fleet.models import Tenant
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from cloacina_site.schema import ensure_schema
 from fleet.models import Role, Tenant, TenantMembership
+from fleet.platform.schema import ensure_schema
 
 
 class Command(BaseCommand):

@@ -7,9 +7,9 @@ import re
 from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError, transaction
 
-from cloacina_site.config import get_config
-from cloacina_site.schema import ensure_schema
 from fleet.models import ChangeReason, FleetChange, Tenant
+from fleet.platform.config import get_config
+from fleet.platform.schema import ensure_schema
 
 TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 ACTOR = "cli:createtenant"

@@ -12,9 +12,9 @@ import logging
 
 from django.core.management.base import BaseCommand, CommandError
 
-from cloacina_site.config import get_config
 from fleet.bench.database import use_bench_database
 from fleet.bench.default import run_default_bench
+from fleet.platform.config import get_config
 
 
 class Command(BaseCommand):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from cloacina_site.schema import ensure_schema
 from fleet.models import ApiKey, Role, Tenant
+from fleet.platform.schema import ensure_schema
 
 
 class Command(BaseCommand):

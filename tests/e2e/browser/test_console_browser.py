@@ -69,7 +69,7 @@ def test_a_change_made_elsewhere_shows_up_live(page, live_server, admin_user, te
 
 
 def test_a_dead_agent_appears_in_the_eviction_history(page, live_server, admin_user, tenant):
-    from agents.lifecycle import sweep_dead_agents
+    from fleet.executors.fleet.lifecycle import sweep_dead_agents
 
     publish_example(tenant)
     _, tasks = start(tenant, "etl", {})
@@ -105,7 +105,7 @@ def test_a_dead_agent_appears_in_the_eviction_history(page, live_server, admin_u
 
 
 def test_outbox_depth_moves_live(page, live_server, admin_user, tenant):
-    from fleet.delivery.depth import sample_outbox_depth
+    from fleet.executors.fleet.delivery.depth import sample_outbox_depth
 
     publish_example(tenant)
     _, tasks = start(tenant, "etl", {})

@@ -16,7 +16,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from agents.runtime.agent import Agent
 from agents.runtime.agent_config import AgentConfig
 from agents.runtime.client import AgentClient
-from artifacts.testing import build_archive
+from artifacts.store.testing import build_archive
 from tests.support.loop import run_async
 
 KEY = "clk_fake00000000_fake-agent-key"

@@ -1,0 +1,1 @@
+"""Per-target builds made in the background of `serve`."""

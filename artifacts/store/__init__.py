@@ -1,0 +1,1 @@
+"""The package store: validate, build, store and look up workflow packages."""

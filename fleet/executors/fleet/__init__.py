@@ -1,0 +1,1 @@
+"""The fleet executor: placement, outbox, relay, liveness and routing over the agents."""

@@ -1,0 +1,270 @@
+"""The outbox relay: one per server process, pushing pending rows to the agents whose
+delivery socket THIS process holds.
+
+Wake-ups come from the ``delivery_outbox`` NOTIFY (payload: the agent id) via
+the listener, from a consumer registering a socket, and from a short poll, so
+a lost notification costs at most ``RELAY_POLL_S``.  Each round takes a batch
+with one ``UPDATE … FOR UPDATE SKIP LOCKED … RETURNING`` (pending → delivered,
+attempts + 1) restricted to locally connected agents, so rows of agents that
+are not here (or nowhere) never block the rows behind them, and a full channel
+of one agent only backs that agent off.  The task's result-wait clock starts
+at delivery: ``result_deadline = now + timeout_s + RESULT_GRACE_S``.
+
+Every few polls the relay also reconciles its sockets with the roster: a
+socket whose agent was declared dead is closed 4404, one superseded by a newer
+connection (here or on another server) 4408, and one whose API key was revoked
+or whose tenant was deactivated 4401 — a socket is bound to the key it was
+opened with, not only to the key that registered its agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+
+import psycopg
+from channels.exceptions import ChannelFull
+from channels.layers import get_channel_layer
+
+from fleet.engine.claims import RESULT_GRACE_S
+from fleet.executors.fleet import ledger
+from fleet.executors.fleet.delivery import local_sockets
+from fleet.executors.fleet.delivery.metrics import DISPATCH_LATENCY
+from fleet.executors.fleet.delivery.pg import connect_async
+from fleet.executors.fleet.delivery.waiting import wait_event
+
+log = logging.getLogger(__name__)
+
+RELAY_POLL_S = 0.5  # safety-net poll when no notification arrives
+RELAY_BATCH = 200  # rows per UPDATE … RETURNING
+RECONCILE_EVERY_S = 1.0  # compare local sockets with the roster this often
+FULL_CHANNEL_BACKOFF_S = 0.05  # skip an agent whose consumer queue is full for this long
+RECONNECT_MAX_S = 5.0
+
+CLOSE_BAD_KEY = 4401
+CLOSE_UNKNOWN_AGENT = 4404
+CLOSE_SUPERSEDED = 4408
+
+_START_CLOCK = """
+UPDATE fleet_taskexecution t
+SET result_deadline = now() + make_interval(secs => t.timeout_s + %(grace)s)
+FROM unnest(%(tasks)s::uuid[], %(assignments)s::int[], %(attempts)s::int[])
+     AS d(task_execution_id, assignment, attempts)
+WHERE t.id = d.task_execution_id AND t.assignment = d.assignment AND t.status = 'Running'
+RETURNING d.attempts, extract(epoch FROM now() - t.ready_at)
+"""
+
+_ROSTER = f"""
+SELECT id, state, connected_to, connection_generation FROM {ledger.AGENTS} WHERE id = ANY(%s)
+"""
+
+_ACTIVE_KEYS = """
+SELECT k.id FROM fleet_apikey k JOIN fleet_tenant t ON t.id = k.tenant_id
+WHERE k.id = ANY(%s) AND k.revoked_at IS NULL AND t.is_active
+"""
+
+
+def _observe_latency(rows: list[tuple]) -> None:
+    for attempts, seconds in rows:
+        if attempts == 1 and seconds is not None:
+            DISPATCH_LATENCY.observe(max(float(seconds), 0.0))
+
+
+class Relay:
+    def __init__(self, poll_s: float = RELAY_POLL_S, batch: int = RELAY_BATCH) -> None:
+        self.poll_s = poll_s
+        self.batch = batch
+        self.wake = asyncio.Event()
+        self.pushed = 0
+        self._backoff: dict[uuid.UUID, float] = {}
+        self._task: asyncio.Task | None = None
+        self._conn: psycopg.AsyncConnection | None = None
+        self._last_reconcile = 0.0
+
+    # -- wake-ups (called on the event loop) ----------------------------------------
+    def on_notify(self, payload: str) -> None:
+        """A row became pending for agent ``payload``: wake if its socket is here."""
+        try:
+            agent_id = uuid.UUID(payload)
+        except ValueError:
+            return
+        if local_sockets.get(agent_id) is not None:
+            self.wake.set()
+
+    def on_socket(self, _socket: local_sockets.LocalSocket) -> None:
+        self.wake.set()
+
+    def kick(self) -> None:
+        self.wake.set()
+
+    # -- packets the placement already marked delivered -------------------------------
+    async def push_delivered(
+        self, agent_id: uuid.UUID, outbox_id: int, packet: dict, waited_s: float
+    ) -> bool:
+        """Push a packet that the placement wrote as delivered to a socket of this process
+        (fleet/executors/fleet/delivery/batch_placement.py), right after its commit: no relay round trip.
+
+        When it cannot be pushed now (the socket is gone or not yet past its hello, its
+        queue is full) the row goes back to pending, so this relay — or the one of the
+        server the agent reconnects to — pushes it; a crash before this point is covered
+        by redelivery of unconfirmed rows and by the agent's hello.
+        """
+        socket = local_sockets.get(agent_id)
+        if socket is not None and agent_id not in self._backoff:
+            try:
+                await get_channel_layer().send(
+                    socket.channel_name, {"type": "delivery.work", "packet": packet}
+                )
+            except ChannelFull:
+                self._backoff[agent_id] = time.monotonic() + FULL_CHANNEL_BACKOFF_S
+            else:
+                self.pushed += 1
+                _observe_latency([(1, waited_s)])
+                return True
+        conn = await self._connection()
+        await conn.execute(ledger.UNTAKE, [[outbox_id]])  # NOTIFY: a relay takes it from here
+        return False
+
+    # -- lifecycle ------------------------------------------------------------------
+    def start(self) -> None:
+        local_sockets.on_register(self.on_socket)
+        self._task = asyncio.create_task(self._run(), name="outbox-relay")
+
+    async def stop(self) -> None:
+        local_sockets.remove_listener(self.on_socket)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        await self._drop_connection()
+
+    async def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def _connection(self) -> psycopg.AsyncConnection:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            await self._drop_connection()
+            self._conn = await connect_async("cloacina-relay", relaxed=True)
+        return self._conn
+
+    async def _run(self) -> None:
+        delay = self.poll_s
+        while True:
+            self.wake.clear()
+            try:
+                await self.run_once()
+                delay = self.poll_s
+            except asyncio.CancelledError:
+                raise
+            except (psycopg.Error, OSError) as exc:
+                log.warning("outbox relay: database error (%s); retrying in %.1fs", exc, delay)
+                await self._drop_connection()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
+                continue
+            except Exception:
+                log.exception("outbox relay round failed")
+            await wait_event(self.wake, self.poll_s)
+
+    # -- one round ------------------------------------------------------------------
+    async def run_once(self) -> int:
+        """Push every pending row of locally connected agents; reconcile sockets when due."""
+        conn = await self._connection()
+        pushed = 0
+        while True:
+            count = await self._push_batch(conn)
+            pushed += count
+            if count < self.batch:
+                break
+        if time.monotonic() - self._last_reconcile >= RECONCILE_EVERY_S:
+            await self.reconcile(conn)
+        return pushed
+
+    def _routable_agents(self) -> list[uuid.UUID]:
+        now = time.monotonic()
+        self._backoff = {a: t for a, t in self._backoff.items() if t > now}
+        return [a for a in local_sockets.snapshot() if a not in self._backoff]
+
+    async def _push_batch(self, conn: psycopg.AsyncConnection) -> int:
+        agents = self._routable_agents()
+        if not agents:
+            return 0
+        me = local_sockets.server_id()
+        cursor = await conn.execute(
+            ledger.TAKE_PENDING, {"agents": agents, "batch": self.batch, "me": me}
+        )
+        rows = await cursor.fetchall()
+        if not rows:
+            return 0
+        layer = get_channel_layer()
+        failed: list[int] = []
+        delivered: list[tuple] = []
+        for outbox_id, agent_id, task_execution_id, assignment, attempts, payload in rows:
+            socket = local_sockets.get(agent_id)
+            if socket is None:
+                failed.append(outbox_id)
+                continue
+            packet = dict(payload, outbox_id=outbox_id)
+            try:
+                await layer.send(socket.channel_name, {"type": "delivery.work", "packet": packet})
+            except ChannelFull:
+                self._backoff[agent_id] = time.monotonic() + FULL_CHANNEL_BACKOFF_S
+                failed.append(outbox_id)
+                continue
+            delivered.append((task_execution_id, assignment, attempts))
+        if failed:
+            await conn.execute(ledger.UNTAKE, [failed])
+        if delivered:
+            cursor = await conn.execute(
+                _START_CLOCK,
+                {
+                    "grace": RESULT_GRACE_S,
+                    "tasks": [d[0] for d in delivered],
+                    "assignments": [d[1] for d in delivered],
+                    "attempts": [d[2] for d in delivered],
+                },
+            )
+            _observe_latency(await cursor.fetchall())
+        self.pushed += len(delivered)
+        return len(rows)
+
+    async def reconcile(self, conn: psycopg.AsyncConnection | None = None) -> int:
+        """Close local sockets whose key was revoked or tenant deactivated (4401), whose
+        agent is dead (4404) or connected elsewhere/anew (4408)."""
+        self._last_reconcile = time.monotonic()
+        sockets = local_sockets.snapshot()
+        if not sockets:
+            return 0
+        conn = conn or await self._connection()
+        cursor = await conn.execute(_ROSTER, [list(sockets)])
+        roster = {row[0]: row[1:] for row in await cursor.fetchall()}
+        keys = list({s.key_id for s in sockets.values() if s.key_id is not None})
+        cursor = await conn.execute(_ACTIVE_KEYS, [keys])
+        active_keys = {row[0] for row in await cursor.fetchall()}
+        me = local_sockets.server_id()
+        layer = get_channel_layer()
+        closed = 0
+        for agent_id, socket in sockets.items():
+            state, connected_to, generation = roster.get(agent_id, ("dead", "", -1))
+            if socket.key_id is not None and socket.key_id not in active_keys:
+                code, reason = CLOSE_BAD_KEY, "API key revoked or tenant deactivated"
+            elif state == "dead":
+                code, reason = CLOSE_UNKNOWN_AGENT, "agent is dead; register again"
+            elif connected_to != me or generation != socket.generation:
+                code, reason = CLOSE_SUPERSEDED, "superseded by a newer connection"
+            else:
+                continue
+            local_sockets.unregister(agent_id, socket.channel_name)
+            with contextlib.suppress(ChannelFull):
+                await layer.send(
+                    socket.channel_name, {"type": "delivery.close", "code": code, "reason": reason}
+                )
+            closed += 1
+        return closed

@@ -1,0 +1,331 @@
+"""The ``fleet`` executor: every task runs on a DB-less agent (docs/fleet.md).
+
+``execute`` places the task in one transaction (:mod:`fleet.executors.fleet.delivery.placement`:
+claim, shared context builder, atomic slot reservation, outbox row), then
+waits at the rendezvous keyed by task_execution_id until some process
+applies the outcome (the result endpoint wakes it directly or by NOTIFY) —
+re-reading the database every few seconds, so a lost wake-up or a passed
+result deadline never strands it.  No agent with room: the claim is released
+with the reason and the result is REQUEUED (not an attempt).
+
+``start`` runs this process's delivery machinery on the event loop: the
+LISTEN connection, the outbox relay and the capacity probe behind
+``has_capacity``.  ``periodic_jobs`` are the sweeps: liveness + reclaim,
+redelivery, pruning, depth samples and wait reasons.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+
+import psycopg
+from django.db import connection
+
+from fleet.engine.batcher import Batcher
+from fleet.engine.events import ExecutionResult, ExecutionStatus, ExecutorMetrics, TaskReadyEvent
+from fleet.engine.executor import PeriodicJob, TaskExecutor
+from fleet.executors.fleet import ledger, result_batches, socket_writes
+from fleet.executors.fleet.delivery import db as delivery_db
+from fleet.executors.fleet.delivery import local_sockets, outbox_ack
+from fleet.executors.fleet.delivery.batch_placement import place_tasks
+from fleet.executors.fleet.delivery.depth import SAMPLE_INTERVAL_S, sample_outbox_depth
+from fleet.executors.fleet.delivery.listener import NotificationListener
+from fleet.executors.fleet.delivery.pg import connect_async
+from fleet.executors.fleet.delivery.placement import (
+    Delivered,
+    NoAgent,
+    NotClaimed,
+    Placed,
+    place_task,
+    run_status,
+)
+from fleet.executors.fleet.delivery.pruning import prune_acked, prune_depth_samples
+from fleet.executors.fleet.delivery.redelivery import redeliver_unreceived
+from fleet.executors.fleet.delivery.relay import Relay
+from fleet.executors.fleet.delivery.rendezvous import CHANNEL as OUTCOME_CHANNEL
+from fleet.executors.fleet.delivery.rendezvous import rendezvous
+from fleet.executors.fleet.delivery.wait_reasons import (
+    WAIT_REASON_INTERVAL_S,
+    explain_waiting_tasks,
+)
+from fleet.executors.fleet.delivery.waiting import wait_event, wait_or_none
+from fleet.executors.fleet.lifecycle import sweep_dead_agents
+from fleet.platform.config import Config
+
+log = logging.getLogger(__name__)
+
+EXECUTOR_KEY = "fleet"
+OUTCOME_RECHECK_S = 5.0  # a waiter re-reads its task this often (lost wake-up, deadline)
+CAPACITY_PROBE_S = 0.1  # how stale has_capacity's view of free agent slots may get
+PRUNE_INTERVAL_S = 60.0
+PLACE_BATCH = 128  # most tasks placed in one transaction
+
+_FREE_SLOTS = f"""
+SELECT coalesce(sum({ledger.free_slots("a")}), 0) FROM {ledger.AGENTS} a
+WHERE a.state = 'live' AND a.connected_to <> '' AND {ledger.has_free_slot("a")}
+  AND a.last_heartbeat > now() - make_interval(secs => %s)
+"""
+
+
+class CapacityEstimate:
+    """Free agent slots cluster-wide, as seen by this process (a hint; reservation decides).
+
+    ``probed`` is the last database figure; ``delta`` the slots this process took
+    (-1) or saw freed (+1) since; ``claiming`` the placements in progress.
+    """
+
+    def __init__(self) -> None:
+        self.probed: int | None = None
+        self.delta = 0
+        self.claiming = 0
+
+    def available(self) -> int:
+        if self.probed is None:
+            return 1  # unknown (no probe yet, or the database is away): let dispatch find out
+        return self.probed + self.delta - self.claiming
+
+
+class FleetExecutor(TaskExecutor):
+    key = EXECUTOR_KEY
+    # Each dispatch waits for a remote outcome: many may be in flight per process.
+    dispatch_concurrency = 1024
+
+    def __init__(self, claimer: str, config: Config) -> None:
+        self.claimer = claimer
+        self.config = config
+        # Its side of every outcome (ack the packet, free the slot) is the engine's
+        # settle hook; FleetConfig.ready registered it already in every process.
+        outbox_ack.register()
+        local_sockets.set_server_id(claimer)
+        self.relay = Relay()
+        self.capacity = CapacityEstimate()
+        self.listener: NotificationListener | None = None
+        self._probe_task: asyncio.Task | None = None
+        self._placer: Batcher[uuid.UUID, Placed | NoAgent | NotClaimed] | None = None
+        self._probe_wake = asyncio.Event()
+        self._started_at = time.monotonic()
+        self._database_seen_at = self._started_at  # by the liveness sweep
+        self._grace_until = 0.0
+        self._active = 0
+        self._stats = {"completed": 0, "failed": 0, "requeued": 0, "dispatched": 0}
+
+    # -- lifecycle ------------------------------------------------------------------
+    async def start(self) -> None:
+        self._started_at = self._database_seen_at = time.monotonic()
+        self._probe_wake = asyncio.Event()
+        self.listener = NotificationListener(
+            {ledger.OUTBOX_CHANNEL: self.relay.on_notify, OUTCOME_CHANNEL: rendezvous.on_notify},
+            on_reconnect=self._after_listener_reconnect,
+        )
+        self.listener.start()
+        self.relay.start()
+        self._placer = Batcher(self._place_batch, PLACE_BATCH, "fleet-placement", delivery_db.call)
+        self._probe_task = asyncio.create_task(self._probe_capacity(), name="fleet-capacity")
+        await wait_event(self.listener.listening, 5.0)
+        log.info("fleet executor started (server %s)", self.claimer)
+
+    async def stop(self) -> None:
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._probe_task
+            self._probe_task = None
+        if self._placer is not None:
+            await self._placer.close()
+            self._placer = None
+        await self.relay.stop()
+        if self.listener is not None:
+            await self.listener.stop()
+        await socket_writes.close_writer()
+        await result_batches.close_batches()
+        await asyncio.get_running_loop().run_in_executor(None, delivery_db.close)
+
+    def _after_listener_reconnect(self) -> None:
+        self.relay.kick()
+        rendezvous.wake_all_to_recheck()
+
+    async def _probe_capacity(self) -> None:
+        conn: psycopg.AsyncConnection | None = None
+        try:
+            while True:
+                try:
+                    if conn is None or conn.closed:
+                        conn = await connect_async("cloacina-capacity")
+                    await self._probe_once(conn)
+                except (psycopg.Error, OSError) as exc:
+                    log.debug("capacity probe failed: %s", exc)
+                    self.capacity.probed = None
+                    if conn is not None:
+                        with contextlib.suppress(Exception):
+                            await conn.close()
+                    conn = None
+                self._probe_wake.clear()
+                await wait_event(self._probe_wake, CAPACITY_PROBE_S)
+        finally:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+
+    async def _probe_once(self, conn: psycopg.AsyncConnection) -> None:
+        before = self.capacity.delta
+        was_available = self.capacity.available()
+        cursor = await conn.execute(_FREE_SLOTS, [self.config.liveness_window_s])
+        (free,) = await cursor.fetchone()
+        self.capacity.probed = int(free)
+        self.capacity.delta -= before
+        if self.capacity.available() > max(was_available, 0):
+            self.capacity_freed()  # new agents, or slots freed by another process
+
+    # -- the TaskExecutor interface -------------------------------------------------
+    def has_capacity(self) -> bool:
+        return self.capacity.available() > 0
+
+    def metrics(self) -> ExecutorMetrics:
+        return ExecutorMetrics(
+            active_tasks=self._active,
+            max_concurrent=max(self.capacity.available(), 0) + self._active,
+            total_executed=self._stats["completed"] + self._stats["failed"],
+            total_failed=self._stats["failed"],
+            extra={
+                "requeued": self._stats["requeued"],
+                "dispatched": self._stats["dispatched"],
+                "pushed": self.relay.pushed,
+                "local_agents": len(local_sockets.snapshot()),
+                "waiting": rendezvous.waiting(),
+            },
+        )
+
+    async def execute(self, event: TaskReadyEvent) -> ExecutionResult:
+        task_execution_id = event.task_execution_id
+        started = time.monotonic()
+        # The waiter exists before the packet can reach an agent (no lost early result).
+        future = rendezvous.register(task_execution_id)
+        self.capacity.claiming += 1
+        try:
+            placement = await self._place(task_execution_id)
+        except BaseException:
+            rendezvous.unregister(task_execution_id, future)
+            raise
+        finally:
+            self.capacity.claiming -= 1
+        if isinstance(placement, NotClaimed | NoAgent):
+            rendezvous.unregister(task_execution_id, future)
+            if isinstance(placement, NotClaimed):
+                # SUPERSEDED, or FAILED for a task no agent could ever run (Unroutable).
+                return ExecutionResult(task_execution_id, placement.status, placement.reason)
+            self._stats["requeued"] += 1
+            # What we believed free was not: look again now rather than at the next probe.
+            self.capacity.probed = 0 if self.capacity.probed is not None else None
+            self._probe_wake.set()
+            log.debug("task %s waits: %s", task_execution_id, placement.reason)
+            return ExecutionResult(task_execution_id, ExecutionStatus.REQUEUED, placement.reason)
+        self._stats["dispatched"] += 1
+        self.capacity.delta -= 1
+        self._active += 1
+        rendezvous.set_assignment(task_execution_id, placement.assignment)
+        try:
+            if isinstance(placement, Delivered):
+                await self._push(placement)
+            status = await self._await_outcome(task_execution_id, placement.assignment, future)
+        finally:
+            self._active -= 1
+            self.capacity.delta += 1
+            self.capacity_freed()
+        if status == ExecutionStatus.COMPLETED:
+            self._stats["completed"] += 1
+        elif status == ExecutionStatus.FAILED:
+            self._stats["failed"] += 1
+        return ExecutionResult(task_execution_id, status, duration_s=time.monotonic() - started)
+
+    async def _place(self, task_execution_id: uuid.UUID) -> Placed | NoAgent | NotClaimed:
+        if self._placer is None:  # not started (tests driving execute directly)
+            return await delivery_db.call(place_task, task_execution_id, self.claimer)
+        # With every task that turns up while the previous batch is written: one
+        # transaction for them all (fleet/executors/fleet/delivery/batch_placement.py).
+        return await self._placer.submit(task_execution_id)
+
+    async def _push(self, placed: Delivered) -> None:
+        try:
+            await self.relay.push_delivered(
+                placed.agent_id, placed.outbox_id, placed.packet, placed.waited_s
+            )
+        except (psycopg.Error, OSError) as exc:
+            # The row stays delivered and unconfirmed: redelivery pushes it again.
+            log.warning("could not push or return packet %s: %s", placed.outbox_id, exc)
+
+    def _place_batch(
+        self, task_execution_ids: list[uuid.UUID]
+    ) -> list[Placed | NoAgent | NotClaimed]:
+        placed = place_tasks(task_execution_ids, self.claimer)
+        return [placed[task_execution_id] for task_execution_id in task_execution_ids]
+
+    async def _await_outcome(
+        self, task_execution_id: uuid.UUID, assignment: int, future: asyncio.Future
+    ) -> ExecutionStatus:
+        try:
+            while True:
+                # Jitter spreads the re-checks of many long-running waiters.
+                timeout = OUTCOME_RECHECK_S * random.uniform(0.8, 1.2)
+                outcome = await wait_or_none(future, timeout)
+                if outcome is not None and outcome.assignment == assignment:
+                    return outcome.status
+                status = await delivery_db.call(run_status, task_execution_id, assignment)
+                if status is not None:
+                    return status
+                if future.done():  # woken to re-check: wait on a fresh future
+                    rendezvous.unregister(task_execution_id, future)
+                    future = rendezvous.register(task_execution_id, assignment)
+        finally:
+            rendezvous.unregister(task_execution_id, future)
+
+    def periodic_jobs(self) -> list[PeriodicJob]:
+        config = self.config
+        return [
+            PeriodicJob(
+                "fleet_liveness_sweep",
+                self._liveness_sweep,
+                max(0.05, config.heartbeat_interval_s / 2),
+                leader_only=True,
+            ),
+            PeriodicJob(
+                "fleet_redelivery",
+                lambda: redeliver_unreceived(config.outbox_redeliver_s, config.outbox_max_pushes),
+                max(0.1, config.outbox_redeliver_s / 2),
+                leader_only=True,
+            ),
+            PeriodicJob(
+                "fleet_prune_outbox",
+                lambda: (prune_acked(config.outbox_retention_s), prune_depth_samples()),
+                min(PRUNE_INTERVAL_S, max(1.0, config.outbox_retention_s / 2)),
+                leader_only=True,
+            ),
+            PeriodicJob(
+                "fleet_outbox_depth", sample_outbox_depth, SAMPLE_INTERVAL_S, leader_only=True
+            ),
+            PeriodicJob(
+                "fleet_wait_reasons",
+                explain_waiting_tasks,
+                WAIT_REASON_INTERVAL_S,
+                leader_only=True,
+            ),
+        ]
+
+    def _liveness_sweep(self) -> None:
+        # Agents' beats cannot land while no server is up, or while this one cannot reach
+        # the database (or was stalled): after a start or any such gap, agents get one
+        # liveness window to reach it again before anyone is evicted.  Without this, a
+        # database restart longer than the window evicted every live agent.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")  # raises while the database is away: not seen
+        now, window = time.monotonic(), self.config.liveness_window_s
+        if now - self._database_seen_at > window:
+            self._grace_until = now + window
+        self._database_seen_at = now
+        if now < max(self._grace_until, self._started_at + window):
+            return
+        sweep_dead_agents()

@@ -1,0 +1,366 @@
+"""An agent's lifecycle: the one owner of its transitions on ``agents_agent``.
+
+::
+
+    register ──▶ live ──drain──▶ draining ──┐
+      ▲   │        │                        ├──evict / retire / deregister──▶ dead
+      │   └─ replace (same name: the old one is evicted)                     (final)
+      └──────────── a dead agent registers anew ◀───────────────────────────────┘
+
+* **register** — a new row, under the tenant's roster lock; a live agent of the same
+  name is **replaced** (evicted, its work reclaimed).  The request checks (protocol,
+  limits, the tenant's cap) are :mod:`fleet.executors.fleet.roster`'s, run under the lock here.
+* **beat / connect / disconnect** — heartbeats (an agent may declare itself draining),
+  and which server holds its delivery socket (``connection_generation``: the newest
+  connection owns the agent).
+* **drain** — on request (API, console) or by an actuator scaling down: no new work,
+  a deadline, its group/affinity bindings cleared at once.  The agent finishes and
+  deregisters; past the deadline the sweep evicts it.
+* **evict** — declared dead once (a compare-and-set on the locked row), an
+  :class:`~fleet.models.Eviction` recorded, bindings cleared, its slots cleared and
+  its open packets reclaimed onto survivors (:mod:`fleet.executors.fleet.delivery.liveness`).
+  The liveness sweep evicts silent agents and overdue drains.
+* **retire** — revoking an API key declares the agents registered with it dead at
+  once (their sockets close at the next beat, re-registering is refused).
+
+Slot accounting is the ledger's (:mod:`fleet.executors.fleet.ledger`): this module clears a dead
+agent's slots with its fragment and never writes ``in_flight`` otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from agents.models import Agent, AgentState
+from fleet.executors.fleet import ledger
+from fleet.executors.fleet.delivery.liveness import reclaim_in_flight, reclaim_orphaned_work
+from fleet.executors.fleet.routing import affinity, groups
+from fleet.models import ApiKey, Eviction
+from fleet.platform.config import get_config
+from fleet.platform.errors import DomainError, ErrorKind
+
+log = logging.getLogger(__name__)
+
+REGISTER_ATTEMPTS = 3  # a concurrent registration of the same name may win the unique index
+ROSTER_LOCK_CLASS = 0x524F5354  # pg_advisory_xact_lock(class, tenant id) around the cap check
+
+DEFAULT_DRAIN_TIMEOUT_S = 300.0
+MAX_DRAIN_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+# -- register and replace --------------------------------------------------------------
+
+
+def register(tenant_id: int, name: str, fields: dict, admit: Callable[[], None]) -> Agent | None:
+    """Create the agent ``name`` of the tenant (``fields``: the rest of its row); a live
+    agent of the same name is replaced.  ``admit`` runs under the tenant's roster lock
+    first and raises to refuse (the caller's limits, exact under the lock).  None when
+    concurrent registrations of the name kept winning the unique index."""
+    for _ in range(REGISTER_ATTEMPTS):
+        try:
+            with transaction.atomic():
+                # Registrations of one tenant take turns here: both bounds are exact, and a
+                # same-name agent is replaced only by a registration that is let in.
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT pg_advisory_xact_lock(%s, %s)", [ROSTER_LOCK_CLASS, tenant_id]
+                    )
+                admit()
+                holder = (
+                    Agent.objects.filter(tenant_id=tenant_id, name=name)
+                    .exclude(state=AgentState.DEAD)
+                    .values_list("id", flat=True)
+                    .first()
+                )
+                if holder is not None:
+                    replace(holder)
+                return Agent.objects.create(tenant_id=tenant_id, name=name, **fields)
+        except IntegrityError:
+            continue  # a concurrent registration took the name first: replace that one
+    return None
+
+
+def replace(agent_id: uuid.UUID) -> Eviction | None:
+    """A restarted agent registered again under its name: the old row is evicted."""
+    return evict_agent(agent_id, "replaced by a new registration with the same name")
+
+
+# -- heartbeats and the delivery socket ------------------------------------------------
+
+_BEAT = """
+UPDATE agents_agent SET last_heartbeat = now(),
+    metrics = CASE WHEN %s THEN %s::jsonb ELSE metrics END,
+    state = CASE WHEN %s AND state = 'live' THEN 'draining' ELSE state END
+WHERE id = %s AND tenant_id = %s AND state <> 'dead'
+RETURNING state, drain_requested_at IS NOT NULL
+"""
+
+# The socket writer's batched beats (fleet/executors/fleet/executor/socket_writes.py).  The agent rows
+# are locked in id order first, as every writer of several agent rows does (placement
+# batches, result batches): otherwise two such statements could deadlock.
+BEAT_MANY = """
+WITH locked AS (
+    SELECT a.id FROM agents_agent a WHERE a.id = ANY(%(ids)s::uuid[]) ORDER BY a.id FOR UPDATE
+)
+UPDATE agents_agent a SET last_heartbeat = now(),
+    metrics = CASE WHEN b.has_metrics THEN b.metrics ELSE a.metrics END,
+    state = CASE WHEN b.draining AND a.state = 'live' THEN 'draining' ELSE a.state END
+FROM unnest(%(ids)s::uuid[], %(tenants)s::bigint[], %(has)s::bool[], %(metrics)s::jsonb[],
+            %(draining)s::bool[]) AS b(id, tenant_id, has_metrics, metrics, draining), locked
+WHERE a.id = b.id AND locked.id = a.id AND a.tenant_id = b.tenant_id AND a.state <> 'dead'
+RETURNING a.id, a.state, a.drain_requested_at IS NOT NULL
+"""
+
+_CONNECT = """
+UPDATE agents_agent SET connected_to = %s,
+    connection_generation = connection_generation + 1, last_heartbeat = now()
+WHERE id = %s AND tenant_id = %s AND state <> 'dead'
+RETURNING tenant_id, name, wire_format, connection_generation
+"""
+
+
+def beat(
+    tenant_id: int, agent_id: uuid.UUID, metrics_json: str | None, draining: bool
+) -> tuple[str, bool] | None:
+    """Record a beat (``metrics_json``: None keeps the stored metrics; ``draining``: the
+    agent drains on its own); (state, drain requested) or None when unknown or dead."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _BEAT,
+            [metrics_json is not None, metrics_json or "{}", draining, agent_id, tenant_id],
+        )
+        row = cursor.fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+def connect(agent_id: uuid.UUID, tenant_id: int, server: str) -> tuple[int, str, str, int] | None:
+    """``server`` now holds the agent's socket: bumps ``connection_generation`` (whichever
+    connection came last owns the agent).  (tenant_id, name, wire_format, generation),
+    or None when the agent is unknown in the tenant or dead."""
+    with connection.cursor() as cursor:
+        cursor.execute(_CONNECT, [server, agent_id, tenant_id])
+        return cursor.fetchone()
+
+
+def disconnect(agent_id: uuid.UUID, server: str, generation: int) -> bool:
+    """Forget the socket, unless a newer connection (here or elsewhere) already owns the agent."""
+    return (
+        Agent.objects.filter(
+            pk=agent_id, connected_to=server, connection_generation=generation
+        ).update(connected_to="")
+        == 1
+    )
+
+
+# -- drain -----------------------------------------------------------------------------
+
+
+class DrainRefused(DomainError):
+    """The agent cannot be drained (``kind``: invalid timeout or a dead agent)."""
+
+
+@dataclass(frozen=True)
+class Drain:
+    agent_id: uuid.UUID
+    name: str
+    state: str
+    in_flight: int
+    drain_deadline: datetime | None
+
+
+_DRAIN = """
+UPDATE agents_agent SET state = 'draining',
+    drain_requested_at = coalesce(drain_requested_at, now()),
+    drain_deadline = LEAST(coalesce(drain_deadline, %s), %s)
+WHERE id = %s AND state IN ('live', 'draining')
+RETURNING id, name, state, in_flight, drain_deadline
+"""
+
+
+def request_drain(agent_id: uuid.UUID, timeout_s: float, actor: str) -> Drain:
+    """Mark the agent draining with a deadline ``timeout_s`` from now (an earlier one
+    already set is kept) and clear its bindings; 409 for a dead agent.  Its next beat
+    is answered with the ``drain`` frame (docs/agent.md); an agent still not gone at
+    the deadline is evicted by the sweep.  Tenant checks are the caller's."""
+    if not 0 < timeout_s <= MAX_DRAIN_TIMEOUT_S:
+        raise DrainRefused(
+            ErrorKind.INVALID, f"timeout_s must be in (0, {MAX_DRAIN_TIMEOUT_S:g}], got {timeout_s}"
+        )
+    deadline = timezone.now() + timedelta(seconds=timeout_s)
+    with connection.cursor() as cursor:
+        cursor.execute(_DRAIN, [deadline, deadline, agent_id])
+        row = cursor.fetchone()
+    if row is None:
+        name = Agent.objects.filter(pk=agent_id).values_list("name", flat=True).first()
+        raise DrainRefused(
+            ErrorKind.CONFLICT, f"agent {name or agent_id} is dead: there is nothing to drain"
+        )
+    drain = Drain(*row)
+    affinity.clear_agent(agent_id)  # bound work binds afresh, to an agent that stays
+    log.info(
+        "agent %s drained by %s: %d task(s) in flight, deadline %s",
+        drain.name, actor, drain.in_flight, drain.drain_deadline.isoformat(),
+    )  # fmt: skip
+    return drain
+
+
+def drain_agents_of_key(key_lookup: str, timeout_s: float, actor: str) -> list[Drain]:
+    """Drain the live agents registered with the key ``key_lookup`` (an actuator scaling
+    down the agent it started with that key); one that died meanwhile is skipped."""
+    live = Agent.objects.filter(api_key__lookup=key_lookup, state=AgentState.LIVE)
+    drains = []
+    for agent_id in live.values_list("id", flat=True):
+        try:
+            drains.append(request_drain(agent_id, timeout_s, actor))
+        except DrainRefused:
+            continue
+    return drains
+
+
+# -- evict -----------------------------------------------------------------------------
+
+_DECLARE_DEAD = f"""
+UPDATE agents_agent SET state = 'dead', dead_at = %s, connected_to = '', {ledger.SLOTS_CLEARED}
+WHERE id = %s
+"""
+
+
+def liveness_reason(interval_s: float, misses: int) -> str:
+    return f"no heartbeat for {interval_s * misses:g}s ({misses} missed beats of {interval_s:g}s)"
+
+
+def evict_agent(
+    agent_id: uuid.UUID,
+    reason: str,
+    stale_before: datetime | None = None,
+    record: bool = True,
+) -> Eviction | None:
+    """Declare the agent dead (once), record the eviction and reclaim its work.
+
+    ``stale_before``: only if its last heartbeat is still older than this (it may
+    have beaten since the sweep looked).  ``record=False`` is a clean exit
+    (deregistration): no eviction is written unless work had to be moved.
+    Returns the eviction, or None if the agent was already dead (or beat again).
+    """
+    with transaction.atomic():
+        query = Agent.objects.select_for_update().filter(pk=agent_id).exclude(state=AgentState.DEAD)
+        if stale_before is not None:
+            query = query.filter(last_heartbeat__lt=stale_before)
+        agent = query.first()
+        if agent is None:
+            return None
+        in_flight = agent.outbox_rows.filter(state__in=ledger.OPEN_STATES).count()
+        with connection.cursor() as cursor:
+            cursor.execute(_DECLARE_DEAD, [timezone.now(), agent_id])
+        affinity.clear_agent(agent_id)  # its bound work binds afresh (reclaim included)
+        eviction = None
+        if record or in_flight:
+            eviction = Eviction.objects.create(
+                agent=agent,
+                tenant_id=agent.tenant_id,
+                agent_name=agent.name,
+                last_heartbeat=agent.last_heartbeat,
+                in_flight=in_flight,
+                reason=reason[:300],
+            )
+    if eviction is not None:
+        log.warning(
+            "agent %s (%s) of tenant %s declared dead: %s; %d packet(s) in flight",
+            agent.name, agent.id, agent.tenant_id, reason, in_flight,
+        )  # fmt: skip
+    reclaim_in_flight(agent_id)
+    return eviction
+
+
+def sweep_dead_agents() -> list[Eviction]:
+    """Evict agents past the liveness window (``heartbeat_interval_s × liveness_misses``
+    without a beat; a compare-and-set, so several servers sweeping evict each once) and
+    overdue drains, then retry reclaiming work left on dead agents and drop the group
+    bindings of finished executions."""
+    config = get_config()
+    cutoff = timezone.now() - timedelta(seconds=config.liveness_window_s)
+    stale = list(
+        Agent.objects.filter(
+            state__in=[AgentState.LIVE, AgentState.DRAINING], last_heartbeat__lt=cutoff
+        ).values_list("id", flat=True)
+    )
+    reason = liveness_reason(config.heartbeat_interval_s, config.liveness_misses)
+    evictions = [e for a in stale if (e := evict_agent(a, reason, stale_before=cutoff))]
+    evictions += evict_overdue_drains()
+    reclaim_orphaned_work()
+    groups.prune_finished()
+    return evictions
+
+
+def evict_overdue_drains() -> list[Eviction]:
+    """Evict draining agents past their drain deadline (:func:`request_drain` sets it);
+    their unfinished work moves on."""
+    overdue = Agent.objects.filter(
+        state=AgentState.DRAINING, drain_deadline__lt=timezone.now()
+    ).values_list("id", "in_flight")
+    evictions = []
+    for agent_id, in_flight in overdue:
+        reason = f"drain deadline passed with {in_flight} task(s) still in flight"
+        eviction = evict_agent(agent_id, reason)
+        if eviction is not None:
+            evictions.append(eviction)
+    return evictions
+
+
+def deregister(tenant_id: int, agent_id: uuid.UUID) -> bool:
+    """A clean exit: the agent is dead, no eviction is recorded (unless work had to be moved)."""
+    if not Agent.objects.filter(pk=agent_id, tenant_id=tenant_id).exclude(state="dead").exists():
+        return False
+    evict_agent(agent_id, "deregistered with work still in flight", record=False)
+    return True
+
+
+# -- retire (key revocation) -----------------------------------------------------------
+
+
+def revoke_key(key: ApiKey) -> bool:
+    """Revoke ``key`` (once; False if it already was).  Its agents are declared dead at
+    once and their work moves on: a delivery socket opened with the key must not
+    outlive it."""
+    revoked = (
+        ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+        == 1
+    )
+    if revoked:
+        retire_agents_of_key(key.pk)
+    return revoked
+
+
+def revoke_keys(lookups: Iterable[str]) -> int:
+    """Revoke keys by their public lookup part (already revoked or deleted ones are
+    skipped) and retire their agents, as :func:`revoke_key`; returns how many were revoked."""
+    ids = list(
+        ApiKey.objects.filter(lookup__in=list(lookups), revoked_at__isnull=True).values_list(
+            "id", flat=True
+        )
+    )
+    revoked = 0
+    for key_id in ids:
+        now = timezone.now()
+        if ApiKey.objects.filter(pk=key_id, revoked_at__isnull=True).update(revoked_at=now):
+            revoked += 1
+            retire_agents_of_key(key_id)
+    return revoked
+
+
+def retire_agents_of_key(key_id: int) -> int:
+    """Declare dead every agent registered with a (just revoked) key and reclaim its work;
+    their sockets close at the next beat (4404) and re-registering is refused (401)."""
+    retired = 0
+    ids = Agent.objects.filter(api_key_id=key_id).exclude(state=AgentState.DEAD)
+    for agent_id in ids.values_list("id", flat=True):
+        if evict_agent(agent_id, "its API key was revoked") is not None:
+            retired += 1
+    return retired

@@ -1,0 +1,186 @@
+"""Outcomes reported by agents: checked against the packet they name, then handed to the
+one result handler (:mod:`fleet.engine.results`).
+
+:func:`apply_result` applies one outcome in a transaction of its own (the REST
+endpoint).  :func:`apply_results` applies many in ONE transaction (the results of
+the delivery sockets, :mod:`fleet.executors.fleet.result_batches`): one synchronous commit and
+one WAL flush for all of them, one query for all the checks, each outcome through
+the same handler (without a savepoint each: a failing result fails the batch, which
+is then applied result by result), and the agents' slot counters released once at
+the end, in one order, so a batch holds those hot rows only for its last statement
+and the commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any, Literal, NamedTuple
+
+from django.db import DatabaseError, connection
+from ninja import Field, Schema
+
+from fleet.engine import ready_queue
+from fleet.engine.outcome_batches import batch_transaction
+from fleet.engine.results import (
+    Applied,
+    TaskReport,
+    deferred_slot_releases,
+    release_slots,
+    result_handler,
+)
+from fleet.executors.fleet import ledger
+from fleet.executors.fleet.delivery.metrics import RESULTS
+from fleet.executors.fleet.delivery.rendezvous import Outcome as Wake
+from fleet.executors.fleet.delivery.rendezvous import announce_many
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_AGENT = "unknown agent"
+
+
+MAX_BIGINT = 2**63 - 1  # delivery_outbox.id
+MAX_INT = 2**31 - 1  # fleet_taskexecution.assignment
+
+
+class ResultIn(Schema):
+    outbox_id: int = Field(..., ge=1, le=MAX_BIGINT, strict=True)
+    task_execution_id: uuid.UUID
+    assignment: int = Field(..., ge=1, le=MAX_INT, strict=True)
+    outcome: Literal["success", "failure", "refused", "timeout"]
+    output: Any = None
+    error_type: str = Field("", max_length=200)
+    error_message: str = ""
+    traceback: str = ""
+
+
+Answer = tuple[int, dict]
+
+# Per result: the reporting agent's name when it is of that tenant (else NULL); whether
+# the packet it names was addressed to it (now, or before a reclaim); the task's workflow
+# execution; and the agent now holding the task when that is the reporter's own process
+# under a newer registration (same instance_id) — the outcome it owes under its old id
+# counts for the new one: applied once, never lost to the fence.
+_AGENTS_AND_PACKETS = f"""
+SELECT r.i, a.name, a.id IS NOT NULL AND EXISTS (
+    SELECT 1 FROM {ledger.OUTBOX} o
+    WHERE o.id = r.outbox AND o.tenant_id = a.tenant_id AND o.task_execution_id = r.task
+      AND o.assignment = r.assignment
+      AND (o.agent_id = a.id OR o.former_agents @> jsonb_build_array(a.id::text))
+), t.workflow_execution_id, h.id
+FROM unnest(%(tenants)s::bigint[], %(agents)s::uuid[], %(outboxes)s::bigint[],
+            %(tasks)s::uuid[], %(assignments)s::bigint[]) WITH ORDINALITY
+     AS r(tenant, agent, outbox, task, assignment, i)
+LEFT JOIN {ledger.AGENTS} a ON a.id = r.agent AND a.tenant_id = r.tenant
+LEFT JOIN fleet_taskexecution t ON t.id = r.task
+LEFT JOIN {ledger.AGENTS} h ON h.id = t.agent_id AND h.id <> a.id
+     AND h.tenant_id = a.tenant_id AND h.instance_id = a.instance_id
+"""
+
+
+class Check(NamedTuple):
+    agent_name: str | None  # None: not an agent of this tenant
+    addressed: bool  # the packet was addressed to the reporter (now or before a reclaim)
+    workflow_execution_id: uuid.UUID | None
+    successor_id: uuid.UUID | None  # the reporter's own process, registered anew
+
+
+def _check(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Check]:
+    """What :func:`_record` needs to know of each item, in one query."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _AGENTS_AND_PACKETS,
+            {
+                "tenants": [tenant for tenant, _agent, _body in items],
+                "agents": [agent for _tenant, agent, _body in items],
+                "outboxes": [body.outbox_id for *_, body in items],
+                "tasks": [body.task_execution_id for *_, body in items],
+                "assignments": [body.assignment for *_, body in items],
+            },
+        )
+        rows = {
+            int(i): Check(name, bool(ok), workflow, successor)
+            for i, name, ok, workflow, successor in cursor.fetchall()
+        }
+    return [rows[i + 1] for i in range(len(items))]
+
+
+def _record(agent_id: uuid.UUID, body: ResultIn, check: Check) -> tuple[int, dict, Applied | None]:
+    if check.agent_name is None:
+        return 404, {"detail": UNKNOWN_AGENT}, None
+    if not check.addressed:
+        detail = (
+            f"work packet {body.outbox_id} (task {body.task_execution_id}, assignment "
+            f"{body.assignment}) was never addressed to this agent"
+        )
+        return 404, {"detail": detail}, None
+    applied = result_handler.apply(
+        TaskReport(
+            task_execution_id=body.task_execution_id,
+            assignment=body.assignment,
+            outcome=body.outcome,
+            output=body.output,
+            error_type=body.error_type,
+            error_message=body.error_message,
+            traceback=body.traceback,
+            agent_id=check.successor_id or agent_id,
+            agent_name=check.agent_name,
+        )
+    )
+    return 200, {"applied": applied.applied, "reason": applied.reason}, applied
+
+
+def _after_commit(recorded: list[tuple[ResultIn, Applied]]) -> None:
+    """Once the outcomes are committed: offer the newly Ready tasks, wake the dispatchers
+    waiting for these outcomes (here or, by NOTIFY, in other processes), count them."""
+    ready_queue.submit([event for _body, applied in recorded for event in applied.ready])
+    announce_many(
+        [
+            (body.task_execution_id, Wake(body.assignment, applied.status, applied.reason))
+            for body, applied in recorded
+            if applied.applied
+        ]
+    )
+    for body, applied in recorded:
+        RESULTS.labels(outcome=body.outcome, applied=str(applied.applied).lower()).inc()
+
+
+def apply_result(tenant_id: int, agent_id: uuid.UUID, body: ResultIn) -> Answer:
+    """One result in a transaction of its own (REST); the answer the agent gets."""
+    (check,) = _check([(tenant_id, agent_id, body)])
+    status, answer, applied = _record(agent_id, body, check)
+    if applied is not None:
+        _after_commit([(body, applied)])
+    return status, answer
+
+
+def apply_results(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Answer]:
+    """Several results in ONE transaction (see the module docstring); the answers in the
+    order of ``items``, each what :func:`apply_result` would have answered.
+
+    Should the batch fail — a deadlock with another server's batch, the database going
+    away — nothing of it is committed, and each result is applied again in a
+    transaction of its own.
+    """
+    try:
+        with batch_transaction():
+            checks = _check(items)
+            # Workflow by workflow, task by task: every batch takes the task and workflow
+            # rows in one order, so two batches (two servers) cannot deadlock on them.
+            order = sorted(
+                range(len(items)),
+                key=lambda i: (
+                    str(checks[i].workflow_execution_id or ""),
+                    str(items[i][2].task_execution_id),
+                ),
+            )
+            with deferred_slot_releases() as held:
+                done = {i: _record(items[i][1], items[i][2], checks[i]) for i in order}
+            release_slots(held)
+    except DatabaseError:
+        log.warning(
+            "a batch of %d results failed; applying them one by one", len(items), exc_info=True
+        )
+        return [apply_result(*item) for item in items]
+    _after_commit([(items[i][2], done[i][2]) for i in order if done[i][2] is not None])
+    return [done[i][:2] for i in range(len(items))]

@@ -1,0 +1,284 @@
+"""The agent roster's services: what a registration, a beat or a socket must be, and who
+may make one.
+
+The checks live here (protocol and wire format, limits, the tenant's cap and the key's
+rate, socket authentication); the transitions they lead to are the agent lifecycle's
+(:mod:`fleet.executors.fleet.lifecycle`: register and replace, beat, connect, drain, evict, retire).
+Every function takes the caller's tenant and refuses agents of any other tenant
+exactly as it refuses unknown ones (None), so a key of tenant A can never tell whether
+an agent id of tenant B exists.  Dead is final (a dead agent registers anew).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.utils import timezone
+
+from agents.models import Agent, AgentState
+from agents.protocol.triples import TripleError, parse_triple
+from agents.protocol.wire import WireFormatError, require_same_format
+from fleet.engine.context import unstorable
+from fleet.executors.fleet import lifecycle
+from fleet.executors.fleet.delivery.redelivery import mark_running_received
+from fleet.models import ApiKey, Role, Tenant
+from fleet.platform.auth import ROLE_IMPLIES, touch_last_used
+from fleet.platform.config import get_config
+from fleet.platform.errors import DomainError, ErrorKind
+
+PROTOCOL_VERSION = 1
+# The protocol versions this server can talk.  During a rolling upgrade a server that
+# already speaks a new version keeps the old one here until the last old agent is gone.
+SUPPORTED_PROTOCOL_VERSIONS = (PROTOCOL_VERSION,)
+MAX_CONCURRENCY = 1024
+MAX_LIST_ITEMS = 64
+MAX_ITEM_CHARS = 100
+MAX_METRICS_BYTES = 16 * 1024
+# Registration is bounded, so a runaway or hostile agent key cannot fill the roster: live
+# agents per tenant (a same-name registration replaces one and is always let through) and
+# registrations per key per minute (each one leaves a row behind, dead ones as history).
+MIN_LIVE_AGENTS_CAP = 64
+LIVE_AGENTS_PER_LIMIT = 4  # the cap is max(MIN_LIVE_AGENTS_CAP, 4 × effective limit)
+REGISTRATIONS_PER_KEY_PER_MINUTE = 60
+
+
+class RosterError(DomainError):
+    """A request the roster refuses; ``kind`` says what kind of refusal, the message says why."""
+
+
+@dataclass(frozen=True)
+class Registration:
+    name: str
+    target_triple: str
+    max_concurrency: int = 1
+    version: str = ""
+    protocol_version: int = PROTOCOL_VERSION
+    wire_format: str = "json"
+    tags: tuple[str, ...] = ()
+    capabilities: tuple[str, ...] = ()
+    exclusive: bool = False
+    metrics: dict | None = None
+    # The agent process's id: the same across its re-registrations (fleet/executors/fleet/result_intake.py).
+    instance_id: uuid.UUID | None = None
+
+
+def _check_strings(field: str, values) -> list[str]:
+    values = list(values or [])
+    if len(values) > MAX_LIST_ITEMS:
+        raise RosterError(
+            ErrorKind.INVALID, f"{field}: at most {MAX_LIST_ITEMS} entries, got {len(values)}"
+        )
+    for value in values:
+        if not isinstance(value, str) or not value or len(value) > MAX_ITEM_CHARS:
+            raise RosterError(
+                ErrorKind.INVALID,
+                f"{field}: each entry must be a string of 1..{MAX_ITEM_CHARS} characters",
+            )
+    return values
+
+
+def check_metrics(metrics) -> dict:
+    """``metrics`` if it is an object jsonb can store within the size limit, else a 422."""
+    metrics = metrics or {}
+    if not isinstance(metrics, dict):
+        raise RosterError(ErrorKind.INVALID, "metrics must be a JSON object")
+    try:  # jsonb refuses NaN and Infinity: a 500 at the UPDATE otherwise
+        size = len(json.dumps(metrics, default=str, allow_nan=False))
+    except ValueError:
+        raise RosterError(
+            ErrorKind.INVALID, "metrics must hold finite numbers only (no NaN or Infinity)"
+        ) from None
+    problem = unstorable(metrics)
+    if problem:
+        raise RosterError(ErrorKind.INVALID, f"metrics hold {problem}")
+    if size > MAX_METRICS_BYTES:
+        raise RosterError(
+            ErrorKind.INVALID, f"metrics is {size} bytes, over the {MAX_METRICS_BYTES}-byte limit"
+        )
+    return metrics
+
+
+def protocol_refusal(agent_protocol: int, agent_version: str = "") -> str:
+    """The 409 message for an agent whose protocol this server does not speak: both versions."""
+    supported = " and ".join(str(v) for v in SUPPORTED_PROTOCOL_VERSIONS)
+    software = f" (agent software {agent_version[:50]})" if agent_version else ""
+    return (
+        f"agent speaks protocol {agent_protocol}, this server supports {supported}{software}; "
+        "upgrade the older side so both speak a common protocol version"
+    )
+
+
+def _validate(reg: Registration) -> Registration:
+    config = get_config()
+    if reg.protocol_version not in SUPPORTED_PROTOCOL_VERSIONS:
+        raise RosterError(ErrorKind.CONFLICT, protocol_refusal(reg.protocol_version, reg.version))
+    try:
+        require_same_format(config.wire_format, reg.wire_format)
+    except WireFormatError as exc:
+        raise RosterError(
+            ErrorKind.CONFLICT,
+            f"{exc} (protocol version: agent {reg.protocol_version}, server {PROTOCOL_VERSION})",
+        ) from None
+    try:
+        parse_triple(reg.target_triple)
+    except TripleError as exc:
+        raise RosterError(ErrorKind.INVALID, f"target_triple: {exc}") from None
+    if not 1 <= reg.max_concurrency <= MAX_CONCURRENCY:
+        raise RosterError(
+            ErrorKind.INVALID,
+            f"max_concurrency must be 1..{MAX_CONCURRENCY}, got {reg.max_concurrency}",
+        )
+    name = (reg.name or "").strip() or f"agent-{secrets.token_hex(4)}"
+    if len(name) > 200:
+        raise RosterError(ErrorKind.INVALID, "name must be at most 200 characters")
+    return Registration(
+        name=name,
+        target_triple=reg.target_triple,
+        max_concurrency=reg.max_concurrency,
+        version=(reg.version or "")[:50],
+        protocol_version=reg.protocol_version,
+        wire_format=reg.wire_format,
+        tags=tuple(_check_strings("tags", reg.tags)),
+        capabilities=tuple(_check_strings("capabilities", reg.capabilities)),
+        exclusive=bool(reg.exclusive),
+        metrics=check_metrics(reg.metrics),
+        instance_id=reg.instance_id,
+    )
+
+
+def _check_rate(key: ApiKey) -> None:
+    """429 past the registration rate of ``key`` (checked before anyone is replaced)."""
+    since = timezone.now() - timedelta(minutes=1)
+    recent = Agent.objects.filter(api_key=key, registered_at__gt=since).count()
+    if recent >= REGISTRATIONS_PER_KEY_PER_MINUTE:
+        raise RosterError(
+            ErrorKind.LIMITED,
+            f"this key registered {recent} agents in the last minute (at most "
+            f"{REGISTRATIONS_PER_KEY_PER_MINUTE}); an agent registers once and keeps its name",
+        )
+
+
+def _check_cap(key: ApiKey, name: str) -> None:
+    """429 when the tenant already holds its cap of agents that are not dead, unless this
+    registration replaces one of them (same name)."""
+    live = Agent.objects.filter(tenant_id=key.tenant_id).exclude(state=AgentState.DEAD)
+    cap = max(MIN_LIVE_AGENTS_CAP, LIVE_AGENTS_PER_LIMIT * key.tenant.effective_limit())
+    if live.count() >= cap and not live.filter(name=name).exists():
+        raise RosterError(
+            ErrorKind.LIMITED,
+            f"tenant {key.tenant.name!r} already has {cap} agents that are not dead (the cap is "
+            f"max({MIN_LIVE_AGENTS_CAP}, {LIVE_AGENTS_PER_LIMIT} × its agent limit)); "
+            "deregister some, or wait for silent ones to be evicted",
+        )
+
+
+def register(key: ApiKey, registration: Registration) -> Agent:
+    """Add an agent to the key's tenant; a live agent of the same name is replaced
+    (declared dead, its work reclaimed) — a restarted agent keeps its name."""
+    reg = _validate(registration)
+    _check_rate(key)
+    _check_cap(key, reg.name)  # refuse before replacing anyone
+
+    def admit() -> None:  # again under the roster lock: both bounds are exact
+        _check_rate(key)
+        _check_cap(key, reg.name)
+
+    agent = lifecycle.register(
+        key.tenant_id,
+        reg.name,
+        {
+            "api_key": key,
+            "target_triple": reg.target_triple,
+            "max_concurrency": reg.max_concurrency,
+            "version": reg.version,
+            "protocol_version": reg.protocol_version,
+            "wire_format": reg.wire_format,
+            "tags": list(reg.tags),
+            "capabilities": list(reg.capabilities),
+            "exclusive": reg.exclusive,
+            "metrics": reg.metrics or {},
+            "instance_id": reg.instance_id,
+        },
+        admit,
+    )
+    if agent is None:
+        raise RosterError(
+            ErrorKind.CONFLICT, f"agent name {reg.name!r} is being registered concurrently; retry"
+        )
+    return agent
+
+
+def agent_of_tenant(tenant: Tenant | int, agent_id: uuid.UUID) -> Agent | None:
+    """The agent (in any state) if it belongs to ``tenant``."""
+    return Agent.objects.filter(pk=agent_id, tenant=tenant).first()
+
+
+@dataclass(frozen=True)
+class Beat:
+    state: str
+    drain: bool
+
+
+def heartbeat(
+    tenant_id: int,
+    agent_id: uuid.UUID,
+    running: list[uuid.UUID] | None = None,
+    metrics: dict | None = None,
+    draining: bool = False,
+) -> Beat | None:
+    """Record a beat; None when the agent is unknown here or already dead (it must re-register)."""
+    metrics_json = None if metrics is None else json.dumps(metrics)
+    row = lifecycle.beat(tenant_id, agent_id, metrics_json, draining)
+    if row is None:
+        return None
+    if running:
+        mark_running_received(agent_id, running)
+    return Beat(state=row[0], drain=row[1])
+
+
+# -- the delivery socket -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SocketGrant:
+    agent_id: uuid.UUID
+    tenant_id: int
+    name: str
+    wire_format: str
+    generation: int
+    # The key the socket was opened with: the socket lives only as long as this key (and
+    # its tenant) stays active, whichever key registered the agent.
+    key_id: int | None = None
+
+
+@dataclass(frozen=True)
+class SocketRefusal:
+    code: int
+    reason: str
+
+
+def open_socket(token: str, agent_id: uuid.UUID, server: str) -> SocketGrant | SocketRefusal:
+    """Authenticate a delivery socket and record that ``server`` now holds it.
+
+    Bumps ``connection_generation``: whichever connection came last owns the
+    agent, and an older connection's disconnect can no longer clear it.
+    """
+    key = ApiKey.verify(token)
+    if key is None:
+        return SocketRefusal(4401, "invalid or revoked API key")
+    if not (ROLE_IMPLIES[key.role] & {Role.AGENT}):
+        return SocketRefusal(4403, f"a {key.role} key may not open an agent socket (needs agent)")
+    touch_last_used(key)
+    row = lifecycle.connect(agent_id, key.tenant_id, server)
+    if row is None:
+        return SocketRefusal(4404, "unknown agent (never registered here, or dead): register again")
+    return SocketGrant(agent_id, *row, key_id=key.pk)
+
+
+def close_socket(agent_id: uuid.UUID, server: str, generation: int) -> bool:
+    """Forget the socket, unless a newer connection (here or elsewhere) already owns the agent."""
+    return lifecycle.disconnect(agent_id, server, generation)

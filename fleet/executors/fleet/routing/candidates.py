@@ -1,0 +1,85 @@
+"""The agents a task may be placed on (candidates), and why there is none.
+
+Candidates: live (heartbeat within the liveness window), same tenant, connected to
+some server (a socket: unhealthy agents are never chosen), able to load the artifact
+(target triple), a free slot — and whatever the task's selectors ask
+(:mod:`fleet.executors.fleet.routing.selectors`: a :class:`~fleet.executors.fleet.routing.selectors.Choice` carries
+their SQL and the ranking: degraded agents last, then round-robin or the fallback
+score).  The reservation that takes a candidate's slot is the placement's
+(:func:`fleet.executors.fleet.delivery.placement.reserve_agent`, from the ledger's fragments).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.db import connection
+
+from fleet.executors.fleet import ledger
+from fleet.executors.fleet.routing.health import degraded_after_s
+from fleet.executors.fleet.routing.selectors import Choice
+from fleet.models import Tenant
+from fleet.platform.config import get_config
+
+_BASE = f"""
+    a.tenant_id = %(tenant)s AND a.state = 'live' AND a.connected_to <> ''
+    AND {ledger.has_free_slot("a")}
+    AND a.last_heartbeat > now() - make_interval(secs => %(window)s)
+    AND (%(any_triple)s OR a.target_triple = ANY(%(triples)s))
+"""
+
+
+def candidates_sql(choice: Choice) -> str:
+    """SQL over ``agents_agent a``: the agents ``choice`` may place a task on."""
+    return f"{_BASE} AND {choice.static} AND {choice.dynamic}"
+
+
+@dataclass(frozen=True)
+class ReservedAgent:
+    """The agent whose slot a reservation took."""
+
+    id: uuid.UUID
+    name: str
+    target_triple: str
+
+
+def candidate_params(tenant_id: int, triples: Iterable[str] | None) -> dict:
+    config = get_config()
+    return {
+        "tenant": tenant_id,
+        # An agent past its liveness window is about to be evicted: never hand it work.
+        "window": config.liveness_window_s,
+        "degraded_s": degraded_after_s(config.heartbeat_interval_s),
+        "any_triple": triples is None,
+        "triples": sorted(triples) if triples is not None else [],
+    }
+
+
+_CAPACITY_CENSUS = f"""
+SELECT count(*),
+       count(*) FILTER (WHERE connected_to <> ''),
+       count(*) FILTER (WHERE connected_to <> '' AND (%(any_triple)s OR target_triple = ANY(%(triples)s)))
+FROM {ledger.AGENTS} WHERE tenant_id = %(tenant)s AND state = 'live'
+  AND last_heartbeat > now() - make_interval(secs => %(window)s)
+"""
+
+
+def no_capacity_reason(tenant_id: int, triples: Iterable[str] | None = None) -> str:
+    """Why no agent could be reserved for a task without selectors, in words for the
+    console and the API (tasks with selectors: :mod:`fleet.executors.fleet.routing.selection`)."""
+    tenant_name = Tenant.objects.filter(pk=tenant_id).values_list("name", flat=True).first()
+    with connection.cursor() as cursor:
+        cursor.execute(_CAPACITY_CENSUS, candidate_params(tenant_id, triples))
+        live, connected, loadable = cursor.fetchone()
+    if live == 0:
+        return f"no live agent in tenant {tenant_name}"
+    if connected == 0:
+        return f"none of the {live} live agent(s) of tenant {tenant_name} is connected"
+    if loadable == 0:
+        wanted = ", ".join(sorted(triples or []))
+        return f"no live agent of tenant {tenant_name} can load this package (needs {wanted})"
+    if loadable == 1:
+        return "the 1 live agent is at capacity"
+    return f"all {loadable} live agents are at capacity"

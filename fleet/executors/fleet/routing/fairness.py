@@ -1,0 +1,50 @@
+"""Overflow protection and fairness between tenants.
+
+Dispatch order (fleet/engine/fair_queue.py and ``claims.due_ready_task_events``):
+tenants with waiting work take turns; within a tenant the higher priority goes
+first, then the older work.  What this module adds is the bound on a tenant's
+backlog: a tenant with more unfinished tasks (NotStarted, Ready, Running) than its
+limit gets 429 on new executions.  The limit is the tenant's own ``max_backlog``
+when set, else the platform's ``CLOACINA_MAX_BACKLOG``; 0 means unlimited.
+"""
+
+from __future__ import annotations
+
+from django.db import connection
+
+from fleet.models import TaskStatus, Tenant
+from fleet.platform.config import get_config
+
+UNFINISHED = [TaskStatus.NOT_STARTED, TaskStatus.READY, TaskStatus.RUNNING]
+
+
+def max_backlog(tenant: Tenant) -> tuple[int, str]:
+    """The tenant's backlog limit (0: none) and where it comes from, for messages."""
+    if tenant.max_backlog:
+        return tenant.max_backlog, "its max_backlog"
+    platform = get_config().max_backlog
+    return platform, "the platform's CLOACINA_MAX_BACKLOG"
+
+
+def backlog(tenant: Tenant) -> int:
+    """Tasks of the tenant not yet finished (NotStarted, Ready, Running)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM fleet_taskexecution WHERE tenant_id = %s AND status = ANY(%s)",
+            [tenant.pk, UNFINISHED],
+        )
+        return cursor.fetchone()[0]
+
+
+def backlog_refusal(tenant: Tenant, adding: int) -> str:
+    """Why an execution of ``adding`` tasks must be refused now ('' when it fits)."""
+    limit, source = max_backlog(tenant)
+    if not limit:
+        return ""
+    current = backlog(tenant)
+    if current + adding <= limit:
+        return ""
+    return (
+        f"tenant {tenant.name!r} has {current} unfinished task(s); this execution adds "
+        f"{adding}, over {source} of {limit}: retry later"
+    )

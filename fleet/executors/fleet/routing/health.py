@@ -1,0 +1,58 @@
+"""Health classes of an agent, as selection and the console see them.
+
+* healthy   — live, its delivery socket open, a heartbeat within 2 × the interval;
+* degraded  — socket open but the last heartbeat is older than 2 × the interval: still
+  selectable, ranked after every healthy agent (a busy host may only be slow to beat);
+* unhealthy — no socket (or no beat within the liveness window): never selected; the
+  liveness sweep alone decides when it is dead (eviction stays the sweeper's call);
+* draining / dead — the roster states: never selected.
+
+Which socket counts is decided by ``connected_to`` + ``connection_generation`` (see
+:func:`fleet.executors.fleet.roster.open_socket` / ``close_socket``): a stale disconnect of an older
+connection never clears a newer one, so a freshly reconnected agent stays healthy.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+
+DEGRADED_AFTER_INTERVALS = 2.0
+
+
+class Health(enum.StrEnum):
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    UNHEALTHY = "unhealthy"
+    DRAINING = "draining"
+    DEAD = "dead"
+
+
+def degraded_after_s(heartbeat_interval_s: float) -> float:
+    """Seconds without a heartbeat after which a connected agent counts as degraded."""
+    return DEGRADED_AFTER_INTERVALS * heartbeat_interval_s
+
+
+def classify(
+    state: str,
+    connected_to: str,
+    last_heartbeat: datetime,
+    now: datetime,
+    heartbeat_interval_s: float,
+    liveness_window_s: float,
+) -> Health:
+    """The health class of one agent at ``now`` (the rules in the module docstring)."""
+    if state == "dead":
+        return Health.DEAD
+    if state == "draining":
+        return Health.DRAINING
+    age = (now - last_heartbeat).total_seconds()
+    if not connected_to or age > liveness_window_s:
+        return Health.UNHEALTHY
+    if age > degraded_after_s(heartbeat_interval_s):
+        return Health.DEGRADED
+    return Health.HEALTHY
+
+
+# SQL over ``agents_agent a``: true for a degraded candidate (it is sorted last).
+DEGRADED_SQL = "a.last_heartbeat < now() - make_interval(secs => %(degraded_s)s)"

@@ -1,0 +1,299 @@
+"""The delivery sockets' frequent writes — heartbeats and ``received`` confirmations —
+batched onto one async connection per process.
+
+Every agent beats every interval and confirms every packet; as one UPDATE per
+frame on the shared thread pool these queued behind dispatch work, and a
+heartbeat stuck in a queue for a liveness window gets a healthy agent evicted.
+Here they never wait behind anything: frames from all sockets of the process
+are gathered while the previous batch is written and written together, one
+UPDATE per kind.
+
+One socket's bad write never costs another socket anything: when a batched
+statement fails on its data (not on the connection), the round's writes are
+retried agent by agent on the same connection, and only the agent whose write
+fails again loses it — its socket is closed 4400 — while every other agent's
+confirmations and beats land in that round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+
+import psycopg
+from channels.exceptions import ChannelFull
+from channels.layers import get_channel_layer
+
+from fleet.executors.fleet import ledger, lifecycle
+from fleet.executors.fleet.delivery import local_sockets
+from fleet.executors.fleet.delivery.pg import connect_async
+from fleet.executors.fleet.delivery.waiting import wait_event
+
+log = logging.getLogger(__name__)
+
+RECONNECT_MAX_S = 2.0
+CLOSE_MALFORMED = 4400  # the close code of a socket whose write the database refused
+
+# Confirmations (the ledger's statements) never wait for a row lock; one whose row was
+# not marked is tried again a few rounds (fleet/executors/fleet/ledger.py says why).
+RECEIVED_TRIES = 20  # rounds a confirmation that was not marked is tried again
+RECEIVED_RETRY_S = 0.01
+# Under load, rounds of confirmations are at least this far apart, so each statement
+# carries several (it costs the database far more than a row does); an idle server
+# writes a lone confirmation at once.
+MIN_ROUND_GAP_S = 0.01
+
+
+@dataclass(frozen=True)
+class BeatAnswer:
+    state: str
+    drain: bool
+
+
+@dataclass
+class _Beat:
+    tenant_id: int
+    running: list[uuid.UUID]
+    metrics: dict | None
+    draining: bool
+    waiters: list[asyncio.Future]
+
+
+class SocketWrites:
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._beats: dict[uuid.UUID, _Beat] = {}
+        self._received: list[tuple[uuid.UUID, int]] = []
+        self._retry: dict[tuple[uuid.UUID, int], int] = {}  # skipped confirmations → tries
+        self._wake = asyncio.Event()
+        self._conn: psycopg.AsyncConnection | None = None
+        self._task = asyncio.create_task(self._run(), name="socket-writes")
+
+    # -- producers (the consumers) ------------------------------------------------------
+    def received(self, agent_id: uuid.UUID, outbox_ids: list[int]) -> None:
+        """Confirm packets (only rows addressed to ``agent_id`` are touched)."""
+        self._received.extend((agent_id, i) for i in outbox_ids)
+        self._wake.set()
+
+    async def heartbeat(
+        self,
+        agent_id: uuid.UUID,
+        tenant_id: int,
+        running: list[uuid.UUID],
+        metrics: dict | None,
+        draining: bool,
+    ) -> BeatAnswer | None:
+        """Record a beat; None when the agent is dead or unknown (its socket must close).
+        Raises :class:`WriteRefused` when the database refused this beat's data."""
+        future = self._loop.create_future()
+        beat = self._beats.get(agent_id)
+        if beat is None:
+            self._beats[agent_id] = _Beat(tenant_id, running, metrics, draining, [future])
+        else:  # coalesce with a beat not yet written
+            beat.running, beat.draining = running, draining or beat.draining
+            beat.metrics = metrics if metrics is not None else beat.metrics
+            beat.waiters.append(future)
+        self._wake.set()
+        return await future
+
+    # -- the writer -------------------------------------------------------------------
+    async def _run(self) -> None:
+        try:
+            await self._loop_forever()
+        finally:  # cancelled with its event loop: do not leave the connection open
+            await self._drop()
+
+    async def _loop_forever(self) -> None:
+        delay = 0.1
+        last_round = 0.0
+        while True:
+            if self._retry:
+                await wait_event(self._wake, RECEIVED_RETRY_S)
+            else:
+                await self._wake.wait()
+            gap = last_round + MIN_ROUND_GAP_S - self._loop.time()
+            if gap > 0 and not self._beats:  # a beat never waits (liveness)
+                await asyncio.sleep(gap)
+            last_round = self._loop.time()
+            self._wake.clear()
+            beats, self._beats = self._beats, {}
+            received, self._received = self._received, []
+            received.extend(key for key in self._retry if key not in received)
+            try:
+                await self._write(beats, received)
+                delay = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("socket writes failed (%s); retrying in %.1fs", exc, delay)
+                await self._drop()
+                # Keep the beats for the next try (a beat late is better than lost);
+                # confirmations are safety-netted by redelivery + the agent's dedupe.
+                for agent_id, beat in beats.items():
+                    self._beats.setdefault(agent_id, beat)
+                self._wake.set()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
+
+    async def _connection(self) -> psycopg.AsyncConnection:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            await self._drop()
+            self._conn = await connect_async("cloacina-sockets", relaxed=True)
+        return self._conn
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    async def _write(self, beats: dict[uuid.UUID, _Beat], received: list) -> None:
+        conn = await self._connection()
+        if received:
+            await self._write_received(conn, received)
+        if beats:
+            await self._write_beats(conn, beats)
+
+    async def _write_received(self, conn: psycopg.AsyncConnection, received: list) -> None:
+        try:
+            marked = await self._mark_received(conn, received)
+        except _DATA_ERRORS:
+            marked, refused = set(), set()
+            for agent_id, keys in _by_agent(received).items():
+                try:
+                    marked |= await self._mark_received(conn, keys)
+                except _DATA_ERRORS as exc:
+                    refused.add(agent_id)
+                    await _refuse(agent_id, "received", exc)
+            received = [key for key in received if key[0] not in refused]
+        tries = self._retry
+        self._retry = {
+            key: tries.get(key, 0) + 1
+            for key in received
+            if key[1] not in marked and tries.get(key, 0) + 1 < RECEIVED_TRIES
+        }
+
+    @staticmethod
+    async def _mark_received(conn: psycopg.AsyncConnection, received: list) -> set[int]:
+        cursor = await conn.execute(
+            ledger.RECEIVED_MANY,
+            {"agents": [r[0] for r in received], "ids": [r[1] for r in received]},
+        )
+        return {row[0] for row in await cursor.fetchall()}
+
+    async def _write_beats(
+        self, conn: psycopg.AsyncConnection, beats: dict[uuid.UUID, _Beat]
+    ) -> None:
+        refused: set[uuid.UUID] = set()
+        try:
+            answers = await self._beat(conn, beats)
+        except _DATA_ERRORS:
+            answers = {}
+            for agent_id, beat in beats.items():
+                try:
+                    answers |= await self._beat(conn, {agent_id: beat})
+                except _DATA_ERRORS as exc:
+                    refused.add(agent_id)
+                    await _refuse(agent_id, "heartbeat", exc)
+        for agent_id, beat in beats.items():
+            for waiter in beat.waiters:
+                if waiter.done():
+                    continue
+                if agent_id in refused:
+                    waiter.set_exception(WriteRefused("the database refused its heartbeat"))
+                else:
+                    waiter.set_result(answers.get(agent_id))
+
+    @staticmethod
+    async def _beat(
+        conn: psycopg.AsyncConnection, beats: dict[uuid.UUID, _Beat]
+    ) -> dict[uuid.UUID, BeatAnswer]:
+        ids = list(beats)
+        cursor = await conn.execute(
+            lifecycle.BEAT_MANY,
+            {
+                "ids": ids,
+                "tenants": [beats[i].tenant_id for i in ids],
+                "has": [beats[i].metrics is not None for i in ids],
+                "metrics": [json.dumps(beats[i].metrics or {}) for i in ids],
+                "draining": [beats[i].draining for i in ids],
+            },
+        )
+        answers = {row[0]: BeatAnswer(row[1], row[2]) for row in await cursor.fetchall()}
+        running = [(i, t) for i in ids if i in answers for t in beats[i].running]
+        if running:
+            await conn.execute(
+                ledger.RUNNING_MANY,
+                {"agents": [r[0] for r in running], "tasks": [r[1] for r in running]},
+            )
+        return answers
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+        await self._drop()
+        for beat in self._beats.values():
+            for waiter in beat.waiters:
+                if not waiter.done():
+                    waiter.cancel()
+
+
+# A statement refused for what it carries (a value out of range, bad text): the
+# connection is fine and the other agents' writes are retried without it.  Anything
+# else (the server gone, the connection broken) drops the connection and retries all.
+_DATA_ERRORS = (
+    psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError, psycopg.NotSupportedError
+)  # fmt: skip
+
+
+class WriteRefused(Exception):
+    """The database refused this agent's write (its socket is being closed 4400)."""
+
+
+def _by_agent(received: list[tuple[uuid.UUID, int]]) -> dict[uuid.UUID, list]:
+    groups: dict[uuid.UUID, list] = {}
+    for key in received:
+        groups.setdefault(key[0], []).append(key)
+    return groups
+
+
+async def _refuse(agent_id: uuid.UUID, what: str, exc: Exception) -> None:
+    """Drop an agent's write the database refused, and close its socket here (4400): it
+    sent what its frames' checks should have stopped, so it is not an honest agent."""
+    log.warning("agent %s: %s write refused by the database (%s); closing its socket",
+                agent_id, what, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)  # fmt: skip
+    socket = local_sockets.get(agent_id)
+    if socket is None:
+        return
+    local_sockets.unregister(agent_id, socket.channel_name)
+    with contextlib.suppress(ChannelFull):
+        await get_channel_layer().send(
+            socket.channel_name,
+            {"type": "delivery.close", "code": CLOSE_MALFORMED,
+             "reason": f"malformed frame: the database refused its {what}"},
+        )  # fmt: skip
+
+
+_writers: dict[asyncio.AbstractEventLoop, SocketWrites] = {}
+
+
+def writer() -> SocketWrites:
+    """This event loop's writer (created on first use)."""
+    loop = asyncio.get_running_loop()
+    current = _writers.get(loop)
+    if current is None:
+        for old in [lp for lp in _writers if lp.is_closed()]:
+            del _writers[old]
+        current = _writers[loop] = SocketWrites()
+    return current
+
+
+async def close_writer() -> None:
+    current = _writers.pop(asyncio.get_running_loop(), None)
+    if current is not None:
+        await current.close()

@@ -1,0 +1,1 @@
+"""Tenancy and configuration: what every layer of the server stands on."""

@@ -1,0 +1,408 @@
+"""Server configuration, read in one place.
+
+Precedence: command-line flag > environment variable > ``[server]`` table of
+``$CLOACINA_HOME/config.toml`` > built-in default.  Flags are applied by the
+command that parses them through :func:`apply_overrides`; everything else
+reads :func:`get_config`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, malformed or out of range."""
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"{name} must be true or false, got {raw!r}")
+
+
+def _parse_int(name: str, raw: str, minimum: int = 0) -> int:
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _parse_float(name: str, raw: str, minimum: float = 0.0) -> float:
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One knob: its environment variable, config.toml key, type and default."""
+
+    attr: str
+    env: str
+    toml_key: str
+    kind: type
+    default: Any
+    minimum: float = 0
+
+
+# Room above the largest package or context for the rest of a request body (multipart
+# boundaries and headers, the JSON around a context).
+REQUEST_MARGIN_BYTES = 1024 * 1024
+
+# How long a draining agent may take to finish its in-flight work: drained through the
+# API/console, it is evicted after this; stopped by an actuator, it is killed after this.
+# The control plane reads the same Setting (fleet/control/settings.py).
+AGENT_DRAIN_TIMEOUT = Setting(
+    "agent_drain_timeout_s",
+    "CLOACINA_AGENT_DRAIN_TIMEOUT_S",
+    "agent_drain_timeout_s",
+    float,
+    300.0,
+    0.1,
+)
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("default_executor", "CLOACINA_DEFAULT_EXECUTOR", "default_executor", str, "default"),
+    Setting("fleet_actuator", "CLOACINA_FLEET_ACTUATOR", "fleet_actuator", str, "none"),
+    Setting("default_max_agents", "CLOACINA_DEFAULT_MAX_AGENTS", "default_max_agents", int, 4),
+    Setting("initial_agents", "CLOACINA_INITIAL_AGENTS", "initial_agents", int, 0),
+    Setting(
+        "heartbeat_interval_s",
+        "CLOACINA_AGENT_HEARTBEAT_INTERVAL_S",
+        "agent_heartbeat_interval_s",
+        float,
+        15.0,
+        0.05,
+    ),
+    Setting(
+        "liveness_misses", "CLOACINA_AGENT_LIVENESS_MISSES", "agent_liveness_misses", int, 3, 1
+    ),
+    Setting("autoscale", "CLOACINA_AUTOSCALE", "autoscale", bool, True),
+    Setting(
+        "autoscale_interval_s",
+        "CLOACINA_AUTOSCALE_INTERVAL_S",
+        "autoscale_interval_s",
+        float,
+        30.0,
+        0.1,
+    ),
+    Setting(
+        "autoscale_up_threshold",
+        "CLOACINA_AUTOSCALE_UP_THRESHOLD",
+        "autoscale_up_threshold",
+        float,
+        0.8,
+    ),
+    Setting(
+        "autoscale_down_threshold",
+        "CLOACINA_AUTOSCALE_DOWN_THRESHOLD",
+        "autoscale_down_threshold",
+        float,
+        0.2,
+    ),
+    Setting("autoscale_floor", "CLOACINA_AUTOSCALE_FLOOR", "autoscale_floor", int, 0),
+    Setting(
+        "autoscale_cooldown_s", "CLOACINA_AUTOSCALE_COOLDOWN_S", "autoscale_cooldown_s", float, 60.0
+    ),
+    Setting("worker_processes", "CLOACINA_WORKER_PROCESSES", "worker_processes", int, 4, 1),
+    # Most PostgreSQL connections one server process holds (0 = sized from worker_processes).
+    Setting("db_pool_max", "CLOACINA_DB_POOL_MAX", "db_pool_max", int, 0),
+    Setting("scheduler_poll_s", "CLOACINA_SCHEDULER_POLL_S", "scheduler_poll_s", float, 1.0, 0.01),
+    Setting("wire_format", "CLOACINA_WIRE_FORMAT", "wire_format", str, "json"),
+    Setting(
+        "outbox_redeliver_s", "CLOACINA_OUTBOX_REDELIVER_S", "outbox_redeliver_s", float, 10.0, 0.1
+    ),
+    # Pushes of one packet to one agent that no confirmation answered before the run is
+    # declared lost (fleet/executors/fleet/delivery/redelivery.py): a re-push is never silently endless.
+    Setting("outbox_max_pushes", "CLOACINA_OUTBOX_MAX_PUSHES", "outbox_max_pushes", int, 5, 1),
+    Setting(
+        "outbox_retention_s", "CLOACINA_OUTBOX_RETENTION_S", "outbox_retention_s", float, 3600.0
+    ),
+    Setting(
+        "max_package_bytes",
+        "CLOACINA_MAX_PACKAGE_BYTES",
+        "max_package_bytes",
+        int,
+        50 * 1024 * 1024,
+        1,
+    ),
+    # What validating an upload may read and spend (artifacts/store/validation.py): tenant input
+    # is parsed (TOML, Python's ast), and a few KB of gzip can hold megabytes of source.
+    Setting(
+        "max_manifest_bytes",
+        "CLOACINA_MAX_MANIFEST_BYTES",
+        "max_manifest_bytes",
+        int,
+        1024 * 1024,
+        1,
+    ),
+    Setting(
+        "max_module_source_bytes",
+        "CLOACINA_MAX_MODULE_SOURCE_BYTES",
+        "max_module_source_bytes",
+        int,
+        1024 * 1024,
+        1,
+    ),
+    Setting("max_tasks", "CLOACINA_MAX_TASKS", "max_tasks", int, 5000, 1),
+    # Address space of the child process that parses a package's task modules; below 64 MiB
+    # the interpreter itself may not start.
+    Setting(
+        "validation_memory_bytes",
+        "CLOACINA_VALIDATION_MEMORY_BYTES",
+        "validation_memory_bytes",
+        int,
+        256 * 1024 * 1024,
+        64 * 1024 * 1024,
+    ),
+    # Bytes of packages and per-target builds a tenant may store (0 = unlimited); a tenant's
+    # own storage_quota_bytes, when set, wins.
+    Setting(
+        "tenant_storage_bytes",
+        "CLOACINA_TENANT_STORAGE_BYTES",
+        "tenant_storage_bytes",
+        int,
+        1024 * 1024 * 1024,
+    ),
+    Setting(
+        "max_context_bytes",
+        "CLOACINA_MAX_CONTEXT_BYTES",
+        "max_context_bytes",
+        int,
+        16 * 1024 * 1024,
+        1,
+    ),
+    # Server-side builds (POST .../builds, artifacts/builds/runner.py): most running at once
+    # over every server, and the most bytes one build's pip may download.
+    Setting("build_concurrency", "CLOACINA_BUILD_CONCURRENCY", "build_concurrency", int, 2, 1),
+    Setting(
+        "max_build_download_bytes",
+        "CLOACINA_MAX_BUILD_DOWNLOAD_BYTES",
+        "max_build_download_bytes",
+        int,
+        100 * 1024 * 1024,
+        1,
+    ),
+    # Unfinished tasks a tenant may have before new executions get 429 (0 = unlimited);
+    # a tenant's own max_backlog, when set, wins.
+    Setting("max_backlog", "CLOACINA_MAX_BACKLOG", "max_backlog", int, 0),
+    AGENT_DRAIN_TIMEOUT,
+    Setting("secret_key", "CLOACINA_SECRET_KEY", "secret_key", str, ""),
+    # TLS (cloacina_site/tls.py): empty = plain HTTP; a client CA turns on mutual TLS.
+    Setting("tls_cert", "CLOACINA_TLS_CERT", "tls_cert", str, ""),
+    Setting("tls_key", "CLOACINA_TLS_KEY", "tls_key", str, ""),
+    Setting("tls_client_ca", "CLOACINA_TLS_CLIENT_CA", "tls_client_ca", str, ""),
+    Setting("debug", "CLOACINA_DEBUG", "debug", bool, False),
+    # The HTTP layer (cloacina_site/web_security.py).  Host names the server answers to,
+    # comma-separated ("*" = any; loopback names are always accepted).
+    Setting("allowed_hosts", "CLOACINA_ALLOWED_HOSTS", "allowed_hosts", str, "*"),
+    # Strict-Transport-Security max-age sent over TLS (0 = no HSTS header).
+    Setting("hsts_seconds", "CLOACINA_HSTS_SECONDS", "hsts_seconds", int, 31536000),
+    # Failed console/admin logins before a username, or an address, is locked out.
+    Setting(
+        "login_failure_limit", "CLOACINA_LOGIN_FAILURE_LIMIT", "login_failure_limit", int, 5, 1
+    ),
+    Setting("login_lockout_s", "CLOACINA_LOGIN_LOCKOUT_S", "login_lockout_s", int, 900, 1),
+    # Bearer token /metrics requires (empty = open, as before).
+    Setting("metrics_token", "CLOACINA_METRICS_TOKEN", "metrics_token", str, ""),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The effective server configuration (see README's configuration table)."""
+
+    home: Path
+    database_url: str | None
+    default_executor: str = "default"
+    fleet_actuator: str = "none"
+    default_max_agents: int = 4
+    initial_agents: int = 0
+    heartbeat_interval_s: float = 15.0
+    liveness_misses: int = 3
+    autoscale: bool = True
+    autoscale_interval_s: float = 30.0
+    autoscale_up_threshold: float = 0.8
+    autoscale_down_threshold: float = 0.2
+    autoscale_floor: int = 0
+    autoscale_cooldown_s: float = 60.0
+    worker_processes: int = 4
+    db_pool_max: int = 0
+    scheduler_poll_s: float = 1.0
+    wire_format: str = "json"
+    outbox_redeliver_s: float = 10.0
+    outbox_max_pushes: int = 5
+    outbox_retention_s: float = 3600.0
+    max_package_bytes: int = 50 * 1024 * 1024
+    max_manifest_bytes: int = 1024 * 1024
+    max_module_source_bytes: int = 1024 * 1024
+    max_tasks: int = 5000
+    validation_memory_bytes: int = 256 * 1024 * 1024
+    tenant_storage_bytes: int = 1024 * 1024 * 1024
+    max_context_bytes: int = 16 * 1024 * 1024
+    build_concurrency: int = 2
+    max_build_download_bytes: int = 100 * 1024 * 1024
+    max_backlog: int = 0
+    agent_drain_timeout_s: float = 300.0
+    secret_key: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    debug: bool = False
+    allowed_hosts: str = "*"
+    hsts_seconds: int = 31536000
+    login_failure_limit: int = 5
+    login_lockout_s: int = 900
+    metrics_token: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def max_request_bytes(self) -> int:
+        """The largest request body any endpoint accepts: past it, 413 before Django runs."""
+        return max(self.max_package_bytes, self.max_context_bytes) + REQUEST_MARGIN_BYTES
+
+    @property
+    def allowed_host_list(self) -> list[str]:
+        """``allowed_hosts`` split and checked (see :func:`parse_allowed_hosts`)."""
+        return parse_allowed_hosts(self.allowed_hosts)
+
+    @property
+    def liveness_window_s(self) -> float:
+        """Seconds without a heartbeat after which an agent is declared dead."""
+        return self.heartbeat_interval_s * self.liveness_misses
+
+
+# A host name (optionally with a leading dot: the domain and its subdomains), an IPv4
+# address, a bracketed IPv6 address, or "*".
+_HOST = re.compile(
+    r"^(\*|\.?[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])$"
+)
+
+
+def parse_allowed_hosts(raw: str) -> list[str]:
+    """``CLOACINA_ALLOWED_HOSTS`` as Django's ALLOWED_HOSTS; ConfigError naming a bad entry."""
+    hosts = [part.strip() for part in raw.split(",")]
+    if not any(hosts):
+        raise ConfigError("CLOACINA_ALLOWED_HOSTS must name at least one host (or *)")
+    for host in hosts:
+        if not _HOST.match(host):
+            raise ConfigError(
+                f"CLOACINA_ALLOWED_HOSTS: {host!r} is not a host name, IP address or * "
+                "(no scheme, port or path; separate hosts with commas)"
+            )
+    return hosts
+
+
+def cloacina_home() -> Path:
+    return Path(os.environ.get("CLOACINA_HOME") or "~/.cloacina").expanduser()
+
+
+def _read_toml(home: Path) -> dict:
+    path = home / "config.toml"
+    if not path.exists():
+        return {}
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    server = data.get("server", {})
+    if not isinstance(server, dict):
+        raise ConfigError(f"{path}: [server] must be a table")
+    return server
+
+
+def _coerce(setting: Setting, raw: Any, source: str) -> Any:
+    name = setting.env if source == "environment" else f"{setting.toml_key} in config.toml"
+    if setting.kind is bool:
+        return raw if isinstance(raw, bool) else _parse_bool(name, str(raw))
+    if setting.kind is int:
+        return _parse_int(name, raw, int(setting.minimum))
+    if setting.kind is float:
+        return _parse_float(name, raw, float(setting.minimum))
+    return str(raw).strip()
+
+
+def read_settings(
+    settings: tuple[Setting, ...], environ: dict | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """``$CLOACINA_HOME`` and the values of ``settings`` given in the environment (first) or
+    the ``[server]`` table of its config.toml, checked; settings given in neither are left out."""
+    env = os.environ if environ is None else environ
+    home = Path(env.get("CLOACINA_HOME") or "~/.cloacina").expanduser()
+    toml = _read_toml(home)
+    values: dict[str, Any] = {}
+    for setting in settings:
+        if env.get(setting.env) not in (None, ""):
+            values[setting.attr] = _coerce(setting, env[setting.env], "environment")
+        elif setting.toml_key in toml:
+            values[setting.attr] = _coerce(setting, toml[setting.toml_key], "config.toml")
+    return home, values
+
+
+def load_config(environ: dict | None = None) -> Config:
+    """Build the configuration from env, config.toml and defaults (no flags)."""
+    env = os.environ if environ is None else environ
+    home, given = read_settings(SETTINGS, env)
+    values = {setting.attr: setting.default for setting in SETTINGS} | given
+    config = Config(home=home, database_url=env.get("DATABASE_URL") or None, **values)
+    _validate(config)
+    return config
+
+
+def _validate(config: Config) -> None:
+    if config.autoscale_down_threshold > config.autoscale_up_threshold:
+        raise ConfigError(
+            "CLOACINA_AUTOSCALE_DOWN_THRESHOLD must not exceed CLOACINA_AUTOSCALE_UP_THRESHOLD"
+        )
+    parse_allowed_hosts(config.allowed_hosts)
+    if config.wire_format not in ("json", "msgpack"):
+        raise ConfigError(
+            f"CLOACINA_WIRE_FORMAT must be json or msgpack, got {config.wire_format!r}"
+        )
+
+
+_config: Config | None = None
+
+
+def get_config() -> Config:
+    """The process-wide configuration (loaded once, then flag overrides applied)."""
+    global _config
+    if _config is None:
+        _config = load_config()
+    return _config
+
+
+def apply_overrides(**flags: Any) -> Config:
+    """Apply command-line flags (highest precedence); ``None`` means not given."""
+    global _config
+    given = {k: v for k, v in flags.items() if v is not None}
+    known = {f.name for f in fields(Config)}
+    unknown = set(given) - known
+    if unknown:
+        raise ConfigError(f"unknown configuration keys: {sorted(unknown)}")
+    _config = replace(get_config(), **given)
+    _validate(_config)
+    return _config
+
+
+def reset_config() -> None:
+    """Forget the loaded configuration (tests change the environment)."""
+    global _config
+    _config = None
