@@ -32,7 +32,7 @@ PASSWORD_FILE = "pg_password"
 SUPERUSER = "postgres"
 # The only access rules: every connection, socket or loopback, proves the password.
 HBA = """\
-# Written by Cloacina (fleet/platform/embedded_db.py): password (SCRAM) authentication only.
+# Written by Cloacina (cloacina_site/embedded_db.py): password (SCRAM) authentication only.
 local   all   all                  scram-sha-256
 host    all   all   127.0.0.1/32   scram-sha-256
 host    all   all   ::1/128        scram-sha-256
@@ -120,10 +120,20 @@ def _private_socket_dir(pgdata: Path, socket_dir: Path | None) -> None:
     os.chmod(socket_dir, 0o700)
 
 
+def _rules(hba_text: str) -> list[list[str]]:
+    """The lines of a pg_hba.conf that say something: its comments may name an older path of
+    this module (a data directory keeps the file it was first given)."""
+    return [
+        line.split()
+        for line in hba_text.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
 def _require_password(pgdata: Path, trust_url: str, password: str) -> None:
     """Make the server ask for ``password``: migrate a still-trusting data directory."""
     hba = pgdata / "pg_hba.conf"
-    if hba.read_text() == HBA:
+    if _rules(hba.read_text()) == _rules(HBA):
         _check_password(with_password(trust_url, password), pgdata)
         return
     import psycopg
