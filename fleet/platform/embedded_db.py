@@ -120,7 +120,7 @@ def _private_socket_dir(pgdata: Path, socket_dir: Path | None) -> None:
     os.chmod(socket_dir, 0o700)
 
 
-def _rules(hba_text: str) -> list[list[str]]:
+def hba_rules(hba_text: str) -> list[list[str]]:
     """The lines of a pg_hba.conf that say something: its comments may name an older path of
     this module (a data directory keeps the file it was first given)."""
     return [
@@ -133,7 +133,7 @@ def _rules(hba_text: str) -> list[list[str]]:
 def _require_password(pgdata: Path, trust_url: str, password: str) -> None:
     """Make the server ask for ``password``: migrate a still-trusting data directory."""
     hba = pgdata / "pg_hba.conf"
-    if _rules(hba.read_text()) == _rules(HBA):
+    if hba_rules(hba.read_text()) == hba_rules(HBA):
         _check_password(with_password(trust_url, password), pgdata)
         return
     import psycopg
