@@ -13,13 +13,15 @@ import os
 import signal
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from agents.models import Agent
 from fleet.control.actuators.process import ProcessActuator
-from fleet.models import ApiKey, Role
+from fleet.models import AffinityBinding, ApiKey, Role
 
 STAND_IN = """
 import json, os, signal, sys, time
@@ -188,3 +190,28 @@ def test_nothing_starts_before_the_server_listens(tmp_path, tenant):
     result = act.reconcile(tenant, 2)
     assert result.started == 0 and "not listening" in result.notes[0]
     assert not ApiKey.objects.exists()
+
+
+def test_scale_down_drains_through_the_agent_lifecycle_deadline_and_bindings_included(
+    actuator, tenant, records
+):
+    """The actuator drains like the API does (one owner of the transition): the draining agent
+    gets a deadline (past it the liveness sweep evicts it) and loses its affinity bindings,
+    so bound work binds afresh to an agent that stays."""
+    actuator.reconcile(tenant, 2)
+    handles = sorted(actuator.actual(tenant), key=lambda h: int(h.name.rsplit("-", 1)[1]))
+    agents = [register(tenant, h) for h in handles]
+    for h in handles:
+        record_of(records, h.name)
+    for agent in agents:
+        AffinityBinding.objects.create(
+            tenant=tenant, kind="definition", key=agent.name, agent=agent
+        )
+    before = timezone.now()
+    actuator.reconcile(tenant, 1)
+    newest = Agent.objects.get(pk=agents[-1].pk)
+    assert newest.state == "draining" and newest.drain_requested_at is not None
+    assert newest.drain_deadline is not None
+    assert timedelta(0) < newest.drain_deadline - before < timedelta(seconds=0.5 + 5)
+    bound = set(AffinityBinding.objects.values_list("agent_id", flat=True))
+    assert bound == {agents[0].pk}
