@@ -2,8 +2,8 @@
 
 from ninja import NinjaAPI
 
-from agents.api import router as agents_router
-from artifacts.api import router as artifacts_router
+from agents.surface.api import router as agents_router
+from artifacts.surface.api import router as artifacts_router
 from fleet.api.contract import (
     ObjectBodyParser,
     document_shared_contract,

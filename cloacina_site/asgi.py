@@ -16,7 +16,7 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
-from agents.routing import websocket_urlpatterns  # noqa: E402
+from agents.surface.routing import websocket_urlpatterns  # noqa: E402
 from cloacina_site.daphne_limits import body_too_large_detail  # noqa: E402
 from fleet.platform.config import get_config  # noqa: E402
 

@@ -20,12 +20,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from fleet.executors.fleet import ledger
-
 # The delivery counters and the agent-fabric and selector metrics (agents connected, connects, state changes,
 # heartbeats, back-pressure, selection) register themselves on import.
 from fleet.executors.fleet.delivery import metrics as delivery_metrics  # noqa: F401
 from fleet.executors.fleet.routing import metrics as routing_metrics  # noqa: F401
+from fleet.executors.fleet.state import ledger
 from fleet.platform.config import get_config
 from fleet.platform.db_pool import PoolCollector
 

@@ -34,7 +34,7 @@ from fleet.bench import workload
 from fleet.bench.cpu import CpuMeter, tree_cpu_seconds
 from fleet.bench.default import BENCH_TENANT, bench_tenant_key
 from fleet.bench.server import REPO, Api, BenchServer
-from fleet.executors.fleet import ledger
+from fleet.executors.fleet.state import ledger
 from fleet.models import ApiKey, DeliveryOutbox, Tenant
 
 AGENT_SLOTS = 16  # task slots per agent (runagent --max-concurrency)

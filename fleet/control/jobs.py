@@ -20,10 +20,10 @@ from fleet.control.actuators.base import Actuator, ReconcileResult
 from fleet.control.actuators.docker import DockerActuator
 from fleet.control.actuators.noop import NoopActuator
 from fleet.control.actuators.process import REPO, ProcessActuator
+from fleet.control.actuators.settings import ControlSettings, load_control_settings
 from fleet.control.autoscaler import autoscale_tick
 from fleet.control.leadership import StickyLeadership
 from fleet.control.reconciler import reconcile_all
-from fleet.control.settings import ControlSettings, load_control_settings
 from fleet.engine.executor import PeriodicJob
 from fleet.models import AutoscaleDecision, ServerInstance
 from fleet.platform.config import Config, ConfigError

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from fleet.control.actuators.base import Actuator, ReconcileResult
-from fleet.control.naming import tenant_label
+from fleet.control.actuators.naming import tenant_label
 from fleet.models import Tenant
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleet.control.settings import ControlSettings
+from fleet.control.actuators.settings import ControlSettings
 from fleet.platform.config import ConfigError
 
 ACTUATORS = ("none", "process", "docker", "kubernetes")

@@ -67,7 +67,7 @@ REQUEST_MARGIN_BYTES = 1024 * 1024
 
 # How long a draining agent may take to finish its in-flight work: drained through the
 # API/console, it is evicted after this; stopped by an actuator, it is killed after this.
-# The control plane reads the same Setting (fleet/control/settings.py).
+# The control plane reads the same Setting (fleet/control/actuators/settings.py).
 AGENT_DRAIN_TIMEOUT = Setting(
     "agent_drain_timeout_s",
     "CLOACINA_AGENT_DRAIN_TIMEOUT_S",

@@ -32,7 +32,7 @@ PASSWORD_FILE = "pg_password"
 SUPERUSER = "postgres"
 # The only access rules: every connection, socket or loopback, proves the password.
 HBA = """\
-# Written by Cloacina (cloacina_site/embedded_db.py): password (SCRAM) authentication only.
+# Written by Cloacina (fleet/platform/embedded_db.py): password (SCRAM) authentication only.
 local   all   all                  scram-sha-256
 host    all   all   127.0.0.1/32   scram-sha-256
 host    all   all   ::1/128        scram-sha-256

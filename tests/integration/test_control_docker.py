@@ -9,9 +9,9 @@ import pytest
 
 from agents.models import Agent
 from fleet.control.actuators.docker import DockerActuator
-from fleet.control.naming import tenant_label
+from fleet.control.actuators.naming import tenant_label
+from fleet.control.actuators.settings import ControlSettings
 from fleet.control.reconciler import reconcile_all
-from fleet.control.settings import ControlSettings
 from fleet.models import ApiKey, Role, Tenant
 from tests.support.fakes.docker_engine import FakeDockerEngine
 

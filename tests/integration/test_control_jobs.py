@@ -7,10 +7,10 @@ import docker
 import pytest
 
 from fleet.control.actuators.docker import DockerActuator
+from fleet.control.actuators.naming import tenant_label
+from fleet.control.actuators.settings import ControlSettings
 from fleet.control.jobs import control_tick
 from fleet.control.leadership import StickyLeadership
-from fleet.control.naming import tenant_label
-from fleet.control.settings import ControlSettings
 from fleet.models import AutoscaleDecision, Tenant
 from fleet.platform.advisory_locks import lock_id_for
 from fleet.platform.config import load_config

@@ -18,10 +18,10 @@ from kubernetes import client as k8s
 from agents.models import Agent
 from fleet.control.actuators import kubernetes_manifests as m
 from fleet.control.actuators.kubernetes import KubernetesActuator
+from fleet.control.actuators.naming import tenant_label, tenant_namespace
+from fleet.control.actuators.settings import ControlSettings
 from fleet.control.jobs import build_actuator
-from fleet.control.naming import tenant_label, tenant_namespace
 from fleet.control.reconciler import reconcile_all
-from fleet.control.settings import ControlSettings
 from fleet.control.substrate import SubstrateProbe
 from fleet.models import ApiKey, Role, Tenant
 from fleet.platform.config import load_config

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from agents import consumers
 from agents.models import Agent
+from agents.surface import consumers
 from fleet.executors.fleet.delivery import local_sockets
 from fleet.executors.fleet.delivery.placement import place_task
 from fleet.executors.fleet.delivery.relay import Relay

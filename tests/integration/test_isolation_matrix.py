@@ -519,7 +519,7 @@ def url_names(patterns=None, namespace: str = "", prefix: str = "") -> list[tupl
 
 
 def test_every_endpoint_has_a_case():
-    from agents.routing import websocket_urlpatterns
+    from agents.surface.routing import websocket_urlpatterns
 
     names = {name for name, route in url_names() if not is_admin(name, route)}
     assert names - set(CASES) == set(), "endpoints without an isolation case"

@@ -90,7 +90,7 @@ def test_the_docker_and_kubernetes_actuators_keys_are_never_logged(db, tenant, c
 
     from fleet.control.actuators.docker import DockerActuator
     from fleet.control.actuators.kubernetes import KubernetesActuator
-    from fleet.control.settings import ControlSettings
+    from fleet.control.actuators.settings import ControlSettings
     from tests.support.fakes.docker_engine import FakeDockerEngine
     from tests.support.fakes.kubernetes_api import SETTINGS, FakeKubernetesApi
 

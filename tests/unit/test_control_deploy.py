@@ -11,7 +11,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from fleet.control.settings import CONTROL_SETTINGS, ControlSettings
+from fleet.control.actuators.settings import CONTROL_SETTINGS, ControlSettings
 from fleet.platform.config import SETTINGS
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from kubernetes import client as k8s
 
 from fleet.control.actuators import kubernetes_manifests as m
 from fleet.control.actuators.kubernetes import KubernetesActuator
-from fleet.control.naming import tenant_label, tenant_namespace
+from fleet.control.actuators.naming import tenant_label, tenant_namespace
 from tests.support.fakes.kubernetes_api import SETTINGS, FakeKubernetesApi
 
 MODELS = {

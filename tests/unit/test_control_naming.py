@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.control.naming import (
+from fleet.control.actuators.naming import (
     NAMESPACE_PREFIX,
     is_dns_label,
     tenant_label,

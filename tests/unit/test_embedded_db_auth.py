@@ -23,7 +23,7 @@ def test_a_pg_hba_written_when_this_module_lived_elsewhere_still_counts_as_confi
     """Data directories keep the pg_hba.conf they were first given; its comment names the
     module's path at that time.  Only the rules decide, so moving the module never sends a
     configured directory down the "still trusting" path (which would fail to connect)."""
-    older = embedded_db.HBA.replace("(cloacina_site/embedded_db.py)", "(somewhere/else.py)")
+    older = embedded_db.HBA.replace("(fleet/platform/embedded_db.py)", "(somewhere/else.py)")
     assert older != embedded_db.HBA
     assert embedded_db.hba_rules(older) == embedded_db.hba_rules(embedded_db.HBA)
     trusting = "local all all trust\nhost all all 127.0.0.1/32 trust\n"

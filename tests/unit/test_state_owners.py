@@ -1,6 +1,6 @@
 """One owner per state machine (issue 14): only the owners name the tables in SQL.
 
-* ``delivery_outbox`` — only the slots/outbox owner (fleet/executors/fleet/ledger.py);
+* ``delivery_outbox`` — only the slots/outbox owner (fleet/executors/fleet/state/ledger.py);
 * ``agents_agent`` — only the agent lifecycle (fleet/executors/fleet/lifecycle.py) and the slots owner
   (the slot counter lives on that table);
 * ``in_flight`` is written (``in_flight =`` / ``+`` / ``-`` in SQL, or an ORM
@@ -9,7 +9,7 @@
 Strings are read with ``ast`` (comments never count); docstrings are prose, not SQL, and
 the models' ``db_table`` declarations and migrations are where the tables are defined.
 Everyone else reads through the ORM, a function of an owner, or the fragments an owner
-exports (``fleet.executors.fleet.ledger.AGENTS`` / ``OUTBOX`` and its predicates).
+exports (``fleet.executors.fleet.state.ledger.AGENTS`` / ``OUTBOX`` and its predicates).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("fleet", "agents", "artifacts", "cloacina_site")
-SLOTS_OWNER = "fleet/executors/fleet/ledger.py"
+SLOTS_OWNER = "fleet/executors/fleet/state/ledger.py"
 LIFECYCLE_OWNER = "fleet/executors/fleet/lifecycle.py"
 OWNERS = {
     "agents_agent": {SLOTS_OWNER, LIFECYCLE_OWNER},

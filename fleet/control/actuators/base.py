@@ -2,7 +2,7 @@
 
 An actuator owns the mechanism only (processes, containers, a Deployment); the
 number comes from the control plane.  Every call is scoped to one tenant,
-identified on the substrate by its label (:func:`fleet.control.naming.tenant_label`),
+identified on the substrate by its label (:func:`fleet.control.actuators.naming.tenant_label`),
 so an actuator never lists, starts or stops another tenant's agents.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 
-from fleet.control.naming import tenant_label
+from fleet.control.actuators.naming import tenant_label
 from fleet.executors.fleet import lifecycle
 from fleet.models import ApiKey, Role, Tenant
 

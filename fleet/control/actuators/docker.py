@@ -29,7 +29,7 @@ from fleet.control.actuators.base import (
     mint_agent_key,
     revoke_keys,
 )
-from fleet.control.settings import ControlSettings
+from fleet.control.actuators.settings import ControlSettings
 from fleet.executors.fleet import lifecycle
 from fleet.models import Tenant
 

@@ -1,7 +1,7 @@
 """CLOACINA_FLEET_ACTUATOR=kubernetes: one agent Deployment per tenant, replicas = desired_count.
 
 Each tenant gets its own namespace ``cloacina-tenant-<slug>`` (see
-:mod:`fleet.control.naming`); everything the actuator reads or writes for a
+:mod:`fleet.control.actuators.naming`); everything the actuator reads or writes for a
 tenant lives there, so it can never touch another tenant's workloads.
 
 Keys: one shared agent key per tenant, in the Secret ``cloacina-agent-key``
@@ -34,8 +34,8 @@ from fleet.control.actuators.base import (
     mint_agent_key,
     revoke_keys,
 )
-from fleet.control.naming import NAMESPACE_PREFIX
-from fleet.control.settings import ControlSettings
+from fleet.control.actuators.naming import NAMESPACE_PREFIX
+from fleet.control.actuators.settings import ControlSettings
 from fleet.models import ApiKey, Tenant
 
 log = logging.getLogger(__name__)

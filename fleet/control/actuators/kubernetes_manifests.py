@@ -17,7 +17,7 @@ import base64
 import logging
 import math
 
-from fleet.control.settings import ControlSettings
+from fleet.control.actuators.settings import ControlSettings
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from django.db import connection
 from fleet.engine.batcher import Batcher
 from fleet.engine.events import ExecutionResult, ExecutionStatus, ExecutorMetrics, TaskReadyEvent
 from fleet.engine.executor import PeriodicJob, TaskExecutor
-from fleet.executors.fleet import ledger, result_batches, socket_writes
+from fleet.executors.fleet import result_batches, socket_writes
 from fleet.executors.fleet.delivery import db as delivery_db
 from fleet.executors.fleet.delivery import local_sockets, outbox_ack
 from fleet.executors.fleet.delivery.batch_placement import place_tasks
@@ -55,6 +55,7 @@ from fleet.executors.fleet.delivery.wait_reasons import (
 )
 from fleet.executors.fleet.delivery.waiting import wait_event, wait_or_none
 from fleet.executors.fleet.lifecycle import sweep_dead_agents
+from fleet.executors.fleet.state import ledger
 from fleet.platform.config import Config
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@
 * **retire** — revoking an API key declares the agents registered with it dead at
   once (their sockets close at the next beat, re-registering is refused).
 
-Slot accounting is the ledger's (:mod:`fleet.executors.fleet.ledger`): this module clears a dead
+Slot accounting is the ledger's (:mod:`fleet.executors.fleet.state.ledger`): this module clears a dead
 agent's slots with its fragment and never writes ``in_flight`` otherwise.
 """
 
@@ -39,9 +39,9 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from agents.models import Agent, AgentState
-from fleet.executors.fleet import ledger
 from fleet.executors.fleet.delivery.liveness import reclaim_in_flight, reclaim_orphaned_work
 from fleet.executors.fleet.routing import affinity, groups
+from fleet.executors.fleet.state import ledger
 from fleet.models import ApiKey, Eviction
 from fleet.platform.config import get_config
 from fleet.platform.errors import DomainError, ErrorKind
@@ -102,7 +102,7 @@ WHERE id = %s AND tenant_id = %s AND state <> 'dead'
 RETURNING state, drain_requested_at IS NOT NULL
 """
 
-# The socket writer's batched beats (fleet/executors/fleet/executor/socket_writes.py).  The agent rows
+# The socket writer's batched beats (fleet/executors/fleet/socket_writes.py).  The agent rows
 # are locked in id order first, as every writer of several agent rows does (placement
 # batches, result batches): otherwise two such statements could deadlock.
 BEAT_MANY = """

@@ -29,10 +29,10 @@ from fleet.engine.results import (
     release_slots,
     result_handler,
 )
-from fleet.executors.fleet import ledger
 from fleet.executors.fleet.delivery.metrics import RESULTS
 from fleet.executors.fleet.delivery.rendezvous import Outcome as Wake
 from fleet.executors.fleet.delivery.rendezvous import announce_many
+from fleet.executors.fleet.state import ledger
 
 log = logging.getLogger(__name__)
 

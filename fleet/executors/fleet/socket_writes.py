@@ -28,10 +28,11 @@ import psycopg
 from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 
-from fleet.executors.fleet import ledger, lifecycle
+from fleet.executors.fleet import lifecycle
 from fleet.executors.fleet.delivery import local_sockets
 from fleet.executors.fleet.delivery.pg import connect_async
 from fleet.executors.fleet.delivery.waiting import wait_event
+from fleet.executors.fleet.state import ledger
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ RECONNECT_MAX_S = 2.0
 CLOSE_MALFORMED = 4400  # the close code of a socket whose write the database refused
 
 # Confirmations (the ledger's statements) never wait for a row lock; one whose row was
-# not marked is tried again a few rounds (fleet/executors/fleet/ledger.py says why).
+# not marked is tried again a few rounds (fleet/executors/fleet/state/ledger.py says why).
 RECEIVED_TRIES = 20  # rounds a confirmation that was not marked is tried again
 RECEIVED_RETRY_S = 0.01
 # Under load, rounds of confirmations are at least this far apart, so each statement

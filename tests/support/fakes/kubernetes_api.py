@@ -15,7 +15,7 @@ import ssl
 import uuid
 from datetime import UTC, datetime
 
-from fleet.control.settings import ControlSettings
+from fleet.control.actuators.settings import ControlSettings
 from tests.support.fakes.http_fake import FakeHttpServer, HttpError, Response
 
 _KINDS = {

@@ -23,7 +23,7 @@ import uuid
 from django.db import connection
 
 from fleet.engine.context import build_task_context, encode_context
-from fleet.executors.fleet import ledger
+from fleet.executors.fleet.state import ledger
 from fleet.platform.config import get_config
 
 FRAME_LIMIT_BYTES = 1024 * 1024  # the protocol's frame limit

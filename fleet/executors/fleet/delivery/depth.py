@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import connection
 
-from fleet.executors.fleet import ledger
+from fleet.executors.fleet.state import ledger
 
 SAMPLE_INTERVAL_S = 10.0
 

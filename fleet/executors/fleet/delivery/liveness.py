@@ -28,8 +28,8 @@ from django.db.models import F
 from agents.models import Agent, AgentState
 from artifacts.models import WorkflowPackage
 from artifacts.store.queries import resolve_artifact, runnable_triples
-from fleet.executors.fleet import ledger
 from fleet.executors.fleet.delivery.placement import reserve_for_reclaim
+from fleet.executors.fleet.state import ledger
 from fleet.models import DeliveryOutbox, Eviction, TaskExecution, TaskStatus
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ the liveness sweeper can move to a survivor.  The engine knows no outbox: the
 result handler folds :data:`OUTBOX_SETTLE_HOOK`'s fragments into its own
 statements (fleet/engine/hooks.py), so the ack and the slot release cost no
 statement of their own on the hot path.  The fragments and statements are the
-ledger's (:mod:`fleet.executors.fleet.ledger`, the one owner of slots and outbox state).
+ledger's (:mod:`fleet.executors.fleet.state.ledger`, the one owner of slots and outbox state).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import uuid
 
 from fleet.engine.hooks import SettleHook, register_settle_hook
-from fleet.executors.fleet import ledger
+from fleet.executors.fleet.state import ledger
 
 
 class OutboxSettleHook(SettleHook):

@@ -19,8 +19,8 @@ The reservation is one routine for 1..N slots (:func:`reserve`): a task with
 selectors or bindings, a lone task, or a reclaimed packet takes one slot in one
 statement (:func:`reserve_agent`, with what the slot is for folded into the same
 statement); plain tasks of one package placed together take N slots in one
-statement (the batch form, :data:`fleet.executors.fleet.ledger.RESERVE_AND_ENQUEUE`).  The SQL that
-takes the slot and writes the packet is the ledger's (:mod:`fleet.executors.fleet.ledger`).
+statement (the batch form, :data:`fleet.executors.fleet.state.ledger.RESERVE_AND_ENQUEUE`).  The SQL that
+takes the slot and writes the packet is the ledger's (:mod:`fleet.executors.fleet.state.ledger`).
 :mod:`fleet.executors.fleet.delivery.batch_placement` claims batches and :mod:`fleet.executors.fleet.delivery.liveness`
 reclaims a dead agent's packets through this module.
 """
@@ -45,7 +45,6 @@ from fleet.engine.claims import RESULT_GRACE_S, Claim, claim_task, release_claim
 from fleet.engine.context import build_task_context, encode_context
 from fleet.engine.events import ExecutionStatus
 from fleet.engine.results import TaskReport, result_handler
-from fleet.executors.fleet import ledger
 from fleet.executors.fleet.delivery import context_ref, local_sockets
 from fleet.executors.fleet.delivery.outbox import PackageRef, work_packet
 from fleet.executors.fleet.routing import selection
@@ -53,6 +52,7 @@ from fleet.executors.fleet.routing.candidates import ReservedAgent, candidate_pa
 from fleet.executors.fleet.routing.health import DEGRADED_SQL
 from fleet.executors.fleet.routing.metrics import SELECTION_FAILURE
 from fleet.executors.fleet.routing.selectors import CANDIDATES, UNCONSTRAINED, Choice, SelectorError
+from fleet.executors.fleet.state import ledger
 from fleet.models import Outcome, TaskExecution, TaskOutcome, TaskStatus
 from fleet.platform.config import get_config
 
@@ -233,7 +233,7 @@ def reserve_agent(
     a caller can insert what the slot is for without holding the agent's row lock any
     longer than the statement and the commit (:func:`enqueue_on_best_agent`).  Runs in
     the caller's transaction; the slot is given back when the outbox row is acked
-    (:mod:`fleet.executors.fleet.ledger`).
+    (:mod:`fleet.executors.fleet.state.ledger`).
     """
     choice = choice or UNCONSTRAINED
     params = {**choice.params, **candidate_params(tenant_id, triples), **(then_params or {})}

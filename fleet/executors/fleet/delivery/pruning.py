@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.db import connection
 
-from fleet.executors.fleet import ledger
+from fleet.executors.fleet.state import ledger
 from fleet.platform.config import get_config
 
 PRUNE_BATCH = 5000  # rows per DELETE, so one sweep never holds long locks

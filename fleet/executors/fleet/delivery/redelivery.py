@@ -26,8 +26,8 @@ from django.db import connection, transaction
 
 from fleet.engine import ready_queue
 from fleet.engine.results import TaskReport, result_handler
-from fleet.executors.fleet import ledger
 from fleet.executors.fleet.delivery.metrics import UNCONFIRMED_LOST
+from fleet.executors.fleet.state import ledger
 from fleet.models import Outcome
 from fleet.platform.config import get_config
 

@@ -30,11 +30,11 @@ from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 
 from fleet.engine.claims import RESULT_GRACE_S
-from fleet.executors.fleet import ledger
 from fleet.executors.fleet.delivery import local_sockets
 from fleet.executors.fleet.delivery.metrics import DISPATCH_LATENCY
 from fleet.executors.fleet.delivery.pg import connect_async
 from fleet.executors.fleet.delivery.waiting import wait_event
+from fleet.executors.fleet.state import ledger
 
 log = logging.getLogger(__name__)
 

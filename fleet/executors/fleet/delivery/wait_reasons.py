@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from django.db import connection
 
-from fleet.executors.fleet import ledger
 from fleet.executors.fleet.routing.candidates import no_capacity_reason
+from fleet.executors.fleet.state import ledger
 from fleet.platform.config import get_config
 
 WAIT_REASON_INTERVAL_S = 2.0

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from django.db import connection
 
 from fleet.engine.context import encode_context
-from fleet.executors.fleet import ledger
 from fleet.executors.fleet.routing.selectors import SelectorError
+from fleet.executors.fleet.state import ledger
 from fleet.models import AffinityBinding, BindingKind
 
 BINDING_LOCK_CLASS = 0x42494E44  # pg_advisory_xact_lock(class, hashtext(tenant:key))

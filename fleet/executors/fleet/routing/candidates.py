@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from django.db import connection
 
-from fleet.executors.fleet import ledger
 from fleet.executors.fleet.routing.health import degraded_after_s
 from fleet.executors.fleet.routing.selectors import Choice
+from fleet.executors.fleet.state import ledger
 from fleet.models import Tenant
 from fleet.platform.config import get_config
 

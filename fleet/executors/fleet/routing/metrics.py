@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from fleet.executors.fleet import ledger
+from fleet.executors.fleet.state import ledger
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 from django.db import connection
 
-from fleet.executors.fleet import ledger
 from fleet.executors.fleet.routing import affinity, groups
 from fleet.executors.fleet.routing.affinity import BindingKey
 from fleet.executors.fleet.routing.candidates import ReservedAgent, no_capacity_reason
@@ -33,6 +32,7 @@ from fleet.executors.fleet.routing.metrics import (
     SELECTION_SUCCESS,
 )
 from fleet.executors.fleet.routing.selectors import UNCONSTRAINED, Choice, Selectors, compile_choice
+from fleet.executors.fleet.state import ledger
 from fleet.models import Tenant
 from fleet.platform.config import get_config
 

@@ -32,8 +32,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet.executors.fleet import ledger
 from fleet.executors.fleet.routing.health import DEGRADED_SQL
+from fleet.executors.fleet.state import ledger
 
 SCORE_TIE = 10.0  # fallback scores this close to the best count as best: round-robin among them
 

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from agents.consumers import AgentDeliveryConsumer
+from agents.surface.consumers import AgentDeliveryConsumer
 
 websocket_urlpatterns: list = [
     path("ws/agents/<str:agent_id>/", AgentDeliveryConsumer.as_asgi()),

@@ -1,0 +1,1 @@
+"""What agents reach: the REST endpoints and the delivery WebSocket."""

@@ -1,0 +1,1 @@
+"""Slot accounting and outbox state: the fleet's bottom layer (ledger.py)."""
