@@ -10,17 +10,7 @@ from tests.support.console import *  # noqa: F403 (the console fixtures, for the
 from tests.support.hostile import TENANT, Served
 from tests.support.keys import tenant_keys
 from tests.support.processes import Processes
-from tests.support.tenancy import (  # noqa: F401
-    admin_key,
-    agent_key,
-    close_delivery_pool,
-    other_tenant,
-    other_write_key,
-    read_key,
-    short_liveness,
-    tenant,
-    write_key,
-)
+from tests.support.tenancy import *  # noqa: F403 (the tenant and key fixtures)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-SERVER_URL = {"CLOACINA_FLEET_SERVER_URL": "http://cloacina.example:8000"}
+from tests.support.substrate import SERVER_URL
 
 
 @pytest.mark.e2e

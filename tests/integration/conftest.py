@@ -6,14 +6,4 @@ from __future__ import annotations
 
 from tests.support.console import *  # noqa: F403 (the console fixtures)
 from tests.support.packages import local_index  # noqa: F401
-from tests.support.tenancy import (  # noqa: F401
-    admin_key,
-    agent_key,
-    close_delivery_pool,
-    other_tenant,
-    other_write_key,
-    read_key,
-    short_liveness,
-    tenant,
-    write_key,
-)
+from tests.support.tenancy import *  # noqa: F403 (the tenant and key fixtures)

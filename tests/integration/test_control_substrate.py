@@ -8,22 +8,10 @@ from __future__ import annotations
 import pytest
 
 from fleet.control.actuators.docker import DockerActuator
-from fleet.control.jobs import build_actuator
-from fleet.control.substrate import SubstrateProbe
-from fleet.platform.config import ConfigError, load_config
+from fleet.platform.config import ConfigError
 from tests.support.fakes.docker_engine import FakeDockerEngine
 from tests.support.processes import free_port
-
-SERVER_URL = {"CLOACINA_FLEET_SERVER_URL": "http://cloacina.example:8000"}
-
-
-def build(tmp_path, actuator, env=None, sa_dir=None, ping=None):
-    env = {"CLOACINA_HOME": str(tmp_path), **(env or {})}
-    probe_kwargs = {"environ": env, "service_account_dir": sa_dir or tmp_path / "no-such-sa"}
-    if ping is not None:
-        probe_kwargs["docker_ping"] = ping
-    config = load_config({**env, "CLOACINA_FLEET_ACTUATOR": actuator})
-    return build_actuator(config, probe=SubstrateProbe(**probe_kwargs))
+from tests.support.substrate import SERVER_URL, build
 
 
 def test_docker_refuses_when_no_daemon_answers(tmp_path):

@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 
-import psutil
 import pytest
 
 from artifacts.store.build import canonical_archive
@@ -20,12 +19,8 @@ from artifacts.store.testing import (
     package_files,
     parse_bomb,
 )
-from artifacts.store.validation import (
-    PackageError,
-    PackageLimitError,
-    ValidationLimits,
-    validate_package,
-)
+from artifacts.store.validation import PackageError, PackageLimitError, validate_package
+from tests.support.packages import MB, limits, rss_mb
 from tests.support.processes import REPO
 
 
@@ -107,23 +102,6 @@ def test_the_build_is_deterministic_across_formats_and_order():
     as_tar = validate_package(build_archive(files)).members
     as_zip = validate_package(build_archive(dict(reversed(files.items())), "zip")).members
     assert canonical_archive(as_tar) == canonical_archive(as_zip)
-
-
-MB = 1024 * 1024
-
-
-def limits(**overrides) -> ValidationLimits:
-    base = {
-        "max_manifest_bytes": MB,
-        "max_module_source_bytes": MB,
-        "max_tasks": 5000,
-        "memory_bytes": 256 * MB,
-    }
-    return ValidationLimits(**(base | overrides))
-
-
-def rss_mb() -> float:
-    return psutil.Process().memory_info().rss / MB
 
 
 def test_a_bomb_under_the_size_limit_runs_out_of_the_parsing_childs_memory_not_ours():

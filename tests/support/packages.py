@@ -1,5 +1,6 @@
 """Packages for the API tests: archives (valid, native, hostile), the upload and build
-calls a client makes, wheels and the local find-links index pip resolves them from."""
+calls a client makes, wheels and the local find-links index pip resolves them from; and
+the validation limits and memory reading the package-validation tests share."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import psutil
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
@@ -16,6 +18,7 @@ from django.test import Client
 from agents.sandbox import archive
 from artifacts.builds.runner import BuildRunner
 from artifacts.store.testing import build_archive, manifest_toml, package_files, parse_bomb
+from artifacts.store.validation import ValidationLimits
 from tests.support.keys import bearer
 
 ARM = "aarch64-unknown-linux-gnu"
@@ -229,3 +232,23 @@ def local_index(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(links))
     return links
+
+
+MB = 1024 * 1024
+
+
+def limits(**overrides) -> ValidationLimits:
+    """Validation limits of 1 MB per manifest and module, 5,000 tasks and a 256 MB parsing
+    child, with ``overrides`` on top."""
+    base = {
+        "max_manifest_bytes": MB,
+        "max_module_source_bytes": MB,
+        "max_tasks": 5000,
+        "memory_bytes": 256 * MB,
+    }
+    return ValidationLimits(**(base | overrides))
+
+
+def rss_mb() -> float:
+    """This test process's resident memory, in MB."""
+    return psutil.Process().memory_info().rss / MB

@@ -1,7 +1,8 @@
 """Tenant and API-key fixtures: tenants acme and globex and a key of each role.
 
 Registered by the conftest.py of each layer that touches the database
-(tests/integration, tests/e2e); unit tests have no database and take none of them.
+(tests/integration, tests/e2e: ``from tests.support.tenancy import *``); unit tests have
+no database and take none of them.
 """
 
 from __future__ import annotations
@@ -9,6 +10,18 @@ from __future__ import annotations
 import pytest
 
 from tests.support.keys import mint_key
+
+__all__ = [
+    "admin_key",
+    "agent_key",
+    "close_delivery_pool",
+    "other_tenant",
+    "other_write_key",
+    "read_key",
+    "short_liveness",
+    "tenant",
+    "write_key",
+]
 
 
 @pytest.fixture
@@ -25,19 +38,18 @@ def other_tenant(db):
     return Tenant.objects.create(name="globex")
 
 
-@pytest.fixture
-def write_key(tenant) -> str:
-    return mint_key("write", tenant)
+def _tenant_key(role: str):
+    """The fixture ``<role>_key``: a key of that role for tenant acme."""
+
+    def key(tenant) -> str:
+        return mint_key(role, tenant)
+
+    return pytest.fixture(key, name=f"{role}_key")
 
 
-@pytest.fixture
-def read_key(tenant) -> str:
-    return mint_key("read", tenant)
-
-
-@pytest.fixture
-def agent_key(tenant) -> str:
-    return mint_key("agent", tenant)
+write_key = _tenant_key("write")
+read_key = _tenant_key("read")
+agent_key = _tenant_key("agent")
 
 
 @pytest.fixture

@@ -13,9 +13,8 @@ import pytest
 from kubernetes import client as k8s
 
 from fleet.control.actuators import kubernetes_manifests as m
-from fleet.control.actuators.kubernetes import KubernetesActuator
 from fleet.control.actuators.naming import tenant_label, tenant_namespace
-from tests.support.fakes.kubernetes_api import SETTINGS, FakeKubernetesApi
+from tests.support.fakes.kubernetes_api import SETTINGS
 
 MODELS = {
     "Deployment": k8s.V1Deployment,
@@ -102,20 +101,3 @@ def test_the_agent_pod_is_hardened():
     assert key_env["valueFrom"] == {
         "secretKeyRef": {"name": "cloacina-agent-key", "key": "api-key"}
     }
-
-
-# -- the actuator against the fake API server -----------------------------------------
-@pytest.fixture
-def api():
-    with FakeKubernetesApi() as fake:
-        yield fake
-
-
-def make_actuator(api, settings=SETTINGS):
-    configuration = k8s.Configuration(host=api.host)
-    return KubernetesActuator(settings, k8s.ApiClient(configuration))
-
-
-@pytest.fixture
-def actuator(api):
-    return make_actuator(api)

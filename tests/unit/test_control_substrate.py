@@ -9,20 +9,10 @@ import pytest
 
 from fleet.control.actuators.noop import NoopActuator
 from fleet.control.actuators.process import ProcessActuator
-from fleet.control.jobs import build_actuator, control_plane_jobs
-from fleet.control.substrate import SubstrateProbe, guard_process
+from fleet.control.jobs import control_plane_jobs
+from fleet.control.substrate import guard_process
 from fleet.platform.config import ConfigError, load_config
-
-SERVER_URL = {"CLOACINA_FLEET_SERVER_URL": "http://cloacina.example:8000"}
-
-
-def build(tmp_path, actuator, env=None, sa_dir=None, ping=None):
-    env = {"CLOACINA_HOME": str(tmp_path), **(env or {})}
-    probe_kwargs = {"environ": env, "service_account_dir": sa_dir or tmp_path / "no-such-sa"}
-    if ping is not None:
-        probe_kwargs["docker_ping"] = ping
-    config = load_config({**env, "CLOACINA_FLEET_ACTUATOR": actuator})
-    return build_actuator(config, probe=SubstrateProbe(**probe_kwargs))
+from tests.support.substrate import SERVER_URL, build
 
 
 def service_account(tmp_path, token=True, ca=True):

@@ -11,7 +11,6 @@ import tarfile
 import time
 import zipfile
 
-import psutil
 import pytest
 
 from agents.protocol.triples import TripleError, host_triple, parse_triple
@@ -27,12 +26,8 @@ from artifacts.store.testing import (
     package_files,
     parse_bomb,
 )
-from artifacts.store.validation import (
-    PackageError,
-    PackageLimitError,
-    ValidationLimits,
-    validate_package,
-)
+from artifacts.store.validation import PackageError, PackageLimitError, validate_package
+from tests.support.packages import MB, limits, rss_mb
 
 
 def tar_gz(*entries: tuple[tarfile.TarInfo, bytes | None]) -> bytes:
@@ -302,23 +297,6 @@ def test_the_canonical_archive_has_fixed_metadata():
     assert {(i.mtime, i.uid, i.gid, i.uname, i.mode) for i in infos} == {(0, 0, 0, "", 0o644)}
     assert archive.read_members(built) == {"a/x": b"1", "b": b"2"}
     assert len(sha256_hex(built)) == 64
-
-
-MB = 1024 * 1024
-
-
-def limits(**overrides) -> ValidationLimits:
-    base = {
-        "max_manifest_bytes": MB,
-        "max_module_source_bytes": MB,
-        "max_tasks": 5000,
-        "memory_bytes": 256 * MB,
-    }
-    return ValidationLimits(**(base | overrides))
-
-
-def rss_mb() -> float:
-    return psutil.Process().memory_info().rss / MB
 
 
 def test_a_parse_bomb_is_refused_by_its_source_size_quickly_and_cheaply():

@@ -14,10 +14,8 @@ from __future__ import annotations
 import os
 import pwd
 import stat
-from pathlib import Path
 
 import pytest
-from django.conf import settings
 
 from agents.sandbox.task_isolation import (
     TaskUserError,
@@ -27,24 +25,7 @@ from agents.sandbox.task_isolation import (
 )
 from fleet.control.actuators.process import agent_environment
 from fleet.platform import embedded_db
-
-
-def doors(home: Path) -> dict:
-    """The probe's context: where the server's secrets are (``home``: its CLOACINA_HOME; the
-    database is the test run's embedded one, which every server process here shares)."""
-    socket_dir = Path(settings.DATABASES["default"]["HOST"])
-    db_home = _test_home()
-    return {
-        "home": str(home),
-        "secret_key": str(home / "secret_key"),
-        "pg_password": str(db_home / "pg_password"),
-        "pgdata": str(db_home / "pgdata"),
-        "socket": str(next(socket_dir.glob(".s.PGSQL.*"))),
-    }
-
-
-def _test_home() -> Path:
-    return Path(os.environ["CLOACINA_HOME"])
+from tests.support.task_isolation import server_home
 
 
 def test_a_task_child_inherits_only_the_allow_listed_environment():
@@ -106,7 +87,7 @@ def test_the_task_user_is_nobody_by_default_as_root_and_none_otherwise():
 
 
 def test_the_test_servers_home_is_closed_to_the_task_user():
-    home = _test_home()
+    home = server_home()
     assert stat.S_IMODE(home.stat().st_mode) == (0o711 if os.geteuid() == 0 else 0o700)
     password = home / embedded_db.PASSWORD_FILE
     assert stat.S_IMODE(password.stat().st_mode) == 0o600
