@@ -16,6 +16,10 @@ from pathlib import Path
 
 import pytest
 
+# The shared helpers assert too (e.g. tests/support/task_isolation.py): rewrite their asserts so
+# a failure shows the compared values, as in a test module.
+pytest.register_assert_rewrite("tests.support")
+
 
 @pytest.fixture
 def tmp_path(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
