@@ -51,7 +51,6 @@ log = logging.getLogger(__name__)
 REGISTER_ATTEMPTS = 3  # a concurrent registration of the same name may win the unique index
 ROSTER_LOCK_CLASS = 0x524F5354  # pg_advisory_xact_lock(class, tenant id) around the cap check
 
-DEFAULT_DRAIN_TIMEOUT_S = 300.0
 MAX_DRAIN_TIMEOUT_S = 7 * 24 * 3600.0
 
 
