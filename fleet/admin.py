@@ -241,7 +241,7 @@ class DeliveryOutboxAdmin(ReadOnlyAdmin):
 
 @admin.register(FleetChange)
 class FleetChangeAdmin(ReadOnlyAdmin):
-    list_display = ["at", "tenant", "field", "old_value", "new_value", "reason", "actor"]
+    list_display = ["at", "tenant", "field", "old_value", "new_value", "reason", "actor", "note"]
     list_filter = ["reason", "field", "tenant"]
 
 

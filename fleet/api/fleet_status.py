@@ -109,6 +109,7 @@ class ChangeOut(Schema):
     new_value: int | None
     reason: str
     actor: str
+    note: str
 
 
 class DecisionOut(Schema):

@@ -28,7 +28,7 @@ from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
 from agents.models import Agent, AgentState
-from fleet.control.limits import record_change
+from fleet.control.limits import clamp_to_limits, record_change
 from fleet.models import AutoscaleDecision, ChangeReason, TaskExecution, TaskStatus, Tenant
 from fleet.platform.config import Config
 
@@ -229,6 +229,9 @@ def autoscale_tick(config: Config, now: datetime | None = None) -> list[Autoscal
     """Decide and apply for every active tenant; return the recorded decisions."""
     now = now or timezone.now()
     policy = Policy.from_config(config)
+    # A limit lowered since the last tick (e.g. by config) first pulls desired_count down,
+    # so every decision below starts from a count within the limit.
+    clamp_to_limits(config.default_max_agents, now)
     recorded = []
     for signal in gather_signals(config, now):
         decision = decide(signal, policy, now)

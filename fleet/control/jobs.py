@@ -160,7 +160,7 @@ def control_tick(
         log.info("fleet control: server %s is now the leader (actuator %s)", server, actuator.name)
     # (serve's job runner closes stale DB connections around every tick)
     decisions = autoscale_tick(config, now) if config.autoscale else []
-    reconciled = reconcile_all(actuator)
+    reconciled = reconcile_all(actuator, config.default_max_agents)
     log.debug("fleet control tick by %s: %d decision(s)", server, len(decisions))
     return TickReport(server, decisions, reconciled)
 

@@ -2,7 +2,9 @@
 
 * effective limit: the platform default (CLOACINA_DEFAULT_MAX_AGENTS) unless a
   platform admin set ``max_agents_override``.  A tenant can never raise it.
-* desired_count: the operational target, in [0, effective limit].
+* desired_count: the operational target, in [0, effective limit].  Whatever lowers
+  the limit (an override, a smaller CLOACINA_DEFAULT_MAX_AGENTS at restart, a tenant
+  row edited by hand), :func:`clamp_to_limits` pulls desired_count down to it.
 
 Every change is one atomic statement (compare-and-set in the UPDATE's WHERE),
 so concurrent provision calls never lose an update, and every change writes a
@@ -12,6 +14,7 @@ so concurrent provision calls never lose an update, and every change writes a
 from __future__ import annotations
 
 import enum
+import logging
 from datetime import datetime
 
 from django.db import connection, transaction
@@ -30,6 +33,8 @@ from fleet.models import (
 )
 from fleet.platform.config import get_config
 from fleet.platform.errors import DomainError, ErrorKind
+
+log = logging.getLogger(__name__)
 
 
 class _Unset(enum.Enum):
@@ -56,6 +61,7 @@ def record_change(
     reason: str,
     actor: str,
     at: datetime | None = None,
+    note: str = "",
 ) -> FleetChange:
     """Append one audit row (callers do this inside the transaction that made the change)."""
     return FleetChange.objects.create(
@@ -65,8 +71,70 @@ def record_change(
         new_value=new,
         reason=reason,
         actor=actor[:200],
+        note=note[:300],
         at=at or timezone.now(),
     )
+
+
+SYSTEM_ACTOR = "system"  # a change no person asked for: the server enforcing a bound
+
+
+def clamp_to_limits(
+    default_max: int | None = None, at: datetime | None = None
+) -> list[FleetChange]:
+    """Pull every tenant's desired_count above its effective limit down to the limit.
+
+    The one owner of the invariant desired_count <= effective limit for changes that do
+    not pass through :func:`set_fleet_overrides` (which clamps in its own transaction):
+    ``serve`` calls it at boot, once the configuration is read, and the autoscaler and the
+    reconciler at the start of every tick, so no path acts on a count above the limit.
+
+    One statement: the CTE locks exactly the rows above their limit (re-checked after any
+    concurrent writer commits), so servers booting together clamp each tenant once, and a
+    tenant already within its limit is not touched and gets no audit row.  Disabled tenants
+    are clamped too: the bound holds for the row, not only for what runs.
+    """
+    if default_max is None:
+        default_max = get_config().default_max_agents
+    at = at or timezone.now()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            """
+            WITH above AS (
+                SELECT id, desired_count FROM fleet_tenant
+                WHERE desired_count > COALESCE(max_agents_override, %s)
+                FOR UPDATE
+            )
+            UPDATE fleet_tenant t SET desired_count = COALESCE(t.max_agents_override, %s)
+            FROM above WHERE t.id = above.id
+            RETURNING t.id, t.name, above.desired_count, t.desired_count, t.max_agents_override
+            """,
+            [default_max, default_max],
+        )
+        changes = []
+        for tenant_id, name, old, new, override in cursor.fetchall():
+            cause = _clamp_cause(override, new)
+            log.warning("tenant %s: desired_count %d clamped to %d (%s)", name, old, new, cause)
+            changes.append(
+                record_change(
+                    tenant_id,
+                    "desired_count",
+                    old,
+                    new,
+                    ChangeReason.CLAMP,
+                    SYSTEM_ACTOR,
+                    at,
+                    note=cause,
+                )
+            )
+        return changes
+
+
+def _clamp_cause(override: int | None, limit: int) -> str:
+    """What set the limit a clamp enforced: the tenant's override, else the platform default."""
+    if override is None:
+        return f"platform default max agents (CLOACINA_DEFAULT_MAX_AGENTS) lowered to {limit}"
+    return f"max_agents_override lowered to {limit}"
 
 
 def _step(tenant: Tenant, actor: str, delta: int) -> int:
@@ -166,6 +234,7 @@ def set_fleet_overrides(
             raise FleetLimitError(ErrorKind.NOT_FOUND, "tenant does not exist")
         now = timezone.now()
         old_override, old_desired = current.max_agents_override, current.desired_count
+        desired_note = ""
         if max_agents_override is not UNSET:
             current.max_agents_override = max_agents_override
         limit = current.effective_limit(default_max)
@@ -180,6 +249,7 @@ def set_fleet_overrides(
         elif current.desired_count > limit:
             current.desired_count = limit
             desired_reason = ChangeReason.CLAMP
+            desired_note = _clamp_cause(current.max_agents_override, limit)
         current.save(update_fields=["max_agents_override", "desired_count"])
         if current.max_agents_override != old_override:
             record_change(
@@ -200,6 +270,7 @@ def set_fleet_overrides(
                 desired_reason,
                 actor,
                 now,
+                note=desired_note,
             )
     tenant.max_agents_override = current.max_agents_override
     tenant.desired_count = current.desired_count

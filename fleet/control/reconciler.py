@@ -1,6 +1,7 @@
 """Reconcile actual → desired for every tenant through the configured actuator.
 
-Active tenants get ``reconcile(tenant, desired_count)``; a disabled tenant's
+Active tenants get ``reconcile(tenant, desired_count)``, never more than the
+tenant's effective limit (a count above it is clamped first); a disabled tenant's
 agents are stopped; so are the agents of a tenant that no longer exists
 (found through the labels the actuator still manages).  One tenant's failure
 is logged and never stops the others.
@@ -12,12 +13,18 @@ import logging
 
 from fleet.control.actuators.base import Actuator, ReconcileResult
 from fleet.control.actuators.naming import tenant_label
+from fleet.control.limits import clamp_to_limits
 from fleet.models import Tenant
+from fleet.platform.config import get_config
 
 log = logging.getLogger(__name__)
 
 
-def reconcile_all(actuator: Actuator) -> list[ReconcileResult]:
+def reconcile_all(actuator: Actuator, default_max: int | None = None) -> list[ReconcileResult]:
+    """One pass over every tenant (``default_max``: the platform default limit, else config's)."""
+    if default_max is None:
+        default_max = get_config().default_max_agents
+    clamp_to_limits(default_max)
     results: list[ReconcileResult] = []
     managed = actuator.managed_labels()
     known: set[str] = set()
@@ -26,7 +33,10 @@ def reconcile_all(actuator: Actuator) -> list[ReconcileResult]:
         known.add(label)
         try:
             if tenant.is_active:
-                result = actuator.reconcile(tenant, tenant.desired_count)
+                # The clamp above already holds; min() keeps a count raised since then (by a
+                # writer that ignored the limit) from ever reaching the substrate.
+                desired = min(tenant.desired_count, tenant.effective_limit(default_max))
+                result = actuator.reconcile(tenant, desired)
                 results.append(result)
                 if result.changed:
                     log.info(

@@ -25,6 +25,8 @@ class FleetChange(models.Model):
     new_value = models.IntegerField(null=True, blank=True)
     reason = models.CharField(max_length=12, choices=ChangeReason.choices)
     actor = models.CharField(max_length=200)
+    # Why, in words, when the reason alone does not say it (e.g. what lowered the limit).
+    note = models.CharField(max_length=300, blank=True, default="")
     at = models.DateTimeField(default=timezone.now)
 
     class Meta:

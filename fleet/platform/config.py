@@ -82,6 +82,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("fleet_actuator", "CLOACINA_FLEET_ACTUATOR", "fleet_actuator", str, "none"),
     Setting("default_max_agents", "CLOACINA_DEFAULT_MAX_AGENTS", "default_max_agents", int, 4),
     Setting("initial_agents", "CLOACINA_INITIAL_AGENTS", "initial_agents", int, 0),
+    # Agents that are not dead (live or draining) one tenant may hold, hand-run and
+    # actuator-started together: "auto" or a positive integer (see registered_agents_cap).
+    Setting(
+        "max_registered_agents",
+        "CLOACINA_MAX_REGISTERED_AGENTS",
+        "max_registered_agents",
+        str,
+        "auto",
+    ),
     Setting(
         "heartbeat_interval_s",
         "CLOACINA_AGENT_HEARTBEAT_INTERVAL_S",
@@ -234,6 +243,7 @@ class Config:
     fleet_actuator: str = "none"
     default_max_agents: int = 4
     initial_agents: int = 0
+    max_registered_agents: str = "auto"
     heartbeat_interval_s: float = 15.0
     liveness_misses: int = 3
     autoscale: bool = True
@@ -282,10 +292,46 @@ class Config:
         """``allowed_hosts`` split and checked (see :func:`parse_allowed_hosts`)."""
         return parse_allowed_hosts(self.allowed_hosts)
 
+    def registered_agents_cap(self, effective_limit: int) -> int:
+        """How many agents that are not dead a tenant with this effective limit may hold.
+
+        ``auto``: max(64, 4 × the limit), room for hand-run agents and for a rolling
+        restart's overlap.  A number N: max(N, the limit), so an actuator can always start
+        every agent desired_count asks for, whatever N is.
+        """
+        fixed = parse_max_registered_agents(self.max_registered_agents)
+        if fixed is None:
+            return max(
+                AUTO_REGISTERED_AGENTS_MIN, AUTO_REGISTERED_AGENTS_PER_LIMIT * effective_limit
+            )
+        return max(fixed, effective_limit)
+
     @property
     def liveness_window_s(self) -> float:
         """Seconds without a heartbeat after which an agent is declared dead."""
         return self.heartbeat_interval_s * self.liveness_misses
+
+
+# CLOACINA_MAX_REGISTERED_AGENTS=auto: max(AUTO_REGISTERED_AGENTS_MIN, PER_LIMIT × limit).
+AUTO_REGISTERED_AGENTS_MIN = 64
+AUTO_REGISTERED_AGENTS_PER_LIMIT = 4
+
+
+def parse_max_registered_agents(raw: str) -> int | None:
+    """``CLOACINA_MAX_REGISTERED_AGENTS``: None for ``auto``, else a positive integer."""
+    value = raw.strip().lower()
+    if value == "auto":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ConfigError(
+            "CLOACINA_MAX_REGISTERED_AGENTS (max_registered_agents) must be auto or a "
+            f"positive integer, got {raw!r}"
+        )
+    return number
 
 
 # A host name (optionally with a leading dot: the domain and its subdomains), an IPv4
@@ -372,6 +418,7 @@ def _validate(config: Config) -> None:
             "CLOACINA_AUTOSCALE_DOWN_THRESHOLD must not exceed CLOACINA_AUTOSCALE_UP_THRESHOLD"
         )
     parse_allowed_hosts(config.allowed_hosts)
+    parse_max_registered_agents(config.max_registered_agents)
     if config.wire_format not in ("json", "msgpack"):
         raise ConfigError(
             f"CLOACINA_WIRE_FORMAT must be json or msgpack, got {config.wire_format!r}"

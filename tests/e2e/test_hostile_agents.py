@@ -78,7 +78,7 @@ def test_registrations_under_many_names_stop_at_the_tenants_cap(served):
     from fleet.models import ApiKey, Tenant
 
     tenant = Tenant.objects.get(name="acme")
-    cap = max(roster.MIN_LIVE_AGENTS_CAP, roster.LIVE_AGENTS_PER_LIMIT * tenant.effective_limit())
+    cap = roster.registration_cap(tenant)
     keys = [ApiKey.mint("agent", tenant=tenant)[1] for _ in range(3)]
     # Eight at a time: the cap must hold against concurrent registrations too.
     with ThreadPoolExecutor(8) as pool:

@@ -32,6 +32,11 @@ def procs(transactional_db, tmp_path):
         ([], {"CLOACINA_DB_POOL_MAX": "10"}, "CLOACINA_DB_POOL_MAX must be at least 24"),
         ([], {"CLOACINA_ALLOWED_HOSTS": "https://x.example"}, "CLOACINA_ALLOWED_HOSTS: 'https:"),
         ([], {"CLOACINA_LOGIN_LOCKOUT_S": "soon"}, "CLOACINA_LOGIN_LOCKOUT_S must be an integer"),
+        (
+            [],
+            {"CLOACINA_MAX_REGISTERED_AGENTS": "0"},
+            "CLOACINA_MAX_REGISTERED_AGENTS (max_registered_agents) must be auto or a positive",
+        ),
     ],
 )
 def test_serve_refuses_bad_configuration(procs, flags, env, message):
@@ -59,3 +64,27 @@ def test_serve_exits_non_zero_when_its_port_is_taken(procs):
     assert result.stdout == ""
     instance = ServerInstance.objects.get()  # registered, then marked stopped: no live row left
     assert instance.stopped_at is not None
+
+
+@pytest.mark.e2e
+def test_serve_clamps_desired_count_to_a_lowered_default_at_boot(procs):
+    from fleet.models import ChangeReason, FleetChange, Tenant
+
+    tenant = Tenant.objects.create(name="acme", desired_count=4)  # at the old default limit
+    # No control tick for an hour: whatever clamps before the ready line is the boot.
+    serve = procs.serve(
+        env=procs.env(CLOACINA_DEFAULT_MAX_AGENTS="2", CLOACINA_AUTOSCALE_INTERVAL_S="3600")
+    )
+    tenant.refresh_from_db()
+    assert tenant.desired_count == 2
+    [clamp] = FleetChange.objects.filter(tenant=tenant)
+    assert (clamp.old_value, clamp.new_value, clamp.reason, clamp.actor) == (
+        4,
+        2,
+        ChangeReason.CLAMP,
+        "system",
+    )
+    assert clamp.note == "platform default max agents (CLOACINA_DEFAULT_MAX_AGENTS) lowered to 2"
+    # Before this server registered itself: the clamp is the boot's, not a tick's.
+    assert clamp.at <= ServerInstance.objects.get().started_at
+    assert "desired_count 4 clamped to 2" in serve.process.output()

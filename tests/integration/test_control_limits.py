@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from fleet.api.error_status import http_status
 from fleet.control import limits
+from fleet.control.actuators.base import ReconcileResult
+from fleet.control.actuators.noop import NoopActuator
+from fleet.control.reconciler import reconcile_all
 from fleet.models import ChangeReason, FleetChange, Tenant
+from fleet.platform.config import Config, get_config, load_config, reset_config
 
 
 def changes(tenant, field="desired_count"):
@@ -157,3 +163,120 @@ def test_concurrent_provision_calls_never_lose_an_update():
     assert results.count("409") == 20
     assert tenant.desired_count == 40
     assert FleetChange.objects.filter(tenant=tenant, reason=ChangeReason.MANUAL).count() == 40
+
+
+# -- a limit lowered by anything but an override: clamped once, audited, never acted on ------
+@pytest.fixture
+def lowered_default(monkeypatch):
+    """Restart with a smaller CLOACINA_DEFAULT_MAX_AGENTS: the configuration is re-read."""
+
+    def lower(value: int) -> Config:
+        monkeypatch.setenv("CLOACINA_DEFAULT_MAX_AGENTS", str(value))
+        reset_config()
+        return get_config()
+
+    yield lower
+    monkeypatch.undo()
+    reset_config()
+
+
+def clamps(tenant):
+    return list(
+        FleetChange.objects.filter(tenant=tenant, reason=ChangeReason.CLAMP)
+        .order_by("id")
+        .values_list("old_value", "new_value", "actor", "note")
+    )
+
+
+def test_a_lowered_platform_default_clamps_desired_count_once(
+    tenant, other_tenant, lowered_default
+):
+    for _ in range(4):
+        limits.provision(tenant, "a")
+    limits.provision(other_tenant, "a")
+    lowered_default(2)
+    assert limits.effective_limit(tenant) == 2
+    [change] = limits.clamp_to_limits()
+    tenant.refresh_from_db()
+    assert tenant.desired_count == 2
+    why = "platform default max agents (CLOACINA_DEFAULT_MAX_AGENTS) lowered to 2"
+    assert clamps(tenant) == [(4, 2, limits.SYSTEM_ACTOR, why)]
+    assert change.tenant_id == tenant.pk
+    # Within its limit already: untouched and not audited; and a second pass changes nothing.
+    assert Tenant.objects.get(pk=other_tenant.pk).desired_count == 1
+    assert limits.clamp_to_limits() == []
+    assert clamps(tenant) == [(4, 2, limits.SYSTEM_ACTOR, why)] and clamps(other_tenant) == []
+
+
+def test_an_override_lowered_behind_the_controls_back_is_clamped_too(tenant):
+    Tenant.objects.filter(pk=tenant.pk).update(desired_count=4, max_agents_override=1)
+    limits.clamp_to_limits(default_max=4)
+    assert Tenant.objects.get(pk=tenant.pk).desired_count == 1
+    assert clamps(tenant) == [(4, 1, limits.SYSTEM_ACTOR, "max_agents_override lowered to 1")]
+
+
+def test_an_admin_clamp_says_why_as_well(tenant):
+    for _ in range(3):
+        limits.provision(tenant, "a")
+    limits.set_fleet_overrides(tenant, "root", max_agents_override=1)
+    assert clamps(tenant) == [(3, 1, "root", "max_agents_override lowered to 1")]
+
+
+def test_the_autoscaler_tick_clamps_and_does_not_audit_twice(tenant, lowered_default):
+    from fleet.control.autoscaler import HOLD, autoscale_tick
+
+    Tenant.objects.filter(pk=tenant.pk).update(desired_count=4)
+    config = lowered_default(2)
+    [row] = autoscale_tick(config, timezone.now())
+    assert (row.old_desired, row.new_desired, row.decision) == (2, 2, HOLD)
+    assert Tenant.objects.get(pk=tenant.pk).desired_count == 2
+    autoscale_tick(config, timezone.now() + timedelta(seconds=1))
+    assert [(old, new) for old, new, _, _ in clamps(tenant)] == [(4, 2)]
+
+
+class RecordingActuator(NoopActuator):
+    """Remembers every desired count it was asked to reach."""
+
+    def __init__(self) -> None:
+        self.asked: dict[str, list[int]] = {}
+
+    def reconcile(self, tenant: Tenant, desired: int) -> ReconcileResult:
+        self.asked.setdefault(tenant.name, []).append(desired)
+        return super().reconcile(tenant, desired)
+
+
+def test_the_reconciler_never_asks_for_more_than_the_limit(tenant, other_tenant, lowered_default):
+    Tenant.objects.filter(pk=tenant.pk).update(desired_count=4)
+    Tenant.objects.filter(pk=other_tenant.pk).update(desired_count=3, max_agents_override=5)
+    lowered_default(2)
+    actuator = RecordingActuator()
+    reconcile_all(actuator)  # autoscaling off: the reconciler alone still clamps
+    reconcile_all(actuator)
+    assert actuator.asked == {tenant.name: [2, 2], other_tenant.name: [3, 3]}
+    assert Tenant.objects.get(pk=tenant.pk).desired_count == 2
+    assert len(clamps(tenant)) == 1 and clamps(other_tenant) == []
+
+
+def test_the_control_tick_with_autoscaling_off_clamps_before_it_reconciles(tenant, tmp_path):
+    from fleet.control.jobs import control_tick
+    from fleet.control.leadership import StickyLeadership
+    from fleet.platform.advisory_locks import lock_id_for
+
+    Tenant.objects.filter(pk=tenant.pk).update(desired_count=4)
+    config = load_config(
+        {
+            "CLOACINA_HOME": str(tmp_path),
+            "CLOACINA_AUTOSCALE": "false",
+            "CLOACINA_DEFAULT_MAX_AGENTS": "3",
+        }
+    )
+    actuator = RecordingActuator()
+    leadership = StickyLeadership(lock_id_for("test_control_limits"))
+    try:
+        report = control_tick(actuator, config, leadership)
+    finally:
+        leadership.release()
+    assert report is not None and report.decisions == []
+    assert actuator.asked == {tenant.name: [3]}
+    why = "platform default max agents (CLOACINA_DEFAULT_MAX_AGENTS) lowered to 3"
+    assert clamps(tenant) == [(4, 3, limits.SYSTEM_ACTOR, why)]

@@ -11,7 +11,8 @@ from django.test import Client
 from agents.models import Agent
 from fleet.executors.fleet.delivery.placement import place_task
 from fleet.executors.fleet.lifecycle import revoke_key
-from fleet.models import ApiKey, DeliveryOutbox, Eviction, TaskExecution, TaskOutcome
+from fleet.models import ApiKey, DeliveryOutbox, Eviction, TaskExecution, TaskOutcome, Tenant
+from fleet.platform.config import reset_config
 from tests.support.agents import make_agent
 from tests.support.factories import ready_root, two_task_package
 from tests.support.keys import bearer
@@ -243,3 +244,51 @@ def test_a_malformed_result_is_422_and_changes_nothing(client, agent_key, tenant
     assert response.status_code == 422
     task.refresh_from_db()
     assert task.status == "Running" and not TaskOutcome.objects.exists()
+
+
+@pytest.fixture
+def registered_agents_cap(monkeypatch):
+    """Restart with CLOACINA_MAX_REGISTERED_AGENTS set (the configuration is re-read)."""
+
+    def set_cap(value: str) -> None:
+        monkeypatch.setenv("CLOACINA_MAX_REGISTERED_AGENTS", value)
+        reset_config()
+
+    yield set_cap
+    monkeypatch.undo()
+    reset_config()
+
+
+@pytest.mark.django_db
+def test_the_registration_cap_follows_its_setting(client, agent_key, tenant, registered_agents_cap):
+    Tenant.objects.filter(pk=tenant.pk).update(max_agents_override=1)
+    registered_agents_cap("3")  # above the limit: room for 2 hand-run agents
+    for n in range(3):
+        assert (
+            post(client, "/agents/register", agent_key, register_body(name=f"w{n}")).status_code
+            == 201
+        )
+    refused = post(client, "/agents/register", agent_key, register_body(name="w3"))
+    assert refused.status_code == 429
+    assert "already has 3 agents" in refused.json()["detail"]
+    assert "CLOACINA_MAX_REGISTERED_AGENTS=3" in refused.json()["detail"]
+    # A restart under a held name passes; a dead agent frees its place.
+    assert post(client, "/agents/register", agent_key, register_body(name="w0")).status_code == 201
+    w1 = Agent.objects.get(name="w1")
+    assert post(client, f"/agents/{w1.id}/deregister", agent_key).status_code == 200
+    assert post(client, "/agents/register", agent_key, register_body(name="w3")).status_code == 201
+
+
+@pytest.mark.django_db
+def test_the_registration_cap_is_never_below_the_limit(
+    client, agent_key, tenant, registered_agents_cap
+):
+    registered_agents_cap("1")  # the default limit (4) wins: the actuators' agents always fit
+    for n in range(4):
+        assert (
+            post(client, "/agents/register", agent_key, register_body(name=f"w{n}")).status_code
+            == 201
+        )
+    assert post(client, "/agents/register", agent_key, register_body(name="w4")).status_code == 429
+    registered_agents_cap("auto")  # max(64, 4 × 4)
+    assert post(client, "/agents/register", agent_key, register_body(name="w4")).status_code == 201

@@ -39,6 +39,8 @@ def test_flags_beat_everything(tmp_path, monkeypatch):
         ({"CLOACINA_WIRE_FORMAT": "xml"}, "json or msgpack"),
         ({"CLOACINA_DB_POOL_MAX": "-1"}, "CLOACINA_DB_POOL_MAX must be >= 0"),
         ({"CLOACINA_DB_POOL_MAX": "many"}, "CLOACINA_DB_POOL_MAX must be an integer"),
+        ({"CLOACINA_MAX_REGISTERED_AGENTS": "0"}, "CLOACINA_MAX_REGISTERED_AGENTS"),
+        ({"CLOACINA_MAX_REGISTERED_AGENTS": "lots"}, "must be auto or a positive integer"),
     ],
 )
 def test_it_rejects_bad_values_by_name(tmp_path, env, message):
@@ -56,3 +58,15 @@ def test_the_pool_size_comes_from_the_environment(tmp_path):
     config = load_config({"CLOACINA_HOME": str(tmp_path), "CLOACINA_DB_POOL_MAX": "12"})
     assert config.db_pool_max == 12
     assert load_config({"CLOACINA_HOME": str(tmp_path)}).db_pool_max == 0  # sized automatically
+
+
+def test_the_registration_cap_is_auto_or_a_number_never_below_the_limit(tmp_path):
+    auto = load_config({"CLOACINA_HOME": str(tmp_path)})
+    assert auto.max_registered_agents == "auto"
+    assert (auto.registered_agents_cap(4), auto.registered_agents_cap(40)) == (64, 160)
+    (tmp_path / "config.toml").write_text("[server]\nmax_registered_agents = 10\n")
+    fixed = load_config({"CLOACINA_HOME": str(tmp_path)})
+    assert (fixed.registered_agents_cap(4), fixed.registered_agents_cap(40)) == (10, 40)
+    (tmp_path / "config.toml").write_text("[server]\nmax_registered_agents = -3\n")
+    with pytest.raises(ConfigError, match="CLOACINA_MAX_REGISTERED_AGENTS"):
+        load_config({"CLOACINA_HOME": str(tmp_path)})

@@ -2,7 +2,8 @@
 
 Boot order: configuration (flag > env > config.toml > default) → dispatcher
 (an unknown executor key stops here, exit 2, nothing started) → migrations
-(under an advisory lock, so servers starting together take turns) → this
+(under an advisory lock, so servers starting together take turns) → desired_count
+clamped to every tenant's effective limit (a lowered default) → this
 process's ServerInstance row → daphne on the asyncio Twisted reactor.  Once
 the reactor runs, :meth:`ServeProcess.start` starts the executor, the dispatch
 loop and the periodic jobs on the same event loop, then prints the ready line.
@@ -25,7 +26,7 @@ from cloacina_site.daphne_limits import apply_daphne_limits
 from cloacina_site.tls import PLAINTEXT_WARNING, ServerTLS, daphne_endpoint, server_tls
 from cloacina_site.web_security import apply_tls_settings
 from fleet.control import jobs as control
-from fleet.control import substrate
+from fleet.control import limits, substrate
 from fleet.engine import leader, recovery, server_registry
 from fleet.engine.dispatcher import Dispatcher
 from fleet.engine.events import ExecutorNotFound
@@ -90,6 +91,9 @@ class Command(BaseCommand):
             sys.stderr.write(PLAINTEXT_WARNING + "\n")
             sys.stderr.flush()
         migrate_with_lock()
+        # A limit lowered while the server was down (a smaller CLOACINA_DEFAULT_MAX_AGENTS)
+        # pulls desired_count down before any loop acts on it.
+        limits.clamp_to_limits(config.default_max_agents)
         warn_if_not_isolated()
         server_registry.register_instance(instance_id, config.default_executor)
         connection.close()  # the main thread hands over to the reactor; threads use their own

@@ -38,11 +38,10 @@ MAX_CONCURRENCY = 1024
 MAX_LIST_ITEMS = 64
 MAX_ITEM_CHARS = 100
 MAX_METRICS_BYTES = 16 * 1024
-# Registration is bounded, so a runaway or hostile agent key cannot fill the roster: live
-# agents per tenant (a same-name registration replaces one and is always let through) and
-# registrations per key per minute (each one leaves a row behind, dead ones as history).
-MIN_LIVE_AGENTS_CAP = 64
-LIVE_AGENTS_PER_LIMIT = 4  # the cap is max(MIN_LIVE_AGENTS_CAP, 4 × effective limit)
+# Registration is bounded, so a runaway or hostile agent key cannot fill the roster: agents
+# that are not dead per tenant (CLOACINA_MAX_REGISTERED_AGENTS; a same-name registration
+# replaces one and is always let through) and registrations per key per minute (each one
+# leaves a row behind, dead ones as history).
 REGISTRATIONS_PER_KEY_PER_MINUTE = 60
 
 
@@ -162,16 +161,22 @@ def _check_rate(key: ApiKey) -> None:
         )
 
 
+def registration_cap(tenant: Tenant) -> int:
+    """The most agents that are not dead ``tenant`` may hold (CLOACINA_MAX_REGISTERED_AGENTS)."""
+    config = get_config()
+    return config.registered_agents_cap(tenant.effective_limit(config.default_max_agents))
+
+
 def _check_cap(key: ApiKey, name: str) -> None:
     """429 when the tenant already holds its cap of agents that are not dead, unless this
     registration replaces one of them (same name)."""
     live = Agent.objects.filter(tenant_id=key.tenant_id).exclude(state=AgentState.DEAD)
-    cap = max(MIN_LIVE_AGENTS_CAP, LIVE_AGENTS_PER_LIMIT * key.tenant.effective_limit())
+    cap = registration_cap(key.tenant)
     if live.count() >= cap and not live.filter(name=name).exists():
         raise RosterError(
             ErrorKind.LIMITED,
-            f"tenant {key.tenant.name!r} already has {cap} agents that are not dead (the cap is "
-            f"max({MIN_LIVE_AGENTS_CAP}, {LIVE_AGENTS_PER_LIMIT} × its agent limit)); "
+            f"tenant {key.tenant.name!r} already has {cap} agents that are not dead (the cap "
+            f"set by CLOACINA_MAX_REGISTERED_AGENTS={get_config().max_registered_agents}); "
             "deregister some, or wait for silent ones to be evicted",
         )
 
