@@ -202,8 +202,10 @@ def test_a_metric_of_the_wrong_type_never_breaks_selection(tenant):
 
 def test_the_fallback_prefers_the_least_loaded_agent_then_takes_turns(tenant):
     routed_package(tenant)
+    # Free slots rank before the host score (test_routing_ranking.py): the loaded host has
+    # no more room than the idle ones, so the score decides.
     agent(
-        tenant, "loaded", metrics={"free_cpu_pct": 5.0, "memory_free_pct": 10.0}, max_concurrency=8
+        tenant, "loaded", metrics={"free_cpu_pct": 5.0, "memory_free_pct": 10.0}, max_concurrency=1
     )
     agent(
         tenant, "idle-1", metrics={"free_cpu_pct": 90.0, "memory_free_pct": 80.0}, max_concurrency=2
@@ -238,13 +240,15 @@ def test_untargeted_work_fails_when_every_live_agent_is_exclusive(tenant):
     assert "accepts untargeted work (every one is exclusive)" in task.error_message
 
 
-# -- health: degraded ranked last, unhealthy never -------------------------------------
+# -- health: degraded after healthy, unhealthy never -----------------------------------
 
 
-def test_a_degraded_agent_is_chosen_only_when_no_healthy_one_has_room(tenant):
+def test_a_degraded_agent_is_chosen_only_when_no_healthy_one_has_as_much_room(tenant):
     routed_package(tenant)
     # Degraded: no beat for 2.5 intervals (default interval 15 s, window 45 s), socket open.
-    late = agent(tenant, "late", heartbeat_age_s=37.5, max_concurrency=8)
+    # Free slots rank before health (test_routing_ranking.py): it has no more room than
+    # the healthy one, so health decides.
+    late = agent(tenant, "late", heartbeat_age_s=37.5, max_concurrency=1)
     agent(tenant, "fresh", max_concurrency=2)
     assert place_many(tenant, 3) == ["fresh", "fresh", "late"]
     late.refresh_from_db()

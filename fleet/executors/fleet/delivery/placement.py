@@ -49,7 +49,6 @@ from fleet.executors.fleet.delivery import context_ref, local_sockets
 from fleet.executors.fleet.delivery.outbox import PackageRef, work_packet
 from fleet.executors.fleet.routing import selection
 from fleet.executors.fleet.routing.candidates import ReservedAgent, candidate_params, candidates_sql
-from fleet.executors.fleet.routing.health import DEGRADED_SQL
 from fleet.executors.fleet.routing.metrics import SELECTION_FAILURE
 from fleet.executors.fleet.routing.selectors import CANDIDATES, UNCONSTRAINED, Choice, SelectorError
 from fleet.executors.fleet.state import ledger
@@ -304,8 +303,7 @@ def _reserve_many_sql() -> str:
     candidates = candidates_sql(UNCONSTRAINED)
     return ledger.RESERVE_AND_ENQUEUE.format(
         candidates=candidates,
-        degraded=DEGRADED_SQL,
-        order=UNCONSTRAINED.order.replace(CANDIDATES, candidates),
+        tiebreak=UNCONSTRAINED.tiebreak.replace(CANDIDATES, candidates),
     )
 
 

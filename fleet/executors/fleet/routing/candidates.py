@@ -4,9 +4,10 @@ Candidates: live (heartbeat within the liveness window), same tenant, connected 
 some server (a socket: unhealthy agents are never chosen), able to load the artifact
 (target triple), a free slot — and whatever the task's selectors ask
 (:mod:`fleet.executors.fleet.routing.selectors`: a :class:`~fleet.executors.fleet.routing.selectors.Choice` carries
-their SQL and the ranking: degraded agents last, then round-robin or the fallback
-score).  The reservation that takes a candidate's slot is the placement's
-(:func:`fleet.executors.fleet.delivery.placement.reserve_agent`, from the ledger's fragments).
+their SQL and the ranking: most free slots first, then healthy before degraded, then the
+host score, then the least recently selected).  The reservation that takes a candidate's
+slot is the placement's (:func:`fleet.executors.fleet.delivery.placement.reserve_agent`,
+from the ledger's fragments).
 """
 
 from __future__ import annotations

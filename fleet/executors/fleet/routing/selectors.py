@@ -13,14 +13,23 @@ what makes a wait transient or a failure permanent:
   slot, a socket, a group/affinity binding.  Matching agents exist but none has it now
   → NoFreeAgent: the task waits.
 
-Ranking among the candidates (the seed's order): a degraded agent (late heartbeat)
-after every healthy one; then, for ``tags``/``capability`` work, round-robin among the
-matches (least recently selected first); otherwise the fallback score
-``(100 − CPU%) + free-memory% [+ 0.5 × free-VRAM% for GPU work]`` (a CPU or memory figure an
-agent does not report counts as 50; the CPU + memory part is the stored
-``agents_agent.fallback_score``): the agents within
-``SCORE_TIE`` points of the best healthy score take turns, the others follow by score.  A direct ``agent`` names one
-agent; floors pick "the first agent meeting them" by the same score.
+Ranking among the candidates (:func:`tiebreak` and :attr:`Choice.order`, the one definition
+every path uses), first key first:
+
+1. the most free slots (``max_concurrency - in_flight``): greedy on free capacity, so load
+   spreads (seed 000);
+2. healthy before degraded (a late heartbeat, :mod:`~fleet.executors.fleet.routing.health`);
+3. the host score, for work that is not ``tags``/``capability`` work (that work takes turns
+   among its matches, the seed's round-robin): the fallback score
+   ``(100 − CPU%) + free-memory% [+ 0.5 × free-VRAM% for GPU work]`` (a CPU or memory figure
+   an agent does not report counts as 50; the CPU + memory part is the stored
+   ``agents_agent.fallback_score``), highest first, where every score within ``SCORE_TIE``
+   points of the best healthy candidate's counts as that best (they take turns);
+4. the least recently selected (``last_selected_at``, never selected first);
+5. the id (a total order).
+
+A direct ``agent`` names one agent; floors pick among the agents meeting them by the same
+ranking.
 
 Agent metrics are agent-supplied JSON: every number is read through a type check, so a
 malformed value makes that agent not match, never an SQL error for everyone.
@@ -168,19 +177,30 @@ class Selectors:
         return ", ".join(parts)
 
 
+# The first key of the ranking (module docstring).  The batch reservation applies it per
+# slot it deals (each slot taken lowers its agent's count), the rest through ``tiebreak``.
+MOST_FREE_FIRST = f"{ledger.free_slots('a')} DESC"
+
+
 @dataclass(frozen=True)
 class Choice:
     """A compiled selection: SQL conditions and ranking over ``agents_agent a``.
 
     ``static`` and ``dynamic`` are the two halves of the filter (module docstring);
-    ``params`` carries their values (keys prefixed ``s_``).
+    ``tiebreak`` ranks candidates with as many free slots (health, host score, least
+    recently selected, id); ``params`` carries the filters' values (keys prefixed ``s_``).
     """
 
     static: str = "TRUE"
     dynamic: str = "TRUE"
-    order: str = ""
+    tiebreak: str = "a.id"
     params: dict[str, Any] = field(default_factory=dict)
     step: str = "fallback"
+
+    @property
+    def order(self) -> str:
+        """The full ranking of one reservation: most free slots first, then ``tiebreak``."""
+        return f"{MOST_FREE_FIRST}, {self.tiebreak}"
 
 
 def compile_choice(selectors: Selectors, bound_agent_id=None) -> Choice:
@@ -222,7 +242,7 @@ def compile_choice(selectors: Selectors, bound_agent_id=None) -> Choice:
     return Choice(
         static=" AND ".join(static),
         dynamic=" AND ".join(dynamic) or "TRUE",
-        order=_order(selectors),
+        tiebreak=tiebreak(selectors),
         params=params,
         step=selectors.step,
     )
@@ -231,7 +251,8 @@ def compile_choice(selectors: Selectors, bound_agent_id=None) -> Choice:
 CANDIDATES = "{candidates}"  # replaced by the reservation's full candidate filter
 
 
-def _order(selectors: Selectors) -> str:
+def tiebreak(selectors: Selectors) -> str:
+    """The ranking after the free slots (module docstring, keys 2 to 5): SQL ORDER BY keys."""
     rank = [f"({DEGRADED_SQL})"]  # false (healthy) sorts first
     if not (selectors.tags or selectors.capability):
         # Kept by the database whenever the metrics change (agents migration 0004): the
@@ -248,7 +269,7 @@ def _order(selectors: Selectors) -> str:
         # turns (next key); the others follow, best score first.  (One expression, with
         # the best computed once: this statement is planned for every dispatch.)
         rank.append(f"LEAST({score}, {best} - {SCORE_TIE}) DESC")
-    rank += ["a.last_selected_at ASC NULLS FIRST", f"{ledger.free_slots('a')} DESC", "a.id"]
+    rank += ["a.last_selected_at ASC NULLS FIRST", "a.id"]
     return ", ".join(rank)
 
 

@@ -73,9 +73,10 @@ def open_row(row: str) -> str:
 
 def reserve_one_sql(candidates: str, order: str, skip: str) -> str:
     """Take one slot on the best candidate (``candidates``: SQL over ``agents_agent a``,
-    ranked by ``order``), as the CTE body ``reserved``.  The UPDATE re-checks the state
-    and the capacity on the locked row, so two reservations never overfill an agent;
-    ``last_selected_at`` is the round-robin's memory.  ``skip``: "SKIP LOCKED" or ""."""
+    ranked by ``order``, the selection's ``Choice.order``), as the CTE body ``reserved``.
+    The UPDATE re-checks the state and the capacity on the locked row, so two reservations
+    never overfill an agent; ``last_selected_at`` is the least-recently-selected key's
+    memory.  ``skip``: "SKIP LOCKED" or ""."""
     return f"""
     UPDATE agents_agent AS r
     SET {take_slots("r")}, last_selected_at = clock_timestamp()
@@ -124,10 +125,11 @@ SELECT id, name, target_triple FROM reserved, relax
 
 # N slots and N packets in one statement (plain tasks of one package).  The agents are
 # locked in id order — waiting for a result batch that is releasing slots rather than
-# skipping its agents as full — then ranked by the selection's own order ({order}), and
-# their free slots dealt out one per agent per round: healthy agents first, degraded
-# ones ({degraded}) only once every healthy slot is taken — spread like consecutive
-# single reservations.  A packet for an agent whose socket THIS process holds is written
+# skipping its agents as full — and their free slots dealt out by the selection's own
+# ranking, its first key applied per slot: the n-th slot of an agent is taken when that
+# agent has ``free - n + 1`` slots left, so the slots go most-free-first as the agents
+# fill, ties broken by the rest of the ranking ({tiebreak}: health, host score, least
+# recently selected, id) — spread like consecutive single reservations.  A packet for an agent whose socket THIS process holds is written
 # as delivered (its result clock started) and pushed by the caller right after the
 # commit; the others are pending, for the relay that holds their socket.
 RESERVE_AND_ENQUEUE = (
@@ -138,12 +140,11 @@ WITH locked AS (
     SELECT a.id, a.name, a.target_triple, """
     + free_slots("a")
     + """ AS free,
-           a.connected_to = %(me)s AS local,
-           ({degraded}) AS degraded, row_number() OVER (ORDER BY {order}) AS rank
+           a.connected_to = %(me)s AS local, row_number() OVER (ORDER BY {tiebreak}) AS rank
     FROM locked a
 ), slots AS (
     SELECT r.id, r.name, r.target_triple, r.local,
-           row_number() OVER (ORDER BY r.degraded, s.n, r.rank) AS k
+           row_number() OVER (ORDER BY r.free - s.n DESC, r.rank) AS k
     FROM ranked r CROSS JOIN LATERAL generate_series(1, LEAST(r.free, %(count)s)) AS s(n)
 ), work AS (
     SELECT w.task_execution_id, w.assignment, w.payload, s.id AS agent_id, s.name, s.target_triple,
