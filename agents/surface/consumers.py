@@ -30,6 +30,7 @@ from typing import Any
 
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
+from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
 
@@ -39,7 +40,7 @@ from fleet.executors.fleet import result_batches, roster, socket_writes
 from fleet.executors.fleet.delivery import db as delivery_db
 from fleet.executors.fleet.delivery import local_sockets, redelivery
 from fleet.executors.fleet.result_intake import MAX_BIGINT, MAX_INT, ResultIn
-from fleet.executors.fleet.routing.metrics import HEARTBEATS
+from fleet.executors.fleet.routing.metrics import CHANNEL_FULL, HEARTBEATS
 
 log = logging.getLogger(__name__)
 
@@ -363,16 +364,22 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         self._registered = True
         if previous is not None:
             # The same agent reconnected to this process: the older socket is stale.
-            asyncio.ensure_future(
-                self.channel_layer.send(
-                    previous.channel_name,
-                    {
-                        "type": "delivery.close",
-                        "code": CLOSE_SUPERSEDED,
-                        "reason": "superseded by a newer connection",
-                    },
-                )  # fmt: skip
+            asyncio.ensure_future(self._close_superseded(previous.channel_name))
+
+    async def _close_superseded(self, channel_name: str) -> None:
+        """Tell the stale socket to close; a full queue is counted (before, it was an
+        exception nobody retrieved)."""
+        try:
+            await self.channel_layer.send(
+                channel_name,
+                {
+                    "type": "delivery.close",
+                    "code": CLOSE_SUPERSEDED,
+                    "reason": "superseded by a newer connection",
+                },
             )
+        except ChannelFull:
+            CHANNEL_FULL.labels(where="superseded").inc()
 
     # -- messages from the relay ---------------------------------------------------------
     async def delivery_work(self, event: dict) -> None:

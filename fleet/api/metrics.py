@@ -3,7 +3,8 @@
 The fleet's totals must agree whichever server process is scraped, so they
 are computed from the database at scrape time by :class:`FleetCollector`:
 evictions (Eviction rows), reassigned work (their ``reassigned`` sum), open
-outbox rows (not acked) and live agents per tenant.  Per-process figures —
+outbox rows (not acked), live agents per tenant and their load (slots busy and
+slots in all, and agents counted by utilisation bucket).  Per-process figures —
 dispatch latency (Ready → delivered to the agent's socket) and results by
 outcome — are ordinary prometheus_client metrics that Prometheus sums over
 the scraped processes, like the connection pool's (``cloacina_db_pool_*``).
@@ -40,6 +41,9 @@ class FleetCollector(Collector):
         yield CounterMetricFamily("cloacina_fleet_work_reassigned", "")
         yield GaugeMetricFamily("cloacina_delivery_outbox_open", "")
         yield GaugeMetricFamily("cloacina_fleet_agents_live", "", labels=["tenant"])
+        yield GaugeMetricFamily("cloacina_fleet_agents_load", "", labels=["tenant", "load"])
+        yield GaugeMetricFamily("cloacina_fleet_slots_busy", "", labels=["tenant"])
+        yield GaugeMetricFamily("cloacina_fleet_slots", "", labels=["tenant"])
 
     def collect(self):
         try:
@@ -60,6 +64,8 @@ class FleetCollector(Collector):
                     """
                 )
                 live = cursor.fetchall()
+                cursor.execute(_LOAD)
+                load = cursor.fetchall()
         except DatabaseError as exc:
             log.warning("fleet metrics unavailable: %s", exc)
             return
@@ -84,6 +90,57 @@ class FleetCollector(Collector):
         for tenant, count in live:
             agents.add_metric([tenant], count)
         yield agents
+        yield from _load_families(load)
+
+
+# Live agents by in_flight / max_concurrency, one row per tenant and bucket (the
+# buckets of LOAD_BUCKETS, in that order).  Integer comparisons: no division, and an
+# agent with max_concurrency 0 counts as full.
+_LOAD = f"""
+    SELECT t.name,
+           count(a.id) FILTER (WHERE a.in_flight < 1 AND a.max_concurrency > 0),
+           count(a.id) FILTER (WHERE a.in_flight > 0 AND a.in_flight * 4 < a.max_concurrency),
+           count(a.id) FILTER (WHERE a.in_flight * 4 >= a.max_concurrency
+                                 AND a.in_flight * 2 < a.max_concurrency AND a.in_flight > 0),
+           count(a.id) FILTER (WHERE a.in_flight * 2 >= a.max_concurrency
+                                 AND a.in_flight * 4 < a.max_concurrency * 3 AND a.in_flight > 0),
+           count(a.id) FILTER (WHERE a.in_flight * 4 >= a.max_concurrency * 3
+                                 AND a.in_flight < a.max_concurrency AND a.in_flight > 0),
+           count(a.id) FILTER (WHERE a.in_flight >= a.max_concurrency),
+           coalesce(sum(LEAST(a.in_flight, a.max_concurrency)), 0),
+           coalesce(sum(a.max_concurrency), 0)
+    FROM fleet_tenant t
+    LEFT JOIN {ledger.AGENTS} a ON a.tenant_id = t.id AND a.state = 'live'
+    GROUP BY t.name ORDER BY t.name
+"""
+# Every tenant gets all six series, so the cardinality is exactly 6 × tenants whatever
+# the number of agents: no series is ever labelled by an agent.
+LOAD_BUCKETS = ("idle", "under_25", "under_50", "under_75", "under_100", "full")
+
+
+def _load_families(rows: list[tuple]) -> list[GaugeMetricFamily]:
+    by_bucket = GaugeMetricFamily(
+        "cloacina_fleet_agents_load",
+        "Live agents per tenant by slots in use / max_concurrency: idle (0), under_25, "
+        "under_50, under_75, under_100 (busy but not full) and full.",
+        labels=["tenant", "load"],
+    )
+    busy = GaugeMetricFamily(
+        "cloacina_fleet_slots_busy",
+        "Slots in use on the tenant's live agents (in_flight, at most max_concurrency each).",
+        labels=["tenant"],
+    )
+    slots = GaugeMetricFamily(
+        "cloacina_fleet_slots",
+        "Slots in all on the tenant's live agents (the sum of max_concurrency).",
+        labels=["tenant"],
+    )
+    for tenant, *counts in rows:
+        for bucket, count in zip(LOAD_BUCKETS, counts[: len(LOAD_BUCKETS)], strict=True):
+            by_bucket.add_metric([tenant, bucket], count)
+        busy.add_metric([tenant], int(counts[-2]))
+        slots.add_metric([tenant], int(counts[-1]))
+    return [by_bucket, busy, slots]
 
 
 _collector = FleetCollector()

@@ -32,6 +32,7 @@ from fleet.executors.fleet import lifecycle
 from fleet.executors.fleet.delivery import local_sockets
 from fleet.executors.fleet.delivery.pg import connect_async
 from fleet.executors.fleet.delivery.waiting import wait_event
+from fleet.executors.fleet.routing.metrics import CHANNEL_FULL
 from fleet.executors.fleet.state import ledger
 
 log = logging.getLogger(__name__)
@@ -272,12 +273,14 @@ async def _refuse(agent_id: uuid.UUID, what: str, exc: Exception) -> None:
     if socket is None:
         return
     local_sockets.unregister(agent_id, socket.channel_name)
-    with contextlib.suppress(ChannelFull):
+    try:
         await get_channel_layer().send(
             socket.channel_name,
             {"type": "delivery.close", "code": CLOSE_MALFORMED,
              "reason": f"malformed frame: the database refused its {what}"},
         )  # fmt: skip
+    except ChannelFull:
+        CHANNEL_FULL.labels(where="refused_write").inc()
 
 
 _writers: dict[asyncio.AbstractEventLoop, SocketWrites] = {}

@@ -23,6 +23,7 @@ would have given.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections import defaultdict
 
@@ -39,7 +40,12 @@ from fleet.executors.fleet.delivery.placement import (
     Unroutable,
 )
 from fleet.executors.fleet.routing.candidates import no_capacity_reason
-from fleet.executors.fleet.routing.metrics import BACKPRESSURE, SELECTION_FAILURE, SELECTION_SUCCESS
+from fleet.executors.fleet.routing.metrics import (
+    BACKPRESSURE,
+    SELECTION_FAILURE,
+    SELECTION_SUCCESS,
+    observe_selections,
+)
 from fleet.executors.fleet.routing.selectors import UNCONSTRAINED
 
 log = logging.getLogger(__name__)
@@ -48,7 +54,13 @@ Placement = Placed | NoAgent | NotClaimed
 
 
 def _place_plain(group: list[Prepared]) -> dict[uuid.UUID, Placement]:
-    placed = placement.reserve_and_enqueue(group)
+    # Timed like selection.select times one task: choosing and reserving (and enqueueing,
+    # which is the same statement), one observation per task of the group.
+    started = time.perf_counter()
+    try:
+        placed = placement.reserve_and_enqueue(group)
+    finally:
+        observe_selections(time.perf_counter() - started, len(group))
     results: dict[uuid.UUID, Placement] = {}
     reason = ""
     for prepared in group:

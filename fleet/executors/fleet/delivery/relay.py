@@ -34,6 +34,7 @@ from fleet.executors.fleet.delivery import local_sockets
 from fleet.executors.fleet.delivery.metrics import DISPATCH_LATENCY
 from fleet.executors.fleet.delivery.pg import connect_async
 from fleet.executors.fleet.delivery.waiting import wait_event
+from fleet.executors.fleet.routing.metrics import CHANNEL_FULL
 from fleet.executors.fleet.state import ledger
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,7 @@ class Relay:
                     socket.channel_name, {"type": "delivery.work", "packet": packet}
                 )
             except ChannelFull:
+                CHANNEL_FULL.labels(where="placement").inc()
                 self._backoff[agent_id] = time.monotonic() + FULL_CHANNEL_BACKOFF_S
             else:
                 self.pushed += 1
@@ -215,6 +217,7 @@ class Relay:
             try:
                 await layer.send(socket.channel_name, {"type": "delivery.work", "packet": packet})
             except ChannelFull:
+                CHANNEL_FULL.labels(where="relay").inc()
                 self._backoff[agent_id] = time.monotonic() + FULL_CHANNEL_BACKOFF_S
                 failed.append(outbox_id)
                 continue
@@ -262,9 +265,11 @@ class Relay:
             else:
                 continue
             local_sockets.unregister(agent_id, socket.channel_name)
-            with contextlib.suppress(ChannelFull):
+            try:
                 await layer.send(
                     socket.channel_name, {"type": "delivery.close", "code": code, "reason": reason}
                 )
+            except ChannelFull:
+                CHANNEL_FULL.labels(where="reconcile").inc()
             closed += 1
         return closed

@@ -5,7 +5,7 @@ answers the same: agents connected (gauge) and the event counters a trigger keep
 ``agents_agent`` (connects, disconnects, state changes from → to; migration
 fleet/0006).  Per-process figures are ordinary prometheus_client metrics that
 Prometheus sums over the processes: heartbeats received, back-pressure events,
-selection duration and selection outcomes.
+outbound channel-full events, selection duration and selection outcomes.
 """
 
 from __future__ import annotations
@@ -31,6 +31,12 @@ BACKPRESSURE = Counter(
     "Times work had to wait because every agent that could take it was at capacity.",
     ["reason"],
 )
+CHANNEL_FULL = Counter(
+    "cloacina_agent_channel_full",
+    "Pushes to an agent's socket refused because its channel-layer queue was full, by where "
+    "the push came from (relay, placement, reconcile, refused_write, superseded).",
+    ["where"],
+)
 SELECTION_DURATION = Histogram(
     "cloacina_selector_duration_seconds",
     "Time to choose an agent for a task and reserve its slot (or find there is none).",
@@ -48,6 +54,20 @@ SELECTION_FAILURE = Counter(
     "no_matching_agent / invalid_selector / context_too_large (the task fails).",
     ["reason"],
 )
+
+
+def observe_selections(seconds: float, tasks: int) -> None:
+    """Record a batch statement that selected agents for ``tasks`` tasks in ``seconds``.
+
+    The single path observes once per task (``selection.select``), so the batch path does
+    too: one observation per task, each the statement's time shared evenly, so the
+    histogram's count is still the number of tasks selected and its sum the time spent.
+    """
+    if tasks <= 0:
+        return
+    share = seconds / tasks
+    for _ in range(tasks):
+        SELECTION_DURATION.observe(share)
 
 
 class AgentFabricCollector(Collector):
