@@ -22,11 +22,18 @@ from websockets.exceptions import ConnectionClosed
 from agents.protocol import frames
 from agents.runtime import host_metrics
 from agents.runtime.agent_config import AGENT_VERSION, AgentConfig
-from agents.runtime.backoff import Backoff, wait_event
+from agents.runtime.backoff import (
+    RATE_LIMITED_BASE_S,
+    RATE_LIMITED_CAP_S,
+    Backoff,
+    rate_limited_delay,
+    wait_event,
+)
 from agents.runtime.client import (
     AgentClient,
     AuthRejected,
     ProtocolMismatch,
+    RateLimited,
     Registration,
     RequestRejected,
     ServerUnavailable,
@@ -211,6 +218,7 @@ class Agent:
     async def _register(self) -> bool:
         """Register (retrying while the server is unreachable); False when we should not."""
         backoff = Backoff()
+        limited = Backoff(RATE_LIMITED_BASE_S, RATE_LIMITED_CAP_S)
         wire_format, other_tried = self.config.wire_format, False
         while not self._stopping:
             if self.draining:
@@ -223,6 +231,13 @@ class Agent:
             except ServerUnavailable as exc:
                 delay = backoff.next_delay()
                 log.warning("cannot register (%s); retrying in %.1fs", exc, delay)
+                await self._sleep_or_wake(delay)
+                continue
+            except RateLimited as exc:
+                # Too many registrations or agents for now: it passes, so wait (as long as
+                # the server asks, within the cap) and keep trying while the process runs.
+                delay = rate_limited_delay(limited, exc.retry_after_s)
+                log.warning("%s; retrying in %.1fs", exc, delay)
                 await self._sleep_or_wake(delay)
                 continue
             except AuthRejected as exc:

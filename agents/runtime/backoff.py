@@ -12,6 +12,10 @@ import random
 RECONNECT_BASE_S = 0.2
 RECONNECT_CAP_S = 10.0
 HEARTBEAT_JITTER = 0.10  # ±10 % of the advertised interval
+# A 429 at registration (rate or cap) lasts seconds to minutes: start slower than a
+# reconnect and wait up to a minute between tries, however long the server asks for.
+RATE_LIMITED_BASE_S = 1.0
+RATE_LIMITED_CAP_S = 60.0
 
 
 class Backoff:
@@ -38,6 +42,22 @@ class Backoff:
 
     def reset(self) -> None:
         self.failures = 0
+
+
+def rate_limited_delay(
+    backoff: Backoff,
+    retry_after_s: float | None,
+    cap_s: float = RATE_LIMITED_CAP_S,
+    rng: random.Random | None = None,
+) -> float:
+    """How long to wait after a 429: the longer of ``backoff``'s next (jittered) delay and
+    the server's Retry-After plus up to 10 % (agents refused together do not all come back
+    in the same second), never more than ``cap_s``."""
+    delay = backoff.next_delay()
+    if retry_after_s is not None:
+        r = rng or random
+        delay = max(delay, retry_after_s * (1 + r.uniform(0, HEARTBEAT_JITTER)))
+    return min(cap_s, delay)
 
 
 def jittered(interval_s: float, rng: random.Random | None = None) -> float:

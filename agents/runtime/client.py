@@ -2,7 +2,8 @@
 
 Every failure is sorted into what the agent must do about it: retry later
 (:class:`ServerUnavailable`), stop (:class:`AuthRejected`, :class:`ProtocolMismatch`,
-:class:`TLSFailure` at registration), re-register (:class:`UnknownAgent`) or give up on that one request (:class:`RequestRejected`).
+:class:`TLSFailure` at registration), wait and register again (:class:`RateLimited`),
+re-register (:class:`UnknownAgent`) or give up on that one request (:class:`RequestRejected`).
 The API key only ever travels in the Authorization header; it is in no message here.
 """
 
@@ -60,6 +61,26 @@ class AuthRejected(ClientError):
 
 class ProtocolMismatch(ClientError):
     """409 at registration: the server speaks another protocol version or wire format."""
+
+
+class RateLimited(ClientError):
+    """429 at registration: the key's registration rate or the tenant's cap of agents is
+    reached for now; wait (``retry_after_s`` from Retry-After when the server sent one)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message, 429)
+        self.retry_after_s = retry_after_s
+
+
+def retry_after_s(response: httpx.Response) -> float | None:
+    """The Retry-After header in seconds; None when absent or not delta-seconds (an
+    HTTP-date is not worth trusting across two clocks: the agent's own backoff applies)."""
+    raw = response.headers.get("Retry-After", "").strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if value >= 0 else None
 
 
 class UnknownAgent(ClientError):
@@ -176,6 +197,11 @@ class AgentClient:
         response = await self._call("POST", "/agents/register", json=body)
         if response.status_code == 409:
             raise ProtocolMismatch(_detail(response), 409)
+        if response.status_code == 429:
+            raise RateLimited(
+                f"registration refused for now (429): {_detail(response)}",
+                retry_after_s(response),
+            )
         if response.status_code not in (200, 201):
             raise self._rejected(response, "registration")
         data = response.json()

@@ -20,6 +20,7 @@ document rather than from a table kept by hand.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from django.conf import settings
@@ -170,7 +171,10 @@ def install_error_handlers(api: NinjaAPI) -> None:
 
     def on_domain_error(request: HttpRequest, exc: DomainError) -> HttpResponse:
         # A service refused the request: its kind picks the status (error_status's table).
-        return api.create_response(request, {"detail": exc.detail}, status=http_status(exc))
+        response = api.create_response(request, {"detail": exc.detail}, status=http_status(exc))
+        if exc.retry_after_s is not None:  # whole seconds, never 0: "now" would be a hot loop
+            response["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+        return response
 
     api.add_exception_handler(ValidationError, on_validation_error)
     api.add_exception_handler(DomainError, on_domain_error)

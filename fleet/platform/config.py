@@ -375,7 +375,12 @@ def _read_toml(home: Path) -> dict:
 
 
 def _coerce(setting: Setting, raw: Any, source: str) -> Any:
-    name = setting.env if source == "environment" else f"{setting.toml_key} in config.toml"
+    if source == "environment":
+        name = setting.env
+    elif source == "config.toml":
+        name = f"{setting.toml_key} in config.toml"
+    else:  # a command-line flag: its own name
+        name = source
     if setting.kind is bool:
         return raw if isinstance(raw, bool) else _parse_bool(name, str(raw))
     if setting.kind is int:
@@ -383,6 +388,17 @@ def _coerce(setting: Setting, raw: Any, source: str) -> Any:
     if setting.kind is float:
         return _parse_float(name, raw, float(setting.minimum))
     return str(raw).strip()
+
+
+def parse_flag(attr: str, raw: str | None, flag: str) -> Any:
+    """A command-line flag's value for the setting ``attr``, checked like its env variable
+    (same type and minimum) but named after ``flag`` in the error; ``None``: not given."""
+    if raw is None:
+        return None
+    setting = next((s for s in SETTINGS if s.attr == attr), None)
+    if setting is None:
+        raise ConfigError(f"unknown configuration key: {attr!r}")
+    return _coerce(setting, raw, flag)
 
 
 def read_settings(

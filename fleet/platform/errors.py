@@ -31,7 +31,9 @@ class ErrorKind(enum.StrEnum):
 class DomainError(Exception):
     """A refused request: ``kind`` classifies it, ``detail`` says why in the client's words."""
 
-    def __init__(self, kind: ErrorKind, detail: str) -> None:
+    def __init__(self, kind: ErrorKind, detail: str, retry_after_s: float | None = None) -> None:
         super().__init__(detail)
         self.kind = kind
         self.detail = detail
+        # A LIMITED refusal may know when to come back (the API sends it as Retry-After).
+        self.retry_after_s = retry_after_s

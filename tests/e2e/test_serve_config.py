@@ -28,6 +28,12 @@ def procs(transactional_db, tmp_path):
         ),
         ([], {"CLOACINA_DEFAULT_EXECUTOR": "bogus"}, "valid keys: default"),
         (["--actuator", "podman"], {}, "unknown actuator 'podman'"),
+        (
+            ["--agent-heartbeat-interval-s", "soon"],
+            {},
+            "--agent-heartbeat-interval-s must be a number, got 'soon'",
+        ),
+        (["--agent-liveness-misses", "0"], {}, "--agent-liveness-misses must be >= 1, got 0"),
         ([], {"CLOACINA_SCHEDULER_POLL_S": "fast"}, "CLOACINA_SCHEDULER_POLL_S must be a number"),
         ([], {"CLOACINA_DB_POOL_MAX": "10"}, "CLOACINA_DB_POOL_MAX must be at least 24"),
         ([], {"CLOACINA_ALLOWED_HOSTS": "https://x.example"}, "CLOACINA_ALLOWED_HOSTS: 'https:"),

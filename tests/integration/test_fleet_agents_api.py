@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from agents.models import Agent
+from fleet.executors.fleet import roster
 from fleet.executors.fleet.delivery.placement import place_task
 from fleet.executors.fleet.lifecycle import revoke_key
 from fleet.models import ApiKey, DeliveryOutbox, Eviction, TaskExecution, TaskOutcome, Tenant
@@ -292,3 +295,31 @@ def test_the_registration_cap_is_never_below_the_limit(
     assert post(client, "/agents/register", agent_key, register_body(name="w4")).status_code == 429
     registered_agents_cap("auto")  # max(64, 4 × 4)
     assert post(client, "/agents/register", agent_key, register_body(name="w4")).status_code == 201
+
+
+@pytest.mark.django_db
+def test_a_registration_past_the_rate_says_when_the_window_frees(
+    client, agent_key, tenant, monkeypatch
+):
+    monkeypatch.setattr(roster, "REGISTRATIONS_PER_KEY_PER_MINUTE", 2)
+    for name in ("w0", "w1"):
+        assert (
+            post(client, "/agents/register", agent_key, register_body(name=name)).status_code == 201
+        )
+    # The older of the two ages out of the minute in ~10 s: that is when to come back.
+    Agent.objects.filter(name="w0").update(registered_at=timezone.now() - timedelta(seconds=50))
+    refused = post(client, "/agents/register", agent_key, register_body(name="w2"))
+    assert refused.status_code == 429
+    assert 9 <= int(refused["Retry-After"]) <= 11
+
+
+@pytest.mark.django_db
+def test_a_registration_past_the_cap_gets_a_fixed_retry_after(
+    client, agent_key, tenant, registered_agents_cap
+):
+    Tenant.objects.filter(pk=tenant.pk).update(max_agents_override=1)
+    registered_agents_cap("1")
+    assert post(client, "/agents/register", agent_key, register_body(name="w0")).status_code == 201
+    refused = post(client, "/agents/register", agent_key, register_body(name="w1"))
+    assert refused.status_code == 429
+    assert refused["Retry-After"] == "30"

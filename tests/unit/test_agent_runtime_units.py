@@ -16,10 +16,13 @@ import pytest
 
 from agents.protocol import work
 from agents.runtime import backoff, connection
+from agents.runtime.agent import EXIT_AUTH, Agent
+from agents.runtime.agent_config import AgentConfig
 from agents.runtime.client import (
     AgentClient,
     AuthRejected,
     ProtocolMismatch,
+    RateLimited,
     RequestRejected,
     ServerUnavailable,
     UnknownAgent,
@@ -218,10 +221,10 @@ class ScriptedServer:
         body = json.loads(request.content) if request.content else {}
         self.requests.append((request.method, request.url.path, body))
         assert request.headers["Authorization"] == "Bearer the-key"
-        status, answer = self.answers.pop(0)
+        status, answer, *headers = self.answers.pop(0)  # an optional third item: headers
         if status == 0:
             raise httpx.ConnectError("connection refused", request=request)
-        return httpx.Response(status, json=answer)
+        return httpx.Response(status, json=answer, headers=headers[0] if headers else None)
 
 
 def _client(server: ScriptedServer) -> AgentClient:
@@ -237,6 +240,7 @@ def _client(server: ScriptedServer) -> AgentClient:
         (403, AuthRejected),
         (409, ProtocolMismatch),
         (422, RequestRejected),
+        (429, RateLimited),
     ],
 )
 def test_registration_failures_are_sorted_by_what_the_agent_must_do(status, error):
@@ -254,6 +258,73 @@ def test_registration_failures_are_sorted_by_what_the_agent_must_do(status, erro
     if status:
         assert "the reason" in str(info.value)
     assert server.requests[0][:2] == ("POST", "/api/v1/agents/register")
+
+
+def _agent(tmp_path, server: ScriptedServer) -> Agent:
+    config = AgentConfig(
+        server_url="http://server:8000",
+        api_key="the-key",
+        name="a",
+        target_triple="x86_64-unknown-linux-gnu",
+        cache_dir=tmp_path / "cache",
+        cache_max_bytes=1024 * 1024,
+    )
+    return Agent(config, client=_client(server))
+
+
+REGISTERED = {"agent_id": "agent-1", "name": "a", "heartbeat_interval_s": 5, "liveness_misses": 3}
+
+
+def test_a_429_at_registration_waits_its_retry_after_and_registers(tmp_path, caplog):
+    server = ScriptedServer(
+        (429, {"detail": "this key registered 60 agents"}, {"Retry-After": "1"}),
+        (201, REGISTERED),
+    )
+
+    async def scenario() -> tuple[bool, float, Agent]:
+        agent = _agent(tmp_path, server)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            return await agent._register(), loop.time() - started, agent
+        finally:
+            await agent.client.close()
+
+    with caplog.at_level("WARNING", logger="agents.runtime.agent"):
+        registered, waited, agent = run_async(scenario())
+    assert registered and agent.registration.agent_id == "agent-1"
+    assert agent.exit_code is None  # a 429 is not a reason to exit
+    assert 1.0 <= waited < 1.5  # Retry-After (plus at most 10 % jitter), not the 0.5 s backoff
+    assert len(server.requests) == 2
+    retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+    assert len(retries) == 1 and "429" in retries[0] and "60 agents" in retries[0]
+
+
+def test_a_401_at_registration_still_stops_the_agent(tmp_path):
+    server = ScriptedServer((401, {"detail": "revoked"}))
+
+    async def scenario() -> tuple[bool, Agent]:
+        agent = _agent(tmp_path, server)
+        try:
+            return await agent._register(), agent
+        finally:
+            await agent.client.close()
+
+    registered, agent = run_async(scenario())
+    assert not registered
+    assert agent.exit_code == EXIT_AUTH and "revoked" in agent.exit_message
+    assert len(server.requests) == 1
+
+
+def test_a_429_wait_grows_honours_retry_after_and_is_capped():
+    rng = random.Random(7)
+    grows = backoff.Backoff(1.0, 60.0, rng=rng)
+    delays = [backoff.rate_limited_delay(grows, None, rng=rng) for _ in range(8)]
+    assert 0.5 <= delays[0] <= 1.0 and all(d <= 60.0 for d in delays)
+    assert delays[-1] >= 30.0  # 1 × 2^7 capped at 60, drawn in [30, 60]
+    fresh = backoff.Backoff(1.0, 60.0, rng=rng)
+    assert 20.0 <= backoff.rate_limited_delay(fresh, 20.0, rng=rng) <= 22.0
+    assert backoff.rate_limited_delay(fresh, 3600.0, rng=rng) == 60.0  # bounded
 
 
 def test_an_unknown_agent_heartbeat_is_its_own_error():

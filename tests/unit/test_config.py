@@ -1,6 +1,12 @@
 import pytest
 
-from fleet.platform.config import ConfigError, apply_overrides, load_config, reset_config
+from fleet.platform.config import (
+    ConfigError,
+    apply_overrides,
+    load_config,
+    parse_flag,
+    reset_config,
+)
 
 
 def test_it_uses_defaults(tmp_path):
@@ -28,6 +34,47 @@ def test_flags_beat_everything(tmp_path, monkeypatch):
         assert apply_overrides(default_executor="default").default_executor == "default"
     finally:
         reset_config()
+
+
+def test_agent_liveness_flags_beat_env_and_toml(tmp_path, monkeypatch):
+    """flag > env > config.toml > default, for the two serve flags of seed 000."""
+    (tmp_path / "config.toml").write_text(
+        "[server]\nagent_heartbeat_interval_s = 7.0\nagent_liveness_misses = 4\n"
+    )
+    monkeypatch.setenv("CLOACINA_HOME", str(tmp_path))
+    monkeypatch.setenv("CLOACINA_AGENT_HEARTBEAT_INTERVAL_S", "5")
+    reset_config()
+    try:
+        assert load_config().heartbeat_interval_s == 5.0  # env over toml
+        assert load_config().liveness_misses == 4  # toml over default
+        config = apply_overrides(
+            heartbeat_interval_s=parse_flag("heartbeat_interval_s", "2.5", "--hb"),
+            liveness_misses=parse_flag("liveness_misses", "6", "--misses"),
+        )
+        assert (config.heartbeat_interval_s, config.liveness_misses) == (2.5, 6)
+        assert config.liveness_window_s == 15.0
+        # Not given: the lower layers stand.
+        config = apply_overrides(
+            heartbeat_interval_s=parse_flag("heartbeat_interval_s", None, "--hb")
+        )
+        assert config.heartbeat_interval_s == 2.5
+    finally:
+        reset_config()
+
+
+@pytest.mark.parametrize(
+    "attr,raw,flag,message",
+    [
+        ("heartbeat_interval_s", "soon", "--agent-heartbeat-interval-s", "must be a number"),
+        ("heartbeat_interval_s", "0", "--agent-heartbeat-interval-s", "must be >= 0.05"),
+        ("liveness_misses", "0", "--agent-liveness-misses", "must be >= 1, got 0"),
+        ("liveness_misses", "2.5", "--agent-liveness-misses", "must be an integer"),
+    ],
+)
+def test_bad_agent_liveness_flags_are_refused_by_their_flag_name(attr, raw, flag, message):
+    with pytest.raises(ConfigError, match=message) as caught:
+        parse_flag(attr, raw, flag)
+    assert str(caught.value).startswith(flag)
 
 
 @pytest.mark.parametrize(

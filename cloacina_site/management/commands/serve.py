@@ -34,7 +34,7 @@ from fleet.engine.executor import PeriodicJob
 from fleet.engine.loop import EngineLoop
 from fleet.engine.periodic import PeriodicJobs
 from fleet.executors.registry import build_dispatcher
-from fleet.platform.config import Config, ConfigError, apply_overrides
+from fleet.platform.config import Config, ConfigError, apply_overrides, parse_flag
 from fleet.platform.isolation import current_warning
 from fleet.platform.schema import migrate_with_lock
 
@@ -59,6 +59,19 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--actuator", default=None, help=f"fleet actuator: {' | '.join(substrate.ACTUATORS)}"
+        )
+        # Strings here, checked by the config's own parser: a bad value is one line, exit 2.
+        parser.add_argument(
+            "--agent-heartbeat-interval-s",
+            dest="agent_heartbeat_interval_s",
+            default=None,
+            help="heartbeat interval advertised to agents, seconds (>= 0.05)",
+        )
+        parser.add_argument(
+            "--agent-liveness-misses",
+            dest="agent_liveness_misses",
+            default=None,
+            help="missed beats before an agent is declared dead (>= 1)",
         )
         parser.add_argument("--tls-cert", default=None, help="PEM certificate (chain): serve TLS")
         parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
@@ -114,6 +127,16 @@ class Command(BaseCommand):
                 tls_cert=options["tls_cert"],
                 tls_key=options["tls_key"],
                 tls_client_ca=options["tls_client_ca"],
+                heartbeat_interval_s=parse_flag(
+                    "heartbeat_interval_s",
+                    options.get("agent_heartbeat_interval_s"),
+                    "--agent-heartbeat-interval-s",
+                ),
+                liveness_misses=parse_flag(
+                    "liveness_misses",
+                    options.get("agent_liveness_misses"),
+                    "--agent-liveness-misses",
+                ),
             )
         except ConfigError as exc:
             raise CommandError(str(exc), returncode=EXIT_CONFIG) from None

@@ -15,8 +15,9 @@ import json
 import secrets
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from agents.models import Agent, AgentState
@@ -43,6 +44,10 @@ MAX_METRICS_BYTES = 16 * 1024
 # replaces one and is always let through) and registrations per key per minute (each one
 # leaves a row behind, dead ones as history).
 REGISTRATIONS_PER_KEY_PER_MINUTE = 60
+RATE_WINDOW = timedelta(minutes=1)
+# The cap frees when an agent deregisters or is evicted, which nobody can predict: a hint
+# that keeps refused agents from hammering the server, short enough to notice a free place.
+CAP_RETRY_AFTER_S = 30.0
 
 
 class RosterError(DomainError):
@@ -151,14 +156,24 @@ def _validate(reg: Registration) -> Registration:
 
 def _check_rate(key: ApiKey) -> None:
     """429 past the registration rate of ``key`` (checked before anyone is replaced)."""
-    since = timezone.now() - timedelta(minutes=1)
-    recent = Agent.objects.filter(api_key=key, registered_at__gt=since).count()
+    now = timezone.now()
+    window = Agent.objects.filter(api_key=key, registered_at__gt=now - RATE_WINDOW)
+    recent = window.count()
     if recent >= REGISTRATIONS_PER_KEY_PER_MINUTE:
         raise RosterError(
             ErrorKind.LIMITED,
             f"this key registered {recent} agents in the last minute (at most "
             f"{REGISTRATIONS_PER_KEY_PER_MINUTE}); an agent registers once and keeps its name",
+            retry_after_s=_rate_frees_in_s(window, recent, now),
         )
+
+
+def _rate_frees_in_s(window: QuerySet[Agent], recent: int, now: datetime) -> float:
+    """Seconds until the window holds one registration fewer than the limit: when the
+    registration that many places from the oldest ages out of it."""
+    times = window.order_by("registered_at").values_list("registered_at", flat=True)
+    ages_out = times[recent - REGISTRATIONS_PER_KEY_PER_MINUTE] + RATE_WINDOW
+    return max(0.0, (ages_out - now).total_seconds())
 
 
 def registration_cap(tenant: Tenant) -> int:
@@ -178,6 +193,7 @@ def _check_cap(key: ApiKey, name: str) -> None:
             f"tenant {key.tenant.name!r} already has {cap} agents that are not dead (the cap "
             f"set by CLOACINA_MAX_REGISTERED_AGENTS={get_config().max_registered_agents}); "
             "deregister some, or wait for silent ones to be evicted",
+            retry_after_s=CAP_RETRY_AFTER_S,
         )
 
 
