@@ -56,14 +56,6 @@ class FleetCollector(Collector):
                     """
                 )
                 evicted, reassigned, open_rows = cursor.fetchone()
-                cursor.execute(
-                    f"""
-                    SELECT t.name, count(a.id) FROM fleet_tenant t
-                    LEFT JOIN {ledger.AGENTS} a ON a.tenant_id = t.id AND a.state = 'live'
-                    GROUP BY t.name ORDER BY t.name
-                    """
-                )
-                live = cursor.fetchall()
                 cursor.execute(_LOAD)
                 load = cursor.fetchall()
         except DatabaseError as exc:
@@ -84,12 +76,6 @@ class FleetCollector(Collector):
             "Outbox rows not yet acked (pending or delivered): the depth of the push queue.",
             value=open_rows,
         )
-        agents = GaugeMetricFamily(
-            "cloacina_fleet_agents_live", "Live agents per tenant.", labels=["tenant"]
-        )
-        for tenant, count in live:
-            agents.add_metric([tenant], count)
-        yield agents
         yield from _load_families(load)
 
 
@@ -119,6 +105,11 @@ LOAD_BUCKETS = ("idle", "under_25", "under_50", "under_75", "under_100", "full")
 
 
 def _load_families(rows: list[tuple]) -> list[GaugeMetricFamily]:
+    """The live agents per tenant (the buckets partition them, so their sum), by bucket, and
+    their slots: every figure from the one per-scrape query."""
+    live = GaugeMetricFamily(
+        "cloacina_fleet_agents_live", "Live agents per tenant.", labels=["tenant"]
+    )
     by_bucket = GaugeMetricFamily(
         "cloacina_fleet_agents_load",
         "Live agents per tenant by slots in use / max_concurrency: idle (0), under_25, "
@@ -136,11 +127,13 @@ def _load_families(rows: list[tuple]) -> list[GaugeMetricFamily]:
         labels=["tenant"],
     )
     for tenant, *counts in rows:
-        for bucket, count in zip(LOAD_BUCKETS, counts[: len(LOAD_BUCKETS)], strict=True):
+        buckets = counts[: len(LOAD_BUCKETS)]
+        live.add_metric([tenant], sum(buckets))
+        for bucket, count in zip(LOAD_BUCKETS, buckets, strict=True):
             by_bucket.add_metric([tenant, bucket], count)
         busy.add_metric([tenant], int(counts[-2]))
         slots.add_metric([tenant], int(counts[-1]))
-    return [by_bucket, busy, slots]
+    return [live, by_bucket, busy, slots]
 
 
 _collector = FleetCollector()
