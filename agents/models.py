@@ -11,7 +11,14 @@ from django.utils import timezone
 class AgentState(models.TextChoices):
     LIVE = "live"
     DRAINING = "draining"
-    DEAD = "dead"
+    DEAD = "dead"  # evicted: silent past the liveness window, overdue drain, revoked key
+    STOPPED = "stopped"  # a clean exit: deregistered (SIGTERM, a deprovision's drain)
+
+
+# The states an agent never leaves (a new registration is a new row).
+ENDED_STATES = (AgentState.DEAD, AgentState.STOPPED)
+# The states that hold a name, a socket and (draining: finishing) work.
+ACTIVE_STATES = (AgentState.LIVE, AgentState.DRAINING)
 
 
 class Agent(models.Model):
@@ -46,7 +53,16 @@ class Agent(models.Model):
     drain_deadline = models.DateTimeField(null=True, blank=True)
     # When a reservation last picked it: selection round-robins on it (fleet/executors/fleet/routing/).
     last_selected_at = models.DateTimeField(null=True, blank=True)
+    # When it ended (dead or stopped).
     dead_at = models.DateTimeField(null=True, blank=True)
+    # Its circuit breaker (owner: fleet/executors/fleet/state/breaker.py): consecutive
+    # failures since the last success; open until ``breaker_open_until`` (NULL: closed;
+    # past: half-open, one probe placed when ``breaker_probing``); ``breaker_trips``: times
+    # it opened in a row without closing (the cool-off doubles with each).
+    breaker_failures = models.PositiveIntegerField(default=0)
+    breaker_open_until = models.DateTimeField(null=True, blank=True)
+    breaker_probing = models.BooleanField(default=False)
+    breaker_trips = models.PositiveIntegerField(default=0)
     # The agent process's own id (sent at registration): a process that re-registers
     # under a new agent id keeps it, so its outcomes owed under the old id still count.
     instance_id = models.UUIDField(null=True, blank=True)
@@ -61,10 +77,10 @@ class Agent(models.Model):
             models.Index(fields=["state", "last_heartbeat"]),
         ]
         constraints = [
-            # One non-dead agent per name in a tenant; dead ones stay for history.
+            # One live or draining agent per name in a tenant; ended ones stay for history.
             models.UniqueConstraint(
                 fields=["tenant", "name"],
-                condition=~models.Q(state="dead"),
+                condition=models.Q(state__in=["live", "draining"]),
                 name="uniq_live_agent_name",
             ),
         ]

@@ -15,9 +15,10 @@ from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
 from pydantic import ConfigDict
 
-from agents.models import Agent, AgentState
+from agents.models import ENDED_STATES, Agent
 from fleet.control import limits
-from fleet.executors.fleet.routing import health
+from fleet.executors.fleet.routing import health, phases
+from fleet.executors.fleet.state import breaker
 from fleet.models import AutoscaleDecision, FleetChange, Tenant
 from fleet.platform.auth import admin_auth, read_auth, write_auth
 from fleet.platform.config import get_config
@@ -35,7 +36,20 @@ class ErrorOut(Schema):
 class AgentOut(Schema):
     id: uuid.UUID = Field(description="the agent id (POST /agents/{id}/drain)")
     name: str
-    state: str = Field(description="live, draining or dead")
+    state: str = Field(
+        description="live, draining, dead (evicted) or stopped (a clean exit or deprovision)"
+    )
+    phase: str = Field(
+        description="connecting, ready, busy, draining, disconnected (socket gone, inside the "
+        "liveness window), stopped or dead (docs/fleet.md)"
+    )
+    breaker: str = Field(
+        description="its circuit breaker: closed, open (no new work until breaker_open_until) "
+        "or half_open (one probe task may be placed) (docs/fleet.md)"
+    )
+    breaker_open_until: datetime | None = Field(
+        None, description="when an open breaker lets a probe through (null: closed)"
+    )
     health: str = Field(
         description="healthy, degraded (late heartbeat, socket open: ranked last), "
         "unhealthy (no socket: never selected), draining or dead (docs/routing.md)"
@@ -142,7 +156,7 @@ def actor_of(request: HttpRequest) -> str:
 
 def _agents(tenant: Tenant) -> list[dict]:
     cutoff = timezone.now() - RECENT_DEAD
-    rows = Agent.objects.filter(tenant=tenant).exclude(state=AgentState.DEAD, dead_at__lt=cutoff)
+    rows = Agent.objects.filter(tenant=tenant).exclude(state__in=ENDED_STATES, dead_at__lt=cutoff)
     config, now = get_config(), timezone.now()
     agents = list(
         rows.order_by("name").values(
@@ -159,14 +173,29 @@ def _agents(tenant: Tenant) -> list[dict]:
             "capabilities",
             "exclusive",
             "version",
+            *PHASE_AND_BREAKER_FIELDS,
         )
     )
     for agent in agents:
+        add_phase_and_breaker(agent, now)
         agent["health"] = health.classify(
             agent["state"], agent.pop("connected_to"), agent["last_heartbeat"], now,
             config.heartbeat_interval_s, config.liveness_window_s,
         )  # fmt: skip
     return agents
+
+
+PHASE_AND_BREAKER_FIELDS = ("connection_generation", "breaker_open_until")
+
+
+def add_phase_and_breaker(agent: dict, now: datetime) -> None:
+    """An agent row's ``phase`` and ``breaker`` (derived: :mod:`~fleet.executors.fleet.routing.phases`,
+    :mod:`~fleet.executors.fleet.state.breaker`); reads ``connected_to`` without removing it."""
+    agent["phase"] = phases.of(
+        agent["state"], bool(agent["connected_to"]), agent.pop("connection_generation"),
+        agent["in_flight"], agent["max_concurrency"],
+    )  # fmt: skip
+    agent["breaker"] = breaker.state_of(agent["breaker_open_until"], now)
 
 
 def fleet_view(tenant: Tenant) -> dict:

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 # The delivery counters and the agent-fabric and selector metrics (agents connected, connects, state changes,
 # heartbeats, back-pressure, selection) register themselves on import.
+from fleet.api import breaker_metrics  # noqa: F401  (live agents by breaker state)
 from fleet.executors.fleet.delivery import metrics as delivery_metrics  # noqa: F401
 from fleet.executors.fleet.routing import metrics as routing_metrics  # noqa: F401
 from fleet.executors.fleet.state import ledger

@@ -8,14 +8,14 @@ console, the REST API and the admin share one set of bounds and one audit trail.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 
-from agents.models import Agent, AgentState
+from agents.models import ENDED_STATES, Agent, AgentState
 from artifacts.builds import jobs as build_jobs
 from fleet.api.error_status import http_status
 from fleet.console.access import (
@@ -27,7 +27,8 @@ from fleet.console.access import (
 from fleet.console.fleet_rows import tenant_rows
 from fleet.console.responses import ConsoleError, action_done, console_view
 from fleet.control import limits
-from fleet.executors.fleet.routing import health
+from fleet.executors.fleet.routing import health, phases
+from fleet.executors.fleet.state import breaker
 from fleet.models import AutoscaleDecision, FleetChange, Tenant
 from fleet.platform.config import get_config
 
@@ -49,6 +50,8 @@ class RosterEntry:
     health: str = (
         ""  # fleet.executors.fleet.routing.health: healthy, degraded, unhealthy, draining, dead
     )
+    phase: str = ""  # fleet.executors.fleet.routing.phases
+    breaker: str = ""  # fleet.executors.fleet.state.breaker: closed, open, half_open
 
 
 def actor_of(request: HttpRequest) -> str:
@@ -56,18 +59,28 @@ def actor_of(request: HttpRequest) -> str:
     return f"console:{request.user.get_username()}"
 
 
+def phase_and_breaker(agent: Agent, now: datetime) -> dict[str, str]:
+    """The agent's phase and breaker state, derived from its row (no query)."""
+    phase = phases.of(
+        agent.state, bool(agent.connected_to), agent.connection_generation,
+        agent.in_flight, agent.max_concurrency,
+    )  # fmt: skip
+    return {"phase": phase, "breaker": breaker.state_of(agent.breaker_open_until, now)}
+
+
 def roster(tenant: Tenant) -> list[RosterEntry]:
-    """Live and draining agents, then the recently dead, each with its heartbeat age."""
+    """Live and draining agents, then the recently dead or stopped, each with its
+    heartbeat age, phase and breaker."""
     config = get_config()
     now = timezone.now()
     agents = Agent.objects.filter(tenant=tenant).exclude(
-        state=AgentState.DEAD, dead_at__lt=now - RECENTLY_DEAD
+        state__in=ENDED_STATES, dead_at__lt=now - RECENTLY_DEAD
     )
-    order = {AgentState.LIVE: 0, AgentState.DRAINING: 1, AgentState.DEAD: 2}
+    order = {AgentState.LIVE: 0, AgentState.DRAINING: 1, AgentState.STOPPED: 2, AgentState.DEAD: 3}
     entries = []
     for agent in agents:
         age = (now - agent.last_heartbeat).total_seconds()
-        alive = agent.state != AgentState.DEAD
+        alive = agent.state not in ENDED_STATES
         entries.append(
             RosterEntry(
                 agent=agent,
@@ -82,9 +95,10 @@ def roster(tenant: Tenant) -> list[RosterEntry]:
                     config.heartbeat_interval_s,
                     config.liveness_window_s,
                 ),
+                **phase_and_breaker(agent, now),
             )
         )
-    entries.sort(key=lambda e: (order.get(e.agent.state, 3), e.agent.name))
+    entries.sort(key=lambda e: (order.get(e.agent.state, 4), e.agent.name))
     return entries
 
 

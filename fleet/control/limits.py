@@ -21,7 +21,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
-from agents.models import Agent, AgentState
+from agents.models import ACTIVE_STATES, Agent, AgentState
 from fleet.models import (
     ChangeReason,
     DeliveryOutbox,
@@ -294,7 +294,7 @@ def fleet_snapshot(tenant: Tenant) -> dict:
     )
     live = Q(state=AgentState.LIVE)
     agg = Agent.objects.filter(tenant=tenant).aggregate(
-        total=Count("id", filter=~Q(state=AgentState.DEAD)),
+        total=Count("id", filter=Q(state__in=ACTIVE_STATES)),
         live=Count("id", filter=live),
         draining=Count("id", filter=Q(state=AgentState.DRAINING)),
         in_flight=Sum("in_flight", filter=live),

@@ -43,6 +43,11 @@ class SettleHook(abc.ABC):
         """SQL predicate on the task row aliased ``task``: the executor holds its current
         assignment (recovery leaves such a task to the executor)."""
 
+    def runs_lost(self, holders: list) -> None:  # noqa: B027 - optional: most executors need nothing
+        """Runs held by ``holders`` (the task rows' ``agent_id``, one entry per run) got no
+        outcome by their result deadline and were declared lost (the fleet counts it
+        against those agents' circuit breakers).  Called after the outcomes committed."""
+
 
 NO_HOLDS = ", held AS (SELECT NULL::uuid AS holder WHERE false)"
 
@@ -80,3 +85,9 @@ def withdraw_undelivered(workflow_execution_id: uuid.UUID) -> int:
 def holds_sql(task: str) -> str:
     hook = _settle_hook
     return "false" if hook is None else hook.holds_sql(task)
+
+
+def runs_lost(holders: list) -> None:
+    hook = _settle_hook
+    if holders and hook is not None:
+        hook.runs_lost(holders)

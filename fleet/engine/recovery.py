@@ -36,10 +36,11 @@ def expire_lost_runs(limit: int = LOST_BATCH) -> int:
     overdue = list(
         TaskExecution.objects.filter(
             status=TaskStatus.RUNNING, result_deadline__lt=timezone.now()
-        ).values_list("id", "assignment", "result_deadline")[:limit]
+        ).values_list("id", "assignment", "result_deadline", "agent_id")[:limit]
     )
     applied = 0
-    for task_execution_id, assignment, deadline in overdue:
+    holders = []
+    for task_execution_id, assignment, deadline, agent_id in overdue:
         outcome = result_handler.apply(
             TaskReport(
                 task_execution_id,
@@ -52,6 +53,9 @@ def expire_lost_runs(limit: int = LOST_BATCH) -> int:
         if outcome.applied:
             applied += 1
             ready_queue.submit(outcome.ready)
+            if agent_id is not None:
+                holders.append(agent_id)
+    hooks.runs_lost(holders)  # the executor's side (the fleet: its agents' breakers)
     if applied:
         log.warning("declared %d run(s) lost after their result deadline", applied)
     return applied

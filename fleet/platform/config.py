@@ -140,6 +140,21 @@ SETTINGS: tuple[Setting, ...] = (
     # Pushes of one packet to one agent that no confirmation answered before the run is
     # declared lost (fleet/executors/fleet/delivery/redelivery.py): a re-push is never silently endless.
     Setting("outbox_max_pushes", "CLOACINA_OUTBOX_MAX_PUSHES", "outbox_max_pushes", int, 5, 1),
+    # The per-agent circuit breaker (fleet/executors/fleet/state/breaker.py, seed 001's
+    # "5 failures / 30 s reset"): consecutive push failures, refusals or result timeouts that
+    # open it, its first cool-off, and the most a cool-off doubles to on re-opening.
+    Setting("breaker_failures", "CLOACINA_BREAKER_FAILURES", "breaker_failures", int, 5, 1),
+    Setting(
+        "breaker_cooloff_s", "CLOACINA_BREAKER_COOLOFF_S", "breaker_cooloff_s", float, 30.0, 0.1
+    ),
+    Setting(
+        "breaker_max_cooloff_s",
+        "CLOACINA_BREAKER_MAX_COOLOFF_S",
+        "breaker_max_cooloff_s",
+        float,
+        300.0,
+        0.1,
+    ),
     Setting(
         "outbox_retention_s", "CLOACINA_OUTBOX_RETENTION_S", "outbox_retention_s", float, 3600.0
     ),
@@ -258,6 +273,9 @@ class Config:
     wire_format: str = "json"
     outbox_redeliver_s: float = 10.0
     outbox_max_pushes: int = 5
+    breaker_failures: int = 5
+    breaker_cooloff_s: float = 30.0
+    breaker_max_cooloff_s: float = 300.0
     outbox_retention_s: float = 3600.0
     max_package_bytes: int = 50 * 1024 * 1024
     max_manifest_bytes: int = 1024 * 1024

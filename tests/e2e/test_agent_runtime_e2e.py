@@ -71,7 +71,7 @@ def test_sigterm_drains_the_task_in_flight_then_deregisters_and_exits_0(procs, f
     assert (task.status, task.output_context) == ("Completed", {"slept_s": 2.0})
     assert runs_of(context) == 1
     row = Agent.objects.get(name="drainer")
-    assert row.state == "dead"  # deregistered …
+    assert row.state == "stopped"  # deregistered (a clean exit is not a death) …
     assert not Eviction.objects.filter(agent=row).exists()  # … cleanly, not evicted
     log = agent.output()
     assert (
@@ -88,7 +88,7 @@ def test_a_drain_requested_by_the_server_stops_the_agent_cleanly(procs, fleet):
     Agent.objects.filter(name="told-to-go").update(drain_requested_at=timezone.now())
     assert wait_exit(agent, timeout=20) == 0, agent.tail()
     assert "the server" in agent.output() and "drain" in agent.output()
-    assert Agent.objects.get(name="told-to-go").state == "dead"
+    assert Agent.objects.get(name="told-to-go").state == "stopped"
 
 
 def test_the_agent_reconnects_to_a_restarted_server_and_loses_no_result(procs, tmp_path):

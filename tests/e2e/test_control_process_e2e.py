@@ -71,7 +71,7 @@ def test_provision_to_three_then_deprovision_drains_the_newest(procs, acme):
     res = api.post("/fleet/deprovision")
     assert res.status_code == 200 and res.json()["desired_count"] == 2
     gone = wait_until(
-        lambda: Agent.objects.filter(pk=newest.pk, state="dead").first(),
+        lambda: Agent.objects.filter(pk=newest.pk, state="stopped").first(),
         what="the newest agent to drain and deregister",
         logs=logs,
     )
@@ -87,7 +87,9 @@ def test_provision_to_three_then_deprovision_drains_the_newest(procs, acme):
     )
     body = api.get("/fleet").json()
     assert body["desired_count"] == 2
-    assert sorted(a["state"] for a in body["agents"]) == ["dead", "live", "live"]
+    # A deprovisioned agent is stopped, not dead (issue 15).
+    assert sorted(a["state"] for a in body["agents"]) == ["live", "live", "stopped"]
+    assert sorted(a["phase"] for a in body["agents"])[-1] == "stopped"
 
 
 def test_scale_down_lets_in_flight_work_finish(procs, acme):
@@ -107,7 +109,7 @@ def test_scale_down_lets_in_flight_work_finish(procs, acme):
     )
     assert api.post("/fleet/deprovision").json()["desired_count"] == 0
     wait_until(
-        lambda: Agent.objects.filter(pk=agent.pk, state__in=["draining", "dead"]).exists(),
+        lambda: Agent.objects.filter(pk=agent.pk, state__in=["draining", "stopped"]).exists(),
         what="the agent to start draining",
         logs=logs,
     )
@@ -122,7 +124,7 @@ def test_scale_down_lets_in_flight_work_finish(procs, acme):
     assert (task.status, task.attempt, task.agent_id) == ("Completed", 1, agent.pk)
     assert execution.final_context["slept"] is True
     wait_until(
-        lambda: Agent.objects.filter(pk=agent.pk, state="dead").exists(),
+        lambda: Agent.objects.filter(pk=agent.pk, state="stopped").exists(),
         what="the drained agent to deregister",
         logs=logs,
     )

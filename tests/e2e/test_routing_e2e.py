@@ -139,14 +139,14 @@ def test_a_drained_agent_finishes_its_work_then_exits_and_new_work_goes_elsewher
         time.sleep(0.05)
     assert agents[victim].poll() == 0, agents[victim].tail()
     assert "drained and deregistered" in agents[victim].output()
-    assert Agent.objects.get(name=victim).state == "dead"
+    assert Agent.objects.get(name=victim).state == "stopped"  # a clean exit, not a death
     assert not Eviction.objects.filter(agent_name=victim).exists()  # a clean exit
     metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
     assert re.search(
         r'cloacina_agent_state_changes_total\{from="live",to="draining"\} [1-9]', metrics
     )
     assert re.search(
-        r'cloacina_agent_state_changes_total\{from="draining",to="dead"\} [1-9]', metrics
+        r'cloacina_agent_state_changes_total\{from="draining",to="stopped"\} [1-9]', metrics
     )
     assert re.search(r"^cloacina_agents_connected 1\.0$", metrics, re.MULTILINE)
 

@@ -159,7 +159,8 @@ def test_deregister_is_a_clean_exit(client, agent_key, tenant):
     agent = make_agent(tenant)
     assert post(client, f"/agents/{agent.id}/deregister", agent_key).status_code == 200
     agent.refresh_from_db()
-    assert agent.state == "dead" and agent.connected_to == ""
+    # A clean exit is stopped, not dead (issue 15): no eviction either.
+    assert agent.state == "stopped" and agent.connected_to == ""
     assert not Eviction.objects.exists()
     assert post(client, f"/agents/{agent.id}/deregister", agent_key).status_code == 404
 

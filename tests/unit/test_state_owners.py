@@ -4,7 +4,10 @@
 * ``agents_agent`` — only the agent lifecycle (fleet/executors/fleet/lifecycle.py) and the slots owner
   (the slot counter lives on that table);
 * ``in_flight`` is written (``in_flight =`` / ``+`` / ``-`` in SQL, or an ORM
-  ``update(in_flight=…)``) only by the slots owner.
+  ``update(in_flight=…)``) only by the slots owner;
+* an agent's circuit breaker (``breaker_*`` columns of ``agents_agent``) is written only by
+  its owner (fleet/executors/fleet/state/breaker.py), which names ``agents_agent`` too;
+  the reservation folds the owner's ``probe_taken`` fragment into its statement.
 
 Strings are read with ``ast`` (comments never count); docstrings are prose, not SQL, and
 the models' ``db_table`` declarations and migrations are where the tables are defined.
@@ -23,12 +26,14 @@ ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("fleet", "agents", "artifacts", "cloacina_site")
 SLOTS_OWNER = "fleet/executors/fleet/state/ledger.py"
 LIFECYCLE_OWNER = "fleet/executors/fleet/lifecycle.py"
+BREAKER_OWNER = "fleet/executors/fleet/state/breaker.py"
 OWNERS = {
-    "agents_agent": {SLOTS_OWNER, LIFECYCLE_OWNER},
+    "agents_agent": {SLOTS_OWNER, LIFECYCLE_OWNER, BREAKER_OWNER},
     "delivery_outbox": {SLOTS_OWNER},
 }
 TABLE = re.compile(r"\b(agents_agent|delivery_outbox)\b")
 SLOT_WRITE = re.compile(r"\bin_flight\s*[=+-](?!=)")
+BREAKER_WRITE = re.compile(r"\bbreaker_\w+\s*=(?!=)")
 
 
 def _sources() -> Iterator[tuple[str, ast.Module]]:
@@ -108,6 +113,31 @@ def slot_write_violations() -> list[str]:
     return found
 
 
+def breaker_write_violations() -> list[str]:
+    found = []
+    for path, tree in _sources():
+        if path == BREAKER_OWNER:
+            continue
+        for line, text in _strings(tree):
+            for match in BREAKER_WRITE.finditer(text):
+                found.append(f"{path}:{_at(line, text, match.start())}: {match.group(0)!r}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if node.func.attr in {"update", "update_or_create"} and any(
+                    (k.arg or "").startswith("breaker_") for k in node.keywords
+                ):
+                    found.append(f"{path}:{node.lineno}: update(breaker_…=…)")
+    return found
+
+
+def test_only_the_breaker_owner_writes_the_breaker_columns():
+    violations = breaker_write_violations()
+    assert not violations, (
+        f"{len(violations)} write(s) of breaker_* outside {BREAKER_OWNER}:\n"
+        + "\n".join(violations)
+    )
+
+
 def test_only_the_owners_name_the_agent_and_outbox_tables_in_sql():
     violations = table_violations()
     assert not violations, (
@@ -129,7 +159,10 @@ def test_the_scan_sees_the_owners_own_sql():
     owned = {
         path: [match.group(1) for _, text in _strings(tree) for match in TABLE.finditer(text)]
         for path, tree in _sources()
-        if path in {SLOTS_OWNER, LIFECYCLE_OWNER}
+        if path in {SLOTS_OWNER, LIFECYCLE_OWNER, BREAKER_OWNER}
     }
     assert "delivery_outbox" in owned[SLOTS_OWNER]
     assert "agents_agent" in owned[LIFECYCLE_OWNER]
+    assert "agents_agent" in owned[BREAKER_OWNER]
+    breaker_sql = [text for _, text in _strings(dict(_sources())[BREAKER_OWNER])]
+    assert any(BREAKER_WRITE.search(text) for text in breaker_sql)

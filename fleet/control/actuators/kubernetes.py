@@ -24,7 +24,7 @@ import logging
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
-from agents.models import Agent, AgentState
+from agents.models import ACTIVE_STATES, Agent
 from fleet.control.actuators import kubernetes_manifests as m
 from fleet.control.actuators.base import (
     Actuator,
@@ -230,7 +230,7 @@ class KubernetesActuator(Actuator):
         )
         in_use = set(
             Agent.objects.filter(api_key__lookup__in=stale)
-            .exclude(state=AgentState.DEAD)
+            .filter(state__in=ACTIVE_STATES)
             .values_list("api_key__lookup", flat=True)
         )
         return revoke_keys(stale - in_use)

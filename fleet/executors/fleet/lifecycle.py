@@ -2,10 +2,10 @@
 
 ::
 
-    register ──▶ live ──drain──▶ draining ──┐
-      ▲   │        │                        ├──evict / retire / deregister──▶ dead
-      │   └─ replace (same name: the old one is evicted)                     (final)
-      └──────────── a dead agent registers anew ◀───────────────────────────────┘
+    register ──▶ live ──drain──▶ draining ──┬──evict / retire──▶ dead     (final)
+      ▲   │        │                         └──deregister─────▶ stopped  (final)
+      │   └─ replace (same name: the old one is evicted)
+      └──────────── a dead or stopped agent registers anew (a new row) ◀───────┘
 
 * **register** — a new row, under the tenant's roster lock; a live agent of the same
   name is **replaced** (evicted, its work reclaimed).  The request checks (protocol,
@@ -22,6 +22,13 @@
   The liveness sweep evicts silent agents and overdue drains.
 * **retire** — revoking an API key declares the agents registered with it dead at
   once (their sockets close at the next beat, re-registering is refused).
+* **deregister** — a clean exit (SIGTERM, a deprovision's drain): the agent is
+  **stopped**, not dead; work it still held moves on as for an eviction.
+
+Every transition is counted by phase (:mod:`fleet.executors.fleet.routing.phases`:
+connecting, ready, busy, draining, disconnected, stopped, dead) in
+``cloacina_fleet_agent_phase_transitions_total{from,to}``, here where it happens; only
+ready ⇄ busy, which follows the slot counter on the hot path, is derived and not counted.
 
 Slot accounting is the ledger's (:mod:`fleet.executors.fleet.state.ledger`): this module clears a dead
 agent's slots with its fragment and never writes ``in_flight`` otherwise.
@@ -37,10 +44,12 @@ from datetime import datetime, timedelta
 
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
+from prometheus_client import Counter
 
-from agents.models import Agent, AgentState
+from agents.models import ACTIVE_STATES, Agent, AgentState
 from fleet.executors.fleet.delivery.liveness import reclaim_in_flight, reclaim_orphaned_work
-from fleet.executors.fleet.routing import affinity, groups
+from fleet.executors.fleet.routing import affinity, groups, phases
+from fleet.executors.fleet.routing.phases import Phase
 from fleet.executors.fleet.state import ledger
 from fleet.models import ApiKey, Eviction
 from fleet.platform.config import get_config
@@ -52,6 +61,24 @@ REGISTER_ATTEMPTS = 3  # a concurrent registration of the same name may win the 
 ROSTER_LOCK_CLASS = 0x524F5354  # pg_advisory_xact_lock(class, tenant id) around the cap check
 
 MAX_DRAIN_TIMEOUT_S = 7 * 24 * 3600.0
+
+PHASE_TRANSITIONS = Counter(
+    "cloacina_fleet_agent_phase_transitions",
+    "Agent phase transitions (from → to; 'new' is a registration) counted by the server "
+    "process that made them; ready ⇄ busy follows the slot counter and is not counted.",
+    ["from", "to"],
+)
+
+
+def _moved(before: str, after: str) -> None:
+    """Count one phase transition (none when the phase did not change)."""
+    if before != after:
+        PHASE_TRANSITIONS.labels(before, after).inc()
+
+
+def _moved_from(row: tuple, after: str) -> None:
+    """Count the transition from the phase a row's :data:`phases.BEFORE` columns give."""
+    _moved(phases.of(*row), after)
 
 
 # -- register and replace --------------------------------------------------------------
@@ -73,16 +100,17 @@ def register(tenant_id: int, name: str, fields: dict, admit: Callable[[], None])
                     )
                 admit()
                 holder = (
-                    Agent.objects.filter(tenant_id=tenant_id, name=name)
-                    .exclude(state=AgentState.DEAD)
+                    Agent.objects.filter(tenant_id=tenant_id, name=name, state__in=ACTIVE_STATES)
                     .values_list("id", flat=True)
                     .first()
                 )
                 if holder is not None:
                     replace(holder)
-                return Agent.objects.create(tenant_id=tenant_id, name=name, **fields)
+                agent = Agent.objects.create(tenant_id=tenant_id, name=name, **fields)
         except IntegrityError:
             continue  # a concurrent registration took the name first: replace that one
+        _moved(phases.NEW, Phase.CONNECTING)
+        return agent
     return None
 
 
@@ -93,35 +121,53 @@ def replace(agent_id: uuid.UUID) -> Eviction | None:
 
 # -- heartbeats and the delivery socket ------------------------------------------------
 
-_BEAT = """
-UPDATE agents_agent SET last_heartbeat = now(),
-    metrics = CASE WHEN %s THEN %s::jsonb ELSE metrics END,
-    state = CASE WHEN %s AND state = 'live' THEN 'draining' ELSE state END
-WHERE id = %s AND tenant_id = %s AND state <> 'dead'
-RETURNING state, drain_requested_at IS NOT NULL
+_BEAT = f"""
+WITH old AS (
+    SELECT a.id, {phases.columns("a")} FROM agents_agent a
+    WHERE a.id = %(agent)s AND a.tenant_id = %(tenant)s AND a.state IN ('live', 'draining')
+    FOR UPDATE
+)
+UPDATE agents_agent a SET last_heartbeat = now(),
+    metrics = CASE WHEN %(has)s THEN %(metrics)s::jsonb ELSE a.metrics END,
+    state = CASE WHEN %(draining)s AND a.state = 'live' THEN 'draining' ELSE a.state END
+FROM old WHERE a.id = old.id
+RETURNING a.state, a.drain_requested_at IS NOT NULL, {phases.before("old")}
 """
 
 # The socket writer's batched beats (fleet/executors/fleet/socket_writes.py).  The agent rows
 # are locked in id order first, as every writer of several agent rows does (placement
 # batches, result batches): otherwise two such statements could deadlock.
-BEAT_MANY = """
+BEAT_MANY = f"""
 WITH locked AS (
-    SELECT a.id FROM agents_agent a WHERE a.id = ANY(%(ids)s::uuid[]) ORDER BY a.id FOR UPDATE
+    SELECT a.id, {phases.columns("a")} FROM agents_agent a
+    WHERE a.id = ANY(%(ids)s::uuid[]) ORDER BY a.id FOR UPDATE
 )
 UPDATE agents_agent a SET last_heartbeat = now(),
     metrics = CASE WHEN b.has_metrics THEN b.metrics ELSE a.metrics END,
     state = CASE WHEN b.draining AND a.state = 'live' THEN 'draining' ELSE a.state END
 FROM unnest(%(ids)s::uuid[], %(tenants)s::bigint[], %(has)s::bool[], %(metrics)s::jsonb[],
             %(draining)s::bool[]) AS b(id, tenant_id, has_metrics, metrics, draining), locked
-WHERE a.id = b.id AND locked.id = a.id AND a.tenant_id = b.tenant_id AND a.state <> 'dead'
-RETURNING a.id, a.state, a.drain_requested_at IS NOT NULL
+WHERE a.id = b.id AND locked.id = a.id AND a.tenant_id = b.tenant_id
+  AND a.state IN ('live', 'draining')
+RETURNING a.id, a.state, a.drain_requested_at IS NOT NULL, {phases.before("locked")}
 """
 
-_CONNECT = """
-UPDATE agents_agent SET connected_to = %s,
-    connection_generation = connection_generation + 1, last_heartbeat = now()
-WHERE id = %s AND tenant_id = %s AND state <> 'dead'
-RETURNING tenant_id, name, wire_format, connection_generation
+_CONNECT = f"""
+WITH old AS (
+    SELECT a.id, {phases.columns("a")} FROM agents_agent a
+    WHERE a.id = %(agent)s AND a.tenant_id = %(tenant)s AND a.state IN ('live', 'draining')
+    FOR UPDATE
+)
+UPDATE agents_agent a SET connected_to = %(server)s,
+    connection_generation = a.connection_generation + 1, last_heartbeat = now()
+FROM old WHERE a.id = old.id
+RETURNING a.tenant_id, a.name, a.wire_format, a.connection_generation, {phases.before("old")}
+"""
+
+_DISCONNECT = """
+UPDATE agents_agent SET connected_to = ''
+WHERE id = %s AND connected_to = %s AND connection_generation = %s
+RETURNING state, connection_generation, in_flight, max_concurrency
 """
 
 
@@ -133,10 +179,27 @@ def beat(
     with connection.cursor() as cursor:
         cursor.execute(
             _BEAT,
-            [metrics_json is not None, metrics_json or "{}", draining, agent_id, tenant_id],
+            {
+                "agent": agent_id,
+                "tenant": tenant_id,
+                "has": metrics_json is not None,
+                "metrics": metrics_json or "{}",
+                "draining": draining,
+            },
         )
         row = cursor.fetchone()
-    return None if row is None else (row[0], row[1])
+    if row is None:
+        return None
+    count_beats([(agent_id, *row)])
+    return (row[0], row[1])
+
+
+def count_beats(rows: list[tuple]) -> None:
+    """Count the phase transitions of beats (:data:`BEAT_MANY`'s rows: id, state, drain
+    requested, then the row's phase before): an agent may declare itself draining."""
+    for row in rows:
+        if row[1] == AgentState.DRAINING:
+            _moved_from(row[3:], Phase.DRAINING)
 
 
 def connect(agent_id: uuid.UUID, tenant_id: int, server: str) -> tuple[int, str, str, int] | None:
@@ -144,18 +207,25 @@ def connect(agent_id: uuid.UUID, tenant_id: int, server: str) -> tuple[int, str,
     connection came last owns the agent).  (tenant_id, name, wire_format, generation),
     or None when the agent is unknown in the tenant or dead."""
     with connection.cursor() as cursor:
-        cursor.execute(_CONNECT, [server, agent_id, tenant_id])
-        return cursor.fetchone()
+        cursor.execute(_CONNECT, {"server": server, "agent": agent_id, "tenant": tenant_id})
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    state, _connected, generation, in_flight, slots = row[4:]
+    _moved_from(row[4:], phases.of(state, True, generation, in_flight, slots))
+    return row[:4]
 
 
 def disconnect(agent_id: uuid.UUID, server: str, generation: int) -> bool:
     """Forget the socket, unless a newer connection (here or elsewhere) already owns the agent."""
-    return (
-        Agent.objects.filter(
-            pk=agent_id, connected_to=server, connection_generation=generation
-        ).update(connected_to="")
-        == 1
-    )
+    with connection.cursor() as cursor:
+        cursor.execute(_DISCONNECT, [agent_id, server, generation])
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    state, gen, in_flight, slots = row
+    _moved(phases.of(state, True, gen, in_flight, slots), phases.of(state, False, gen, 0, slots))
+    return True
 
 
 # -- drain -----------------------------------------------------------------------------
@@ -174,12 +244,16 @@ class Drain:
     drain_deadline: datetime | None
 
 
-_DRAIN = """
-UPDATE agents_agent SET state = 'draining',
-    drain_requested_at = coalesce(drain_requested_at, now()),
-    drain_deadline = LEAST(coalesce(drain_deadline, %s), %s)
-WHERE id = %s AND state IN ('live', 'draining')
-RETURNING id, name, state, in_flight, drain_deadline
+_DRAIN = f"""
+WITH old AS (
+    SELECT a.id, {phases.columns("a")} FROM agents_agent a
+    WHERE a.id = %(agent)s AND a.state IN ('live', 'draining') FOR UPDATE
+)
+UPDATE agents_agent a SET state = 'draining',
+    drain_requested_at = coalesce(a.drain_requested_at, now()),
+    drain_deadline = LEAST(coalesce(a.drain_deadline, %(deadline)s), %(deadline)s)
+FROM old WHERE a.id = old.id
+RETURNING a.id, a.name, a.state, a.in_flight, a.drain_deadline, {phases.before("old")}
 """
 
 
@@ -194,14 +268,15 @@ def request_drain(agent_id: uuid.UUID, timeout_s: float, actor: str) -> Drain:
         )
     deadline = timezone.now() + timedelta(seconds=timeout_s)
     with connection.cursor() as cursor:
-        cursor.execute(_DRAIN, [deadline, deadline, agent_id])
+        cursor.execute(_DRAIN, {"agent": agent_id, "deadline": deadline})
         row = cursor.fetchone()
     if row is None:
         name = Agent.objects.filter(pk=agent_id).values_list("name", flat=True).first()
         raise DrainRefused(
             ErrorKind.CONFLICT, f"agent {name or agent_id} is dead: there is nothing to drain"
         )
-    drain = Drain(*row)
+    drain = Drain(*row[:5])
+    _moved_from(row[5:], Phase.DRAINING)
     affinity.clear_agent(agent_id)  # bound work binds afresh, to an agent that stays
     log.info(
         "agent %s drained by %s: %d task(s) in flight, deadline %s",
@@ -225,8 +300,8 @@ def drain_agents_of_key(key_lookup: str, timeout_s: float, actor: str) -> list[D
 
 # -- evict -----------------------------------------------------------------------------
 
-_DECLARE_DEAD = f"""
-UPDATE agents_agent SET state = 'dead', dead_at = %s, connected_to = '', {ledger.SLOTS_CLEARED}
+_DECLARE_ENDED = f"""
+UPDATE agents_agent SET state = %s, dead_at = %s, connected_to = '', {ledger.SLOTS_CLEARED}
 WHERE id = %s
 """
 
@@ -240,16 +315,17 @@ def evict_agent(
     reason: str,
     stale_before: datetime | None = None,
     record: bool = True,
+    ended: AgentState = AgentState.DEAD,
 ) -> Eviction | None:
     """Declare the agent dead (once), record the eviction and reclaim its work.
 
     ``stale_before``: only if its last heartbeat is still older than this (it may
-    have beaten since the sweep looked).  ``record=False`` is a clean exit
-    (deregistration): no eviction is written unless work had to be moved.
-    Returns the eviction, or None if the agent was already dead (or beat again).
+    have beaten since the sweep looked).  ``record=False`` with ``ended=STOPPED`` is a
+    clean exit (deregistration): no eviction is written unless work had to be moved.
+    Returns the eviction, or None if the agent had already ended (or beat again).
     """
     with transaction.atomic():
-        query = Agent.objects.select_for_update().filter(pk=agent_id).exclude(state=AgentState.DEAD)
+        query = Agent.objects.select_for_update().filter(pk=agent_id, state__in=ACTIVE_STATES)
         if stale_before is not None:
             query = query.filter(last_heartbeat__lt=stale_before)
         agent = query.first()
@@ -257,7 +333,7 @@ def evict_agent(
             return None
         in_flight = agent.outbox_rows.filter(state__in=ledger.OPEN_STATES).count()
         with connection.cursor() as cursor:
-            cursor.execute(_DECLARE_DEAD, [timezone.now(), agent_id])
+            cursor.execute(_DECLARE_ENDED, [ended, timezone.now(), agent_id])
         affinity.clear_agent(agent_id)  # its bound work binds afresh (reclaim included)
         eviction = None
         if record or in_flight:
@@ -269,10 +345,18 @@ def evict_agent(
                 in_flight=in_flight,
                 reason=reason[:300],
             )
+    _moved(
+        phases.of(
+            agent.state, agent.connected_to != "", agent.connection_generation,
+            agent.in_flight, agent.max_concurrency,
+        ),
+        Phase(ended),
+    )  # fmt: skip
     if eviction is not None:
         log.warning(
-            "agent %s (%s) of tenant %s declared dead: %s; %d packet(s) in flight",
-            agent.name, agent.id, agent.tenant_id, reason, in_flight,
+            "agent %s (%s) of tenant %s %s: %s; %d packet(s) in flight",
+            agent.name, agent.id, agent.tenant_id,
+            "declared dead" if ended == AgentState.DEAD else "stopped", reason, in_flight,
         )  # fmt: skip
     reclaim_in_flight(agent_id)
     return eviction
@@ -314,10 +398,13 @@ def evict_overdue_drains() -> list[Eviction]:
 
 
 def deregister(tenant_id: int, agent_id: uuid.UUID) -> bool:
-    """A clean exit: the agent is dead, no eviction is recorded (unless work had to be moved)."""
-    if not Agent.objects.filter(pk=agent_id, tenant_id=tenant_id).exclude(state="dead").exists():
+    """A clean exit: the agent is stopped (not dead), no eviction is recorded (unless work
+    had to be moved)."""
+    if not Agent.objects.filter(pk=agent_id, tenant_id=tenant_id, state__in=ACTIVE_STATES).exists():
         return False
-    evict_agent(agent_id, "deregistered with work still in flight", record=False)
+    evict_agent(
+        agent_id, "deregistered with work still in flight", record=False, ended=AgentState.STOPPED
+    )
     return True
 
 
@@ -358,7 +445,7 @@ def retire_agents_of_key(key_id: int) -> int:
     """Declare dead every agent registered with a (just revoked) key and reclaim its work;
     their sockets close at the next beat (4404) and re-registering is refused (401)."""
     retired = 0
-    ids = Agent.objects.filter(api_key_id=key_id).exclude(state=AgentState.DEAD)
+    ids = Agent.objects.filter(api_key_id=key_id, state__in=ACTIVE_STATES)
     for agent_id in ids.values_list("id", flat=True):
         if evict_agent(agent_id, "its API key was revoked") is not None:
             retired += 1

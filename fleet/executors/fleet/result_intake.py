@@ -9,6 +9,10 @@ the same handler (without a savepoint each: a failing result fails the batch, wh
 is then applied result by result), and the agents' slot counters released once at
 the end, in one order, so a batch holds those hot rows only for its last statement
 and the commit.
+
+Each outcome an agent reports about a packet addressed to it also feeds that agent's
+circuit breaker (:mod:`fleet.executors.fleet.state.breaker`), in the same transaction:
+a refusal is a failure, any other outcome a success.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import logging
 import uuid
 from typing import Any, Literal, NamedTuple
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 from ninja import Field, Schema
 
 from fleet.engine import ready_queue
@@ -32,7 +36,7 @@ from fleet.engine.results import (
 from fleet.executors.fleet.delivery.metrics import RESULTS
 from fleet.executors.fleet.delivery.rendezvous import Outcome as Wake
 from fleet.executors.fleet.delivery.rendezvous import announce_many
-from fleet.executors.fleet.state import ledger
+from fleet.executors.fleet.state import breaker, ledger
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +134,18 @@ def _record(agent_id: uuid.UUID, body: ResultIn, check: Check) -> tuple[int, dic
     return 200, {"applied": applied.applied, "reason": applied.reason}, applied
 
 
+def _feed_breakers(items: list[tuple[uuid.UUID, ResultIn, Check]]) -> None:
+    """Refusals count against the reporting agents' breakers, other outcomes for them
+    (only reports about packets addressed to the reporter: anything else proves nothing)."""
+    answered = [
+        (check.successor_id or agent_id, body.outcome == "refused")
+        for agent_id, body, check in items
+        if check.agent_name is not None and check.addressed
+    ]
+    breaker.record_failures((a for a, refused in answered if refused), breaker.Cause.REFUSAL)
+    breaker.record_successes(a for a, refused in answered if not refused)
+
+
 def _after_commit(recorded: list[tuple[ResultIn, Applied]]) -> None:
     """Once the outcomes are committed: offer the newly Ready tasks, wake the dispatchers
     waiting for these outcomes (here or, by NOTIFY, in other processes), count them."""
@@ -147,8 +163,10 @@ def _after_commit(recorded: list[tuple[ResultIn, Applied]]) -> None:
 
 def apply_result(tenant_id: int, agent_id: uuid.UUID, body: ResultIn) -> Answer:
     """One result in a transaction of its own (REST); the answer the agent gets."""
-    (check,) = _check([(tenant_id, agent_id, body)])
-    status, answer, applied = _record(agent_id, body, check)
+    with transaction.atomic():
+        (check,) = _check([(tenant_id, agent_id, body)])
+        status, answer, applied = _record(agent_id, body, check)
+        _feed_breakers([(agent_id, body, check)])
     if applied is not None:
         _after_commit([(body, applied)])
     return status, answer
@@ -177,6 +195,7 @@ def apply_results(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Answer]:
             with deferred_slot_releases() as held:
                 done = {i: _record(items[i][1], items[i][2], checks[i]) for i in order}
             release_slots(held)
+            _feed_breakers([(items[i][1], items[i][2], checks[i]) for i in order])
     except DatabaseError:
         log.warning(
             "a batch of %d results failed; applying them one by one", len(items), exc_info=True

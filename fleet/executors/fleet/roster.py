@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from agents.models import Agent, AgentState
+from agents.models import ACTIVE_STATES, Agent
 from agents.protocol.triples import TripleError, parse_triple
 from agents.protocol.wire import WireFormatError, require_same_format
 from fleet.engine.context import unstorable
@@ -185,7 +185,7 @@ def registration_cap(tenant: Tenant) -> int:
 def _check_cap(key: ApiKey, name: str) -> None:
     """429 when the tenant already holds its cap of agents that are not dead, unless this
     registration replaces one of them (same name)."""
-    live = Agent.objects.filter(tenant_id=key.tenant_id).exclude(state=AgentState.DEAD)
+    live = Agent.objects.filter(tenant_id=key.tenant_id, state__in=ACTIVE_STATES)
     cap = registration_cap(key.tenant)
     if live.count() >= cap and not live.filter(name=name).exists():
         raise RosterError(

@@ -225,7 +225,9 @@ class SocketWrites:
                 "draining": [beats[i].draining for i in ids],
             },
         )
-        answers = {row[0]: BeatAnswer(row[1], row[2]) for row in await cursor.fetchall()}
+        rows = await cursor.fetchall()
+        lifecycle.count_beats(rows)  # an agent may have declared itself draining
+        answers = {row[0]: BeatAnswer(row[1], row[2]) for row in rows}
         running = [(i, t) for i in ids if i in answers for t in beats[i].running]
         if running:
             await conn.execute(

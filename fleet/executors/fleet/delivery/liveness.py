@@ -25,7 +25,7 @@ import uuid
 from django.db import transaction
 from django.db.models import F
 
-from agents.models import Agent, AgentState
+from agents.models import ENDED_STATES, Agent
 from artifacts.models import WorkflowPackage
 from artifacts.store.queries import resolve_artifact, runnable_triples
 from fleet.executors.fleet.delivery.placement import reserve_for_reclaim
@@ -56,7 +56,7 @@ def reclaim_in_flight(agent_id: uuid.UUID) -> tuple[int, int]:
 def reclaim_orphaned_work() -> int:
     """Retry rows still addressed to dead agents (no survivor had room before)."""
     dead = (
-        DeliveryOutbox.objects.filter(state__in=ledger.OPEN_STATES, agent__state=AgentState.DEAD)
+        DeliveryOutbox.objects.filter(state__in=ledger.OPEN_STATES, agent__state__in=ENDED_STATES)
         .values_list("agent_id", flat=True)
         .distinct()
     )

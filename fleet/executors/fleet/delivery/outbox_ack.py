@@ -1,4 +1,5 @@
-"""The fleet's settle hook: an outcome acks its outbox row and releases the agent slot.
+"""The fleet's settle hook: an outcome acks its outbox row and releases the agent slot
+(and a run lost past its result deadline counts against its agent's circuit breaker).
 
 A row is acked exactly when the outcome for its (task, assignment) is
 recorded, in the same transaction, so until then it is in-flight work that
@@ -14,7 +15,7 @@ from __future__ import annotations
 import uuid
 
 from fleet.engine.hooks import SettleHook, register_settle_hook
-from fleet.executors.fleet.state import ledger
+from fleet.executors.fleet.state import breaker, ledger
 
 
 class OutboxSettleHook(SettleHook):
@@ -31,6 +32,9 @@ class OutboxSettleHook(SettleHook):
 
     def holds_sql(self, task: str) -> str:
         return ledger.holds_sql(task)
+
+    def runs_lost(self, holders: list) -> None:
+        breaker.record_failures(holders, breaker.Cause.RESULT_TIMEOUT)
 
 
 OUTBOX_SETTLE_HOOK = OutboxSettleHook()

@@ -10,6 +10,9 @@ A delivered row that the agent confirmed (``received_at``) is never pushed
 again while the agent lives, however long the task runs: if the agent dies,
 the liveness sweep moves it instead.
 
+Each unconfirmed push counts as a failure of its agent's circuit breaker
+(:mod:`fleet.executors.fleet.state.breaker`).
+
 Re-pushes are bounded: after ``outbox_max_pushes`` unconfirmed pushes to one
 agent the run is declared lost and goes through the task's retry policy, so no
 interleaving of reconnects, re-registrations and reclaims can leave a task
@@ -27,7 +30,7 @@ from django.db import connection, transaction
 from fleet.engine import ready_queue
 from fleet.engine.results import TaskReport, result_handler
 from fleet.executors.fleet.delivery.metrics import UNCONFIRMED_LOST
-from fleet.executors.fleet.state import ledger
+from fleet.executors.fleet.state import breaker, ledger
 from fleet.models import Outcome
 from fleet.platform.config import get_config
 
@@ -60,6 +63,8 @@ def redeliver_unreceived(redeliver_s: float | None = None, max_pushes: int | Non
         requeue = [row[0] for row in rows if not row[3]]
         if requeue:
             cursor.execute(ledger.REQUEUE_UNCONFIRMED, [requeue])
+        # Every unconfirmed push (re-pushed or given up) counts against its agent's breaker.
+        breaker.record_failures([row[5] for row in rows], breaker.Cause.PUSH)
     exhausted = [Unconfirmed(r[0], r[1], r[2], r[4]) for r in rows if r[3]]
     if exhausted:
         declare_unconfirmed_lost(exhausted, limit)

@@ -258,8 +258,8 @@ class Relay:
             state, connected_to, generation = roster.get(agent_id, ("dead", "", -1))
             if socket.key_id is not None and socket.key_id not in active_keys:
                 code, reason = CLOSE_BAD_KEY, "API key revoked or tenant deactivated"
-            elif state == "dead":
-                code, reason = CLOSE_UNKNOWN_AGENT, "agent is dead; register again"
+            elif state in ("dead", "stopped"):
+                code, reason = CLOSE_UNKNOWN_AGENT, f"agent is {state}; register again"
             elif connected_to != me or generation != socket.generation:
                 code, reason = CLOSE_SUPERSEDED, "superseded by a newer connection"
             else:

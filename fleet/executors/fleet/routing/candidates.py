@@ -2,7 +2,8 @@
 
 Candidates: live (heartbeat within the liveness window), same tenant, connected to
 some server (a socket: unhealthy agents are never chosen), able to load the artifact
-(target triple), a free slot — and whatever the task's selectors ask
+(target triple), a free slot, a circuit breaker that lets work through (closed, or
+half-open with its one probe not yet placed: :mod:`fleet.executors.fleet.state.breaker`) — and whatever the task's selectors ask
 (:mod:`fleet.executors.fleet.routing.selectors`: a :class:`~fleet.executors.fleet.routing.selectors.Choice` carries
 their SQL and the ranking: most free slots first, then healthy before degraded, then the
 host score, then the least recently selected).  The reservation that takes a candidate's
@@ -20,13 +21,13 @@ from django.db import connection
 
 from fleet.executors.fleet.routing.health import degraded_after_s
 from fleet.executors.fleet.routing.selectors import Choice
-from fleet.executors.fleet.state import ledger
+from fleet.executors.fleet.state import breaker, ledger
 from fleet.models import Tenant
 from fleet.platform.config import get_config
 
 _BASE = f"""
     a.tenant_id = %(tenant)s AND a.state = 'live' AND a.connected_to <> ''
-    AND {ledger.has_free_slot("a")}
+    AND {ledger.has_free_slot("a")} AND {breaker.admits("a")}
     AND a.last_heartbeat > now() - make_interval(secs => %(window)s)
     AND (%(any_triple)s OR a.target_triple = ANY(%(triples)s))
 """

@@ -5,7 +5,7 @@
   selectable, ranked after every healthy agent (a busy host may only be slow to beat);
 * unhealthy — no socket (or no beat within the liveness window): never selected; the
   liveness sweep alone decides when it is dead (eviction stays the sweeper's call);
-* draining / dead — the roster states: never selected.
+* draining / dead / stopped — the roster states: never selected.
 
 Which socket counts is decided by ``connected_to`` + ``connection_generation`` (see
 :func:`fleet.executors.fleet.roster.open_socket` / ``close_socket``): a stale disconnect of an older
@@ -26,6 +26,7 @@ class Health(enum.StrEnum):
     UNHEALTHY = "unhealthy"
     DRAINING = "draining"
     DEAD = "dead"
+    STOPPED = "stopped"
 
 
 def degraded_after_s(heartbeat_interval_s: float) -> float:
@@ -42,8 +43,8 @@ def classify(
     liveness_window_s: float,
 ) -> Health:
     """The health class of one agent at ``now`` (the rules in the module docstring)."""
-    if state == "dead":
-        return Health.DEAD
+    if state in (Health.DEAD, Health.STOPPED):
+        return Health(state)
     if state == "draining":
         return Health.DRAINING
     age = (now - last_heartbeat).total_seconds()

@@ -82,7 +82,7 @@ class AgentFabricCollector(Collector):
         try:
             with connection.cursor() as cursor:
                 cursor.execute(
-                    f"SELECT count(*) FROM {ledger.AGENTS} WHERE connected_to <> '' AND state <> 'dead'"
+                    f"SELECT count(*) FROM {ledger.AGENTS} WHERE connected_to <> '' AND state IN ('live', 'draining')"
                 )
                 connected = cursor.fetchone()[0]
                 cursor.execute(

@@ -179,7 +179,7 @@ def _census(tenant_id, triples, selectors: Selectors, bound_agent_id=None) -> _C
                               || '], capabilities ['
                               || array_to_string(ARRAY(SELECT jsonb_array_elements_text(a.capabilities)), ', ')
                               || '])' ORDER BY a.name) FILTER (WHERE {live}))[1:{AGENTS_LISTED}]
-            FROM {ledger.AGENTS} a WHERE a.tenant_id = %(tenant)s AND a.state <> 'dead'
+            FROM {ledger.AGENTS} a WHERE a.tenant_id = %(tenant)s AND a.state IN ('live', 'draining')
             """,
             params,
         )

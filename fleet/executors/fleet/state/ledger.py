@@ -25,6 +25,7 @@ import uuid
 from django.db import connection
 from django.utils import timezone
 
+from fleet.executors.fleet.state import breaker
 from fleet.models import DeliveryOutbox, OutboxState, TaskStatus
 
 AGENTS = "agents_agent"
@@ -79,13 +80,13 @@ def reserve_one_sql(candidates: str, order: str, skip: str) -> str:
     memory.  ``skip``: "SKIP LOCKED" or ""."""
     return f"""
     UPDATE agents_agent AS r
-    SET {take_slots("r")}, last_selected_at = clock_timestamp()
+    SET {take_slots("r")}, last_selected_at = clock_timestamp(), {breaker.probe_taken("r")}
     WHERE r.id = (
         SELECT a.id FROM agents_agent a
         WHERE {candidates}
         ORDER BY {order}
         LIMIT 1 FOR UPDATE OF a {skip}
-    ) AND r.state = 'live' AND {has_free_slot("r")}
+    ) AND r.state = 'live' AND {has_free_slot("r")} AND {breaker.admits("r")}
     RETURNING r.id, r.name, r.target_triple
     """
 
@@ -129,7 +130,8 @@ SELECT id, name, target_triple FROM reserved, relax
 # ranking, its first key applied per slot: the n-th slot of an agent is taken when that
 # agent has ``free - n + 1`` slots left, so the slots go most-free-first as the agents
 # fill, ties broken by the rest of the ranking ({tiebreak}: health, host score, least
-# recently selected, id) — spread like consecutive single reservations.  A packet for an agent whose socket THIS process holds is written
+# recently selected, id) — spread like consecutive single reservations.  A half-open
+# agent is dealt one slot at most: its breaker's probe (fleet/executors/fleet/state/breaker.py).  A packet for an agent whose socket THIS process holds is written
 # as delivered (its result clock started) and pushed by the caller right after the
 # commit; the others are pending, for the relay that holds their socket.
 RESERVE_AND_ENQUEUE = (
@@ -138,7 +140,7 @@ WITH locked AS (
     SELECT a.* FROM agents_agent a WHERE {candidates} ORDER BY a.id FOR UPDATE OF a
 ), ranked AS (
     SELECT a.id, a.name, a.target_triple, """
-    + free_slots("a")
+    + breaker.slot_cap("a", free_slots("a"))
     + """ AS free,
            a.connected_to = %(me)s AS local, row_number() OVER (ORDER BY {tiebreak}) AS rank
     FROM locked a
@@ -155,6 +157,8 @@ WITH locked AS (
 ), reserved AS (
     UPDATE agents_agent r SET """
     + take_slots("r", "c.n")
+    + ", "
+    + breaker.probe_taken("r")
     + """, last_selected_at = clock_timestamp()
     FROM (SELECT agent_id, count(*) AS n FROM work GROUP BY agent_id) c
     WHERE r.id = c.agent_id
@@ -230,7 +234,8 @@ UPDATE delivery_outbox o SET
     state = 'delivered', delivered_at = now(), received_at = NULL,
     attempts = o.attempts + 1, updated_at = now()
 FROM due, agents_agent a
-WHERE o.id = due.id AND a.id = o.agent_id AND a.connected_to = %(me)s AND a.state <> 'dead'
+WHERE o.id = due.id AND a.id = o.agent_id AND a.connected_to = %(me)s
+  AND a.state IN ('live', 'draining')
 RETURNING o.id, o.agent_id, o.task_execution_id, o.assignment, o.attempts, o.payload
 """
 
@@ -303,9 +308,10 @@ WHERE o.agent_id = %s AND o.state = 'delivered'
 # Delivered rows of living agents that no ``received`` answered in time; the fourth
 # column says the row had its share of pushes to this agent.
 UNCONFIRMED = """
-SELECT o.id, o.task_execution_id, o.assignment, o.redeliveries + 1 >= %(max_pushes)s, a.name
+SELECT o.id, o.task_execution_id, o.assignment, o.redeliveries + 1 >= %(max_pushes)s, a.name,
+       o.agent_id
 FROM delivery_outbox o JOIN agents_agent a ON a.id = o.agent_id
-WHERE a.state <> 'dead' AND o.state = 'delivered' AND o.received_at IS NULL
+WHERE a.state IN ('live', 'draining') AND o.state = 'delivered' AND o.received_at IS NULL
   AND o.delivered_at < now() - make_interval(secs => %(seconds)s)
 ORDER BY o.id
 FOR UPDATE OF o SKIP LOCKED
