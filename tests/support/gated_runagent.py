@@ -8,7 +8,10 @@ interleaving (tests/e2e/test_fleet_reregistration_e2e.py).  Run as
 * ``results``: every outcome waits before it is reported, over the socket or REST (the
   agent holds finished outcomes, as when its server is away);
 * ``work``: a work packet pushed to any registration after the first waits before the
-  agent looks at it (pushed, but not yet seen).
+  agent looks at it (pushed, but not yet seen);
+* ``refuse``: every new work packet is refused (outcome ``refused``, through the agent's
+  own refusal path), as an agent that cannot run anything would
+  (tests/e2e/test_breaker_e2e.py: its circuit breaker opens).
 
 ``CLOACINA_TEST_NO_INSTANCE_ID=1`` registers without an instance id, as an agent of an
 earlier version does.  Everything else is the real agent.
@@ -61,6 +64,17 @@ def _install_gates() -> None:
         self._gated = [*getattr(self, "_gated", []), task]  # keep a reference
 
     agent_module.Agent._on_frame = gated_on_frame
+
+    from agents.runtime import work_intake
+
+    mismatch = work_intake.triple_mismatch
+
+    def refusing(packet, target_triple):
+        if (Path(os.environ["CLOACINA_TEST_GATES"]) / "refuse").exists():
+            return "refused by the test gate"
+        return mismatch(packet, target_triple)
+
+    work_intake.triple_mismatch = refusing
 
     if os.environ.get("CLOACINA_TEST_NO_INSTANCE_ID") == "1":
         body = agent_module.Agent._registration_body
