@@ -98,7 +98,8 @@ def test_chaos_run_loses_nothing_and_completes_nothing_twice(chaos_db, tmp_path,
             if fault.kind == "kill_agent":
                 # An agent holding work if there is one: the kill must cost something.
                 busy = query(
-                    url, "SELECT name FROM agents_agent WHERE state IN ('live', 'draining') AND in_flight > 0"
+                    url,
+                    "SELECT name FROM agents_agent WHERE state IN ('live', 'draining') AND in_flight > 0",
                 )
                 candidates = sorted({n for (n,) in busy} & set(agents)) or sorted(agents)
                 name = candidates[fault.pick % len(candidates)]
