@@ -55,7 +55,7 @@ from fleet.executors.fleet.delivery.wait_reasons import (
 )
 from fleet.executors.fleet.delivery.waiting import wait_event, wait_or_none
 from fleet.executors.fleet.lifecycle import sweep_dead_agents
-from fleet.executors.fleet.state import ledger
+from fleet.executors.fleet.state import breaker, ledger
 from fleet.platform.config import Config
 
 log = logging.getLogger(__name__)
@@ -66,10 +66,11 @@ CAPACITY_PROBE_S = 0.1  # how stale has_capacity's view of free agent slots may 
 PRUNE_INTERVAL_S = 60.0
 PLACE_BATCH = 128  # most tasks placed in one transaction
 
+# An agent whose circuit breaker is open offers no slot, a half-open one its probe's only.
 _FREE_SLOTS = f"""
-SELECT coalesce(sum({ledger.free_slots("a")}), 0) FROM {ledger.AGENTS} a
+SELECT coalesce(sum({breaker.slot_cap("a", ledger.free_slots("a"))}), 0) FROM {ledger.AGENTS} a
 WHERE a.state = 'live' AND a.connected_to <> '' AND {ledger.has_free_slot("a")}
-  AND a.last_heartbeat > now() - make_interval(secs => %s)
+  AND {breaker.admits("a")} AND a.last_heartbeat > now() - make_interval(secs => %s)
 """
 
 

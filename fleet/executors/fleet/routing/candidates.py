@@ -59,12 +59,14 @@ def candidate_params(tenant_id: int, triples: Iterable[str] | None) -> dict:
     }
 
 
+_LOADABLE = "a.connected_to <> '' AND (%(any_triple)s OR a.target_triple = ANY(%(triples)s))"
 _CAPACITY_CENSUS = f"""
 SELECT count(*),
-       count(*) FILTER (WHERE connected_to <> ''),
-       count(*) FILTER (WHERE connected_to <> '' AND (%(any_triple)s OR target_triple = ANY(%(triples)s)))
-FROM {ledger.AGENTS} WHERE tenant_id = %(tenant)s AND state = 'live'
-  AND last_heartbeat > now() - make_interval(secs => %(window)s)
+       count(*) FILTER (WHERE a.connected_to <> ''),
+       count(*) FILTER (WHERE {_LOADABLE}),
+       count(*) FILTER (WHERE {_LOADABLE} AND NOT {breaker.admits("a")})
+FROM {ledger.AGENTS} a WHERE a.tenant_id = %(tenant)s AND a.state = 'live'
+  AND a.last_heartbeat > now() - make_interval(secs => %(window)s)
 """
 
 
@@ -74,7 +76,7 @@ def no_capacity_reason(tenant_id: int, triples: Iterable[str] | None = None) -> 
     tenant_name = Tenant.objects.filter(pk=tenant_id).values_list("name", flat=True).first()
     with connection.cursor() as cursor:
         cursor.execute(_CAPACITY_CENSUS, candidate_params(tenant_id, triples))
-        live, connected, loadable = cursor.fetchone()
+        live, connected, loadable, shut = cursor.fetchone()
     if live == 0:
         return f"no live agent in tenant {tenant_name}"
     if connected == 0:
@@ -82,6 +84,12 @@ def no_capacity_reason(tenant_id: int, triples: Iterable[str] | None = None) -> 
     if loadable == 0:
         wanted = ", ".join(sorted(triples or []))
         return f"no live agent of tenant {tenant_name} can load this package (needs {wanted})"
+    if shut == loadable:
+        return (
+            f"the circuit breaker of all {loadable} live agent(s) that could take it is open "
+            "(no new work until its cool-off ends)"
+        )
+    shut_text = f" ({shut} with an open circuit breaker)" if shut else ""
     if loadable == 1:
         return "the 1 live agent is at capacity"
-    return f"all {loadable} live agents are at capacity"
+    return f"all {loadable} live agents are at capacity{shut_text}"
