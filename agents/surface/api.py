@@ -193,7 +193,7 @@ async def agent_result(request: HttpRequest, agent_id: uuid.UUID, body: ResultIn
     "/agents/{agent_id}/deregister",
     auth=agent_auth,
     response={200: Empty, 404: Error},
-    summary="Leave the fleet cleanly (the agent is dead; no eviction is recorded)",
+    summary="Leave the fleet cleanly (the agent is stopped, not dead; no eviction is recorded)",
 )
 def deregister_agent(request: HttpRequest, agent_id: uuid.UUID):
     if not lifecycle.deregister(request.tenant.pk, agent_id):

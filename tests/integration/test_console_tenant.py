@@ -45,6 +45,28 @@ def test_it_lists_the_agent_roster(reader_client, tenant):
     assert "long-dead" not in body
 
 
+def test_the_roster_shows_each_agents_phase_and_circuit_breaker(reader_client, tenant):
+    now = timezone.now()
+    make_agent(tenant, "idle")
+    make_agent(tenant, "full", in_flight=2, max_concurrency=2)
+    make_agent(tenant, "lost", connected_to="", connection_generation=2)
+    make_agent(tenant, "new", connected_to="")
+    make_agent(tenant, "tripped", breaker_open_until=now + timedelta(seconds=30))
+    make_agent(tenant, "probing", breaker_open_until=now - timedelta(seconds=1))
+    make_agent(tenant, "left", state="stopped", dead_at=now - timedelta(minutes=1))
+    body = reader_client.get("/console/tenants/acme/partials/agents/").content.decode()
+    expected = {
+        "idle": ("ready", "closed"), "full": ("busy", "closed"), "lost": ("disconnected", "closed"),
+        "new": ("connecting", "closed"), "tripped": ("ready", "open"),
+        "probing": ("ready", "half_open"), "left": ("stopped", "closed"),
+    }  # fmt: skip
+    for name, (phase, breaker) in expected.items():
+        row = _agent_row(body, name)
+        assert f'data-phase="{phase}"' in row and f'data-breaker="{breaker}"' in row, name
+    assert "no new work until" in _agent_row(body, "tripped")
+    assert 'class="state state-stopped"' in _agent_row(body, "left")
+
+
 def test_the_page_shows_fleet_card_decisions_and_audit(reader_client, tenant):
     AutoscaleDecision.objects.create(
         tenant=tenant, utilization=0.93, backlog=7, decision="up", old_desired=1, new_desired=2,
