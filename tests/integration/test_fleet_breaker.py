@@ -24,6 +24,8 @@ from fleet.models import DeliveryOutbox, TaskExecution
 from tests.support.agents import make_agent
 from tests.support.factories import make_package, start, two_task_package
 from tests.support.outcomes import delivered_task, result_body
+from tests.support.routing import agent as routing_agent
+from tests.support.routing import place_root, routed_package
 
 THRESHOLD = 5  # CLOACINA_BREAKER_FAILURES' default
 COOLOFF_S = 30.0  # CLOACINA_BREAKER_COOLOFF_S' default
@@ -85,6 +87,23 @@ def test_the_wait_reason_says_the_breakers_are_open_not_that_agents_are_full(ten
         "the circuit breaker of all 2 live agent(s) that could take it is open "
         "(no new work until its cool-off ends)"
     )
+
+
+@pytest.mark.django_db
+def test_a_task_with_selectors_waits_naming_the_open_breakers(tenant):
+    routed_package(tenant, tags=["gpu"])
+    gpu = routing_agent(tenant, "gpu-1", tags=["gpu"])
+    routing_agent(tenant, "cpu-1")  # free, but not a match
+    open_breaker(gpu)
+    placement, task = place_root(tenant)
+    assert not isinstance(placement, Placed) and task.status == "Ready"
+    assert task.wait_reason == (
+        "NoFreeAgent: 1 live agent(s) match (tags [gpu]); the circuit breaker of all 1 that "
+        "could take it is open (no new work until its cool-off ends)"
+    )
+    cool_off_passed(gpu)
+    placement, task = place_root(tenant)
+    assert isinstance(placement, Placed) and placement.agent_name == "gpu-1"  # the probe
 
 
 @pytest.mark.django_db

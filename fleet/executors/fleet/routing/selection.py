@@ -32,7 +32,7 @@ from fleet.executors.fleet.routing.metrics import (
     SELECTION_SUCCESS,
 )
 from fleet.executors.fleet.routing.selectors import UNCONSTRAINED, Choice, Selectors, compile_choice
-from fleet.executors.fleet.state import ledger
+from fleet.executors.fleet.state import breaker, ledger
 from fleet.models import Tenant
 from fleet.platform.config import get_config
 
@@ -79,6 +79,7 @@ class _Census:
     connected: int = 0
     loadable: int = 0
     free_now: int = 0  # matching, connected, loadable and meeting the dynamic selectors
+    shut: int = 0  # of those, the ones whose circuit breaker lets no work through now
     named_registered: bool = True
     bound_matches: bool = True
     agents: list[str] = field(default_factory=list)
@@ -172,6 +173,8 @@ def _census(tenant_id, triples, selectors: Selectors, bound_agent_id=None) -> _C
                    count(*) FILTER (WHERE {connected}),
                    count(*) FILTER (WHERE {loadable}),
                    count(*) FILTER (WHERE {loadable} AND {choice.dynamic}),
+                   count(*) FILTER (WHERE {loadable} AND {choice.dynamic}
+                                      AND NOT {breaker.admits("a")}),
                    bool_or(a.name = %(named)s),
                    coalesce(bool_or(a.id = %(bound)s AND {choice.static}), false),
                    (array_agg(a.name || CASE WHEN a.exclusive THEN ' (exclusive' ELSE ' (' END
@@ -191,9 +194,10 @@ def _census(tenant_id, triples, selectors: Selectors, bound_agent_id=None) -> _C
         connected=row[3],
         loadable=row[4],
         free_now=row[5],
-        named_registered=bool(row[6]) or not selectors.agent,
-        bound_matches=bool(row[7]),
-        agents=list(row[8] or []),
+        shut=row[6],
+        named_registered=bool(row[7]) or not selectors.agent,
+        bound_matches=bool(row[8]),
+        agents=list(row[9] or []),
     )
 
 
@@ -251,6 +255,11 @@ def _no_agent(
         )
     if census.free_now == 0:
         return NoFreeAgent(f"NoFreeAgent: {matching} but none has {selectors.floors_text()} now")
+    if census.shut == census.free_now:
+        return NoFreeAgent(
+            f"NoFreeAgent: {matching}; the circuit breaker of all {census.shut} that could "
+            "take it is open (no new work until its cool-off ends)"
+        )
     return NoFreeAgent(
         f"NoFreeAgent: {matching}; all {census.free_now} that could take it are at capacity",
         at_capacity=True,
