@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 from agents.models import Agent
 from fleet.executors.fleet import lifecycle
 from fleet.executors.fleet.delivery.placement import reserve_agent
-from fleet.models import Eviction
+from fleet.models import ApiKey, Eviction
 from fleet.platform.config import get_config
 from tests.support.agents import make_agent
 from tests.support.keys import bearer
@@ -181,3 +181,14 @@ def test_a_replaced_registration_dies_and_a_never_connected_one_counts_from_conn
     first.refresh_from_db()
     assert (first.state, second.state) == ("dead", "live")
     assert seen.new() == {("connecting", "dead"): 1, ("new", "connecting"): 1}
+
+
+@pytest.mark.django_db
+def test_revoking_the_key_retires_its_agents_as_dead(client, agent_key, read_key, tenant):
+    agent = register(client, agent_key, "keyed")
+    lifecycle.connect(agent.id, tenant.pk, SERVER)
+    seen = Transitions()
+    agent.refresh_from_db()
+    assert lifecycle.revoke_key(ApiKey.objects.get(pk=agent.api_key_id))
+    assert shown(client, read_key, "keyed") == ("dead", "dead")
+    assert seen.new() == {("ready", "dead"): 1}
