@@ -197,8 +197,9 @@ EXECUTOR_HELP = (
 )
 
 
-def watch_executors(dispatcher: Dispatcher) -> None:
-    """Report ``dispatcher``'s executors on /metrics (`serve` calls it once it is built)."""
+def watch_executors(dispatcher: Dispatcher | None) -> None:
+    """Report ``dispatcher``'s executors on /metrics (`serve` calls it once it is built);
+    None stops reporting them."""
     _executors.dispatcher = dispatcher
 
 
