@@ -81,9 +81,10 @@ class SubprocessLimitsExecutor(InProcessExecutor):
             open_files=_positive_int(options, "open_files", DEFAULT_OPEN_FILES),
         )
         workers = _positive_int(options, "workers", config.worker_processes)
-        # A cache of its own: the built-in executor may use the shared one in another
-        # server process started with a different default_executor.
-        return cls(workers, claimer, config.home / f"packages-{key}", limits)
+        # The in-process executor's cache: the one directory of $CLOACINA_HOME the task
+        # user may enter when serve runs as root (fleet/platform/isolation.py), and safe
+        # to share with other server processes (a per-digest flock guards each unpack).
+        return cls(workers, claimer, config.home / "packages", limits)
 
     def metrics(self) -> ExecutorMetrics:
         figures = super().metrics()

@@ -198,7 +198,7 @@ def test_the_example_executor_is_built_from_its_options(tmp_path):
     assert executor.workers == executor.runner.capacity == 2
     assert executor.runner.fresh_child_per_task
     assert executor.runner.limits == ChildLimits(30, 256 * 1024 * 1024, 64)
-    assert executor.cache.root == tmp_path / "packages-limited"
+    assert executor.cache.root == tmp_path / "packages"
     assert executor.metrics().extra["limit_cpu_seconds"] == 30
 
 
