@@ -120,6 +120,12 @@ def test_workflows_run_on_the_example_executor_configured_in_config_toml(procs):
     assert sample(text, "cloacina_executor_tasks_failed_total", "limited") == 1
     assert sample(text, "cloacina_executor_tasks_executed_total", "default") == 0
 
+    # A restart (which closes $CLOACINA_HOME again when root) still runs on it.
+    assert server.process.stop() == 0
+    server = procs.serve()
+    again = wait_terminal(server, key, start(server, key, "probe", {}))
+    assert again["status"] == "Completed", [(t["task_id"], t["error"]) for t in again["tasks"]]
+
 
 def test_serve_refuses_a_config_toml_executor_that_is_not_one(procs):
     (procs.home / "config.toml").write_text(
