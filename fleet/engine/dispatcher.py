@@ -28,9 +28,9 @@ log = logging.getLogger(__name__)
 
 
 class Dispatcher:
-    def __init__(self, claimer: str = "") -> None:
-        """``claimer``: this server's claimer id, under which an executor's failure before
-        its own claim is recorded (see :meth:`dispatch`)."""
+    def __init__(self, claimer: str) -> None:
+        """``claimer``: this server's claimer id (the one its executors claim under), under
+        which an executor's failure before its own claim is recorded (see :meth:`dispatch`)."""
         self._executors: dict[str, TaskExecutor] = {}
         self._default_key: str | None = None
         self._claimer = claimer

@@ -23,6 +23,7 @@ from fleet.engine.events import (
     TaskReadyEvent,
 )
 from fleet.engine.executor import TaskExecutor
+from fleet.engine.loop import EngineLoop
 from fleet.executors.fleet import executor as fleet_executor_module
 from fleet.executors.fleet.executor import FleetExecutor
 from fleet.models import TaskExecution, TaskOutcome
@@ -118,6 +119,34 @@ def test_a_failure_after_the_claim_is_retried_then_failed_by_the_retry_policy(te
         (1, "failure", True, "JobRejected"),
         (2, "failure", True, "JobRejected"),
     ]
+
+
+def test_the_dispatch_loop_carries_on_and_the_retries_run_out(tenant):
+    two_task_package(tenant, retries=2)  # retry_backoff_s 0: each retry is Ready at once
+    execution, task = ready_root(tenant)
+    executor = FailingExecutor()
+
+    def failed() -> bool:
+        return TaskExecution.objects.get(pk=task.pk).status == "Failed"
+
+    async def scenario():
+        loop = EngineLoop(dispatcher_with(executor), poll_s=0.05)
+        await loop.start()
+        try:
+            for _ in range(500):  # in_thread: a connection of its own, closed after each look
+                if await asyncio.to_thread(in_thread, failed):
+                    return loop.stats
+                await asyncio.sleep(0.02)
+            raise AssertionError("the task did not fail within 10 s")
+        finally:
+            await loop.stop()
+
+    stats = asyncio.run(scenario())
+    assert executor.raised == 3  # the first attempt and both retries, then no more
+    assert (stats["failed"], stats["errors"]) == (1, 0)  # handled, not a crash of the loop
+    task.refresh_from_db()
+    execution.refresh_from_db()
+    assert (task.attempt, task.error_type, execution.status) == (3, "JobRejected", "Failed")
 
 
 def test_a_failure_before_any_claim_is_an_attempt_too(tenant):
