@@ -11,6 +11,7 @@ import pytest
 
 from agents.sandbox.task_limits import ChildLimits
 from examples.executors.subprocess_limits import SubprocessLimitsExecutor
+from fleet.api.metrics import ExecutorCollector
 from fleet.engine.events import ExecutionResult, ExecutorMetrics, ExecutorNotFound, TaskReadyEvent
 from fleet.engine.executor import TaskExecutor
 from fleet.executors import registry
@@ -208,3 +209,29 @@ def test_the_example_defaults_to_the_server_s_worker_processes(tmp_path):
     executor = build_dispatcher(loaded, claimer="s").registered()["limited"]
     assert executor.workers == 3
     assert executor.runner.limits == ChildLimits(300, 1024 * 1024 * 1024, 256)
+
+
+class BrokenMetrics(RecordingExecutor):
+    def metrics(self) -> ExecutorMetrics:
+        raise RuntimeError("counter went missing")
+
+
+def test_the_executor_collector_labels_by_key_and_survives_a_broken_executor(tmp_path):
+    loaded = config(tmp_path)
+    dispatcher = build_dispatcher(loaded, claimer="s")
+    dispatcher.register_executor("mine", RecordingExecutor("s", loaded, capacity=5))
+    dispatcher.register_executor("broken", BrokenMetrics("s", loaded))
+    collector = ExecutorCollector()
+    assert list(collector.collect()) == []  # no dispatcher watched: no series at all
+    collector.dispatcher = dispatcher
+    samples = {
+        (sample.name, sample.labels["executor"]): sample.value
+        for family in collector.collect()
+        for sample in family.samples
+    }
+    assert samples[("cloacina_executor_capacity", "mine")] == 5
+    assert samples[("cloacina_executor_capacity", "default")] == 4  # worker_processes
+    assert samples[("cloacina_executor_selected", "default")] == 1
+    assert samples[("cloacina_executor_selected", "mine")] == 0
+    assert samples[("cloacina_executor_tasks_executed_total", "mine")] == 0
+    assert not any(executor == "broken" for _, executor in samples)
