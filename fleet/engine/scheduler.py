@@ -13,6 +13,7 @@ import uuid
 from django.db import connection, transaction
 from django.utils import timezone
 
+from artifacts.models import WorkflowPackage
 from artifacts.store.queries import active_package
 from fleet.engine import hooks
 from fleet.engine.events import TaskReadyEvent
@@ -41,10 +42,19 @@ def start_execution(
 
 
 def start_execution_with_roots(
-    tenant: Tenant, workflow_name: str, context: dict, priority: int = 0
+    tenant: Tenant,
+    workflow_name: str,
+    context: dict,
+    priority: int = 0,
+    package: WorkflowPackage | None = None,
 ) -> tuple[WorkflowExecution, list[TaskReadyEvent]]:
-    """:func:`start_execution`, and the events of its root tasks (Ready from the start)."""
-    package = active_package(tenant, workflow_name)
+    """:func:`start_execution`, and the events of its root tasks (Ready from the start).
+
+    ``package``, when the caller already looked up the active package (the schedule
+    tick starts many executions of one workflow), saves asking again.
+    """
+    if package is None:
+        package = active_package(tenant, workflow_name)
     if package is None:
         raise SchedulingError(
             ErrorKind.NOT_FOUND,
