@@ -426,6 +426,25 @@ def console_tenant(template: str, method: str = "GET"):
     return case
 
 
+def console_schedule(template: str, method: str = "POST"):
+    """B's schedule through B's tenant name, and through A's own: refused like a missing one."""
+
+    def case(world: World) -> None:
+        client = world.console()
+        b_id, missing_id = world.b_schedule.pk, world.missing["schedule"]
+        for own, other in ((world.b.name, world.missing["tenant"]), (world.a.name, world.a.name)):
+            answers = [
+                getattr(client, method.lower())(
+                    template.format(name=name, id=i), HTTP_HX_REQUEST="true"
+                )
+                for name, i in ((own, b_id), (other, missing_id))
+            ]
+            same_as_missing(*answers, [b_id, world.b.name], [missing_id, world.missing["tenant"]])
+        b_unchanged(world)
+
+    return case
+
+
 def console_execution(template: str, method: str = "GET"):
     def case(world: World) -> None:
         client = world.console()
@@ -512,6 +531,11 @@ CASES: dict[str, Callable[[World], None]] = {
     "console:provision": console_tenant("/console/tenants/{name}/provision/", "POST"),
     "console:deprovision": console_tenant("/console/tenants/{name}/deprovision/", "POST"),
     "console:fleet_overrides": console_tenant("/console/tenants/{name}/fleet-overrides/", "POST"),
+    "console:schedules": console_tenant("/console/tenants/{name}/schedules/"),
+    "console:schedules_table": console_tenant("/console/tenants/{name}/schedules/partials/table/"),
+    "console:pause_schedule": console_schedule("/console/tenants/{name}/schedules/{id}/pause/"),
+    "console:resume_schedule": console_schedule("/console/tenants/{name}/schedules/{id}/resume/"),
+    "console:run_schedule": console_schedule("/console/tenants/{name}/schedules/{id}/run/"),
     "console:evictions": console_list("/console/evictions/"),
     "console:evictions_table": console_list("/console/evictions/partials/table/"),
     "console:outbox": console_list("/console/outbox/"),
