@@ -138,22 +138,24 @@ def _fire_batch(now: datetime, batch: int) -> FireReport:
         if not schedules:
             return report
         unfinished = _unfinished(cursor, schedules)
-        fires, advances = [], []
+        fires, advances, memo = [], [], {}
         for schedule in schedules:
-            planned, advance = _plan(schedule, now, config, unfinished)
+            planned, advance = _plan(schedule, now, config, unfinished, memo)
             fires += planned
             advances.append(advance)
         inserted = _insert_fires(cursor, fires, now)
         new_fires = [f for f in fires if (f.schedule["id"], f.fire_time) in inserted]
         roots = _start_runs(cursor, new_fires, unfinished)
         cursor.execute(_ADVANCE, [json.dumps(advances, default=str)])
-    # Committed: count, time and hand the roots to the dispatch loop's fast path.
+    # Committed: the executions exist for everyone from now.  Count, time (fire time to
+    # commit) and hand the roots to the dispatch loop's fast path.
+    committed = timezone.now()
     for fire in new_fires:
         report.outcomes[fire.outcome] += 1
         metrics.FIRES.labels(fire.outcome).inc()
         if fire.execution is not None:
             report.executions.append(fire.execution.pk)
-            lag = (fire.execution.created_at - fire.fire_time).total_seconds()
+            lag = (committed - fire.fire_time).total_seconds()
             metrics.FIRE_LAG.observe(max(lag, 0.0))
     ready_queue.submit(roots)
     return report
@@ -175,7 +177,18 @@ def _unfinished(cursor, schedules: list[dict]) -> dict:
     return unfinished
 
 
-def _plan(schedule: dict, now: datetime, config, unfinished: dict) -> tuple[list[_Fire], dict]:
+def _next(cron: Cron, after: datetime, memo: dict) -> datetime | None:
+    """``cron.next_after(after)``, remembered for the batch: schedules sharing an expression
+    and a fire time (every "0 * * * *" of a platform) compute it once."""
+    key = (cron.expression, cron.timezone.key, after)
+    if key not in memo:
+        memo[key] = cron.next_after(after)
+    return memo[key]
+
+
+def _plan(
+    schedule: dict, now: datetime, config, unfinished: dict, memo: dict
+) -> tuple[list[_Fire], dict]:
     """The fire rows of one claimed schedule and its advanced ``next_fire_at``."""
     first = schedule["next_fire_at"]
     try:
@@ -184,8 +197,11 @@ def _plan(schedule: dict, now: datetime, config, unfinished: dict) -> tuple[list
         log.warning("schedule %s has an unusable expression: %s", schedule["id"], exc)
         fire = _Fire(schedule, first, FireOutcome.FAILED_TO_START, str(exc)[:300])
         return [fire], {"id": schedule["id"], "next_fire_at": None, "last_fire_at": first}
-    due = [first] + cron.fire_times(first, now, DUE_PER_TICK - 1)
-    following = cron.next_after(due[-1])
+    due = [first]
+    following = _next(cron, first, memo)
+    while following is not None and following <= now and len(due) < DUE_PER_TICK:
+        due.append(following)
+        following = _next(cron, following, memo)
     truncated = following is not None and following <= now
     plans = plan_catchup(
         due, now, schedule["catchup"], config.schedule_grace_s,
@@ -240,31 +256,44 @@ def _insert_fires(cursor, fires: list[_Fire], now: datetime) -> set:
 
 def _start_runs(cursor, fires: list[_Fire], unfinished: dict) -> list[TaskReadyEvent]:
     """Start the execution of every new ``started`` fire (cancelling first where the overlap
-    policy says); a fire whose execution cannot be created becomes failed_to_start."""
+    policy says); a fire whose execution cannot be created becomes failed_to_start.
+
+    The executions are created in rounds, each ONE statement: a schedule's first run of
+    this tick in the first round, its second (a catch-up) in the next, and so on, so a
+    ``cancel_previous`` run finds the run before it already there to cancel.
+    """
     runs = [f for f in fires if f.outcome == FireOutcome.STARTED]
     if not runs:
         return []
     tenants = Tenant.objects.in_bulk({f.schedule["tenant_id"] for f in runs})
     packages: dict[tuple[int, str], WorkflowPackage | None] = {}
     roots: list[TaskReadyEvent] = []
-    for fire in runs:
-        schedule = fire.schedule
-        tenant = tenants[schedule["tenant_id"]]
-        if fire.cancel_first:
-            _cancel_previous(tenant, schedule, unfinished)
-        key = (tenant.pk, schedule["workflow"])
-        if key not in packages:
-            packages[key] = active_package(tenant, schedule["workflow"])
-        try:
-            execution, events = scheduler.start_execution_with_roots(
-                tenant, schedule["workflow"], _context(schedule), package=packages[key]
+    for round_ in _rounds(runs):
+        starts, starting = [], []
+        for fire in round_:
+            schedule = fire.schedule
+            tenant = tenants[schedule["tenant_id"]]
+            if fire.cancel_first:
+                _cancel_previous(tenant, schedule, unfinished)
+            key = (tenant.pk, schedule["workflow"])
+            if key not in packages:
+                packages[key] = active_package(tenant, schedule["workflow"])
+            if packages[key] is None:
+                fire.outcome = FireOutcome.FAILED_TO_START
+                fire.detail = f"no active package provides workflow {schedule['workflow']!r}"
+                continue
+            starts.append(
+                scheduler.ExecutionStart(
+                    tenant, packages[key], schedule["workflow"], _context(schedule)
+                )
             )
-        except DomainError as exc:  # raised before any write: no active package
-            fire.outcome, fire.detail = FireOutcome.FAILED_TO_START, str(exc)[:300]
-            continue
-        fire.execution = execution
-        unfinished[schedule["id"]] = [execution.pk]
-        roots += events
+            starting.append(fire)
+        for fire, (execution, events) in zip(
+            starting, scheduler.start_executions(starts) if starts else [], strict=True
+        ):
+            fire.execution = execution
+            unfinished[fire.schedule["id"]] = [execution.pk]
+            roots += events
     cursor.execute(
         _SET_FIRE_RESULTS,
         [
@@ -283,6 +312,20 @@ def _start_runs(cursor, fires: list[_Fire], unfinished: dict) -> list[TaskReadyE
         ],
     )
     return roots
+
+
+def _rounds(runs: list[_Fire]) -> list[list[_Fire]]:
+    """``runs`` (each schedule's in fire-time order) as rounds: every schedule's n-th run in
+    round n."""
+    rounds: list[list[_Fire]] = []
+    seen: dict = {}
+    for fire in runs:
+        index = seen.get(fire.schedule["id"], 0)
+        seen[fire.schedule["id"]] = index + 1
+        if index == len(rounds):
+            rounds.append([])
+        rounds[index].append(fire)
+    return rounds
 
 
 def _context(schedule: dict) -> dict:

@@ -434,3 +434,22 @@ def test_metrics_show_lag_and_fires_by_outcome(client, tenant, demo, grace):
     text = client.get("/metrics").content.decode()
     assert 'cloacina_schedule_fires_total{outcome="started"}' in text
     assert "cloacina_schedule_fire_lag_seconds_bucket" in text
+
+
+def test_cancel_previous_within_one_catch_up_cancels_each_earlier_run(tenant, demo, grace):
+    schedule = every_10s(tenant, overlap="cancel_previous", catchup="all")
+    fire_due(now=at(21))
+    rows = ScheduleFire.objects.filter(schedule=schedule).order_by("fire_time")
+    assert [f.outcome for f in rows] == ["started"] * 3
+    statuses = [WorkflowExecution.objects.get(pk=f.execution_id).status for f in rows]
+    assert statuses == [WorkflowStatus.CANCELLED, WorkflowStatus.CANCELLED, WorkflowStatus.PENDING]
+
+
+def test_one_schedule_failing_to_start_does_not_hold_back_the_others(tenant, demo, grace):
+    good = every_10s(tenant)
+    orphan = create_schedule(tenant, ScheduleSpec("no-such-workflow", "*/10 * * * * *"))
+    Schedule.objects.filter(pk=orphan.pk).update(next_fire_at=T0)
+    report = fire_due(now=at(1))
+    assert report.outcomes == {"started": 1, "failed_to_start": 1}
+    assert fires(good) == [(T0, "started")]
+    assert fires(orphan) == [(T0, "failed_to_start")]
