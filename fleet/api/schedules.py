@@ -171,7 +171,7 @@ def delete_schedule(request: HttpRequest, schedule_id: uuid.UUID):
 @router.post(
     "/schedules/{schedule_id}/run",
     auth=write_auth,
-    response={201: RunOut, 409: ErrorOut, **ERRORS},
+    response={201: RunOut, 409: ErrorOut, 429: ErrorOut, **ERRORS},
     summary="Fire the schedule now (recorded as manual)",
 )
 def run_schedule(request: HttpRequest, schedule_id: uuid.UUID):

@@ -32,6 +32,7 @@ from artifacts.store.queries import active_package
 from fleet.engine import ready_queue, scheduler
 from fleet.engine.events import TaskReadyEvent
 from fleet.engine.executor import PeriodicJob
+from fleet.executors.fleet.routing import fairness
 from fleet.models import FireOutcome, Tenant, WorkflowExecution
 from fleet.platform.config import get_config
 from fleet.platform.cron import Cron, CronError, parse_cron
@@ -267,6 +268,7 @@ def _start_runs(cursor, fires: list[_Fire], unfinished: dict) -> list[TaskReadyE
         return []
     tenants = Tenant.objects.in_bulk({f.schedule["tenant_id"] for f in runs})
     packages: dict[tuple[int, str], WorkflowPackage | None] = {}
+    backlogs: dict[int, int] = {}  # unfinished tasks per limited tenant, as this tick adds them
     roots: list[TaskReadyEvent] = []
     for round_ in _rounds(runs):
         starts, starting = [], []
@@ -278,9 +280,13 @@ def _start_runs(cursor, fires: list[_Fire], unfinished: dict) -> list[TaskReadyE
             key = (tenant.pk, schedule["workflow"])
             if key not in packages:
                 packages[key] = active_package(tenant, schedule["workflow"])
-            if packages[key] is None:
-                fire.outcome = FireOutcome.FAILED_TO_START
-                fire.detail = f"no active package provides workflow {schedule['workflow']!r}"
+            refusal = (
+                f"no active package provides workflow {schedule['workflow']!r}"
+                if packages[key] is None
+                else _over_backlog(tenant, len(packages[key].manifest["tasks"]), backlogs)
+            )
+            if refusal:
+                fire.outcome, fire.detail = FireOutcome.FAILED_TO_START, refusal[:300]
                 continue
             starts.append(
                 scheduler.ExecutionStart(
@@ -312,6 +318,24 @@ def _start_runs(cursor, fires: list[_Fire], unfinished: dict) -> list[TaskReadyE
         ],
     )
     return roots
+
+
+def _over_backlog(tenant: Tenant, adding: int, backlogs: dict[int, int]) -> str:
+    """Why an execution of ``adding`` tasks would take the tenant past its backlog limit
+    (the bound POST /executions answers 429 for: fleet.executors.fleet.routing.fairness),
+    counting what this tick already started; '' when it fits or there is no limit."""
+    limit, source = fairness.max_backlog(tenant)
+    if not limit:
+        return ""
+    if tenant.pk not in backlogs:
+        backlogs[tenant.pk] = fairness.backlog(tenant)
+    if backlogs[tenant.pk] + adding > limit:
+        return (
+            f"tenant {tenant.name!r} has {backlogs[tenant.pk]} unfinished task(s); this "
+            f"execution adds {adding}, over {source} of {limit}"
+        )
+    backlogs[tenant.pk] += adding
+    return ""
 
 
 def _rounds(runs: list[_Fire]) -> list[list[_Fire]]:

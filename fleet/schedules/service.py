@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from fleet.engine import ready_queue, scheduler
 from fleet.engine.context import ContextError, validate_context
+from fleet.executors.fleet.routing import fairness
 from fleet.models import (
     Catchup,
     FireOutcome,
@@ -188,6 +189,9 @@ def run_now(tenant: Tenant, schedule_id: uuid.UUID | str) -> WorkflowExecution:
     row with outcome ``manual`` and fire time now, in one transaction."""
     with transaction.atomic():
         schedule = get_schedule(tenant, schedule_id, lock=True)
+        refusal = fairness.start_refusal(tenant, schedule.workflow)
+        if refusal:
+            raise ScheduleError(ErrorKind.LIMITED, refusal)
         execution, roots = scheduler.start_execution_with_roots(
             tenant, schedule.workflow, dict(schedule.context or {})
         )

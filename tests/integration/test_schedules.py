@@ -453,3 +453,17 @@ def test_one_schedule_failing_to_start_does_not_hold_back_the_others(tenant, dem
     assert report.outcomes == {"started": 1, "failed_to_start": 1}
     assert fires(good) == [(T0, "started")]
     assert fires(orphan) == [(T0, "failed_to_start")]
+
+
+def test_the_backlog_limit_bounds_scheduled_and_manual_runs(client, write_key, tenant, demo, grace):
+    tenant.max_backlog = 3  # the demo workflow has 2 tasks: one execution fits, two do not
+    tenant.save()
+    first, second = every_10s(tenant), every_10s(tenant)
+    report = fire_due(now=at(1))
+    assert report.outcomes == {"started": 1, "failed_to_start": 1}
+    [refused] = ScheduleFire.objects.filter(outcome="failed_to_start")
+    assert "over its max_backlog of 3" in refused.detail
+    assert {refused.schedule_id} < {first.pk, second.pk}
+    response = post(client, write_key, f"/schedules/{first.pk}/run", {})
+    assert response.status_code == 429 and "max_backlog of 3" in response.json()["detail"]
+    assert not ScheduleFire.objects.filter(outcome="manual").exists()
