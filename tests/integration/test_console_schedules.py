@@ -101,3 +101,22 @@ def test_the_admin_lists_every_tenants_schedules_and_pauses_them(
     )
     assert Schedule.objects.get(pk=other.pk).enabled is True
     assert Schedule.objects.get(pk=schedule.pk).enabled is False
+
+
+def test_the_page_shows_each_schedules_last_five_outcomes_in_two_queries(
+    writer_client, tenant, schedule, django_assert_max_num_queries
+):
+    from fleet.console.schedules import schedule_rows
+
+    Schedule.objects.filter(pk=schedule.pk).update(next_fire_at=T0)
+    others = [create_schedule(tenant, ScheduleSpec("demo", "0 7 * * *")) for _ in range(3)]
+    for hour in range(8):
+        ScheduleFire.objects.create(
+            schedule=schedule, fire_time=T0.replace(hour=hour), outcome="missed"
+        )
+    ScheduleFire.objects.create(schedule=others[0], fire_time=T0, outcome="skipped_overlap")
+    with django_assert_max_num_queries(2):
+        rows = {row.schedule.pk: row for row in schedule_rows(tenant)}
+    assert [f.fire_time.hour for f in rows[schedule.pk].fires] == [7, 6, 5, 4, 3]
+    assert [f.outcome for f in rows[others[0].pk].fires] == ["skipped_overlap"]
+    assert rows[others[1].pk].fires == []
