@@ -224,6 +224,15 @@ SETTINGS: tuple[Setting, ...] = (
         100,
         1,
     ),
+    # Fire rows older than this are deleted (0 = kept for ever): a per-second schedule
+    # records 86,400 a day.
+    Setting(
+        "schedule_fire_retention_s",
+        "CLOACINA_SCHEDULE_FIRE_RETENTION_S",
+        "schedule_fire_retention_s",
+        float,
+        30 * 24 * 3600.0,
+    ),
     AGENT_DRAIN_TIMEOUT,
     Setting("secret_key", "CLOACINA_SECRET_KEY", "secret_key", str, ""),
     # TLS (cloacina_site/tls.py): empty = plain HTTP; a client CA turns on mutual TLS.
@@ -285,6 +294,7 @@ class Config:
     schedule_tick_s: float = 1.0
     schedule_grace_s: float = 10.0
     schedule_catchup_max: int = 100
+    schedule_fire_retention_s: float = 30 * 24 * 3600.0
     agent_drain_timeout_s: float = 300.0
     secret_key: str = ""
     tls_cert: str = ""

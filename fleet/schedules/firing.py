@@ -21,7 +21,7 @@ import json
 import logging
 from collections import Counter as Tally
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import lru_cache
 
 from django.db import connection, transaction
@@ -43,6 +43,7 @@ from fleet.schedules.policy import OverlapAction, overlap_action, plan_catchup
 log = logging.getLogger(__name__)
 
 JOB_NAME = "schedule_fire"
+PRUNE_JOB_NAME = "schedule_fire_prune"
 BATCH = 500  # schedules claimed per transaction
 DUE_PER_TICK = 1000  # fire times one schedule handles per tick (a longer backlog: next tick)
 MISSED_DETAIL = "no server fired it within CLOACINA_SCHEDULE_GRACE_S (the catchup policy)"
@@ -367,12 +368,44 @@ def _cancel_previous(tenant: Tenant, schedule: dict, unfinished: dict) -> None:
             log.debug("schedule %s: previous execution not cancelled: %s", schedule["id"], exc)
 
 
+# Oldest first, a bounded chunk per statement: a long-neglected table is worked down over
+# several runs instead of one huge delete.
+_PRUNE = """
+DELETE FROM fleet_schedulefire WHERE id IN (
+    SELECT id FROM fleet_schedulefire WHERE fire_time < %s ORDER BY fire_time LIMIT %s
+)
+"""
+PRUNE_CHUNK = 10_000
+PRUNE_CHUNKS_PER_RUN = 10
+
+
+def prune_fires(now: datetime | None = None) -> int:
+    """Delete fire rows older than CLOACINA_SCHEDULE_FIRE_RETENTION_S; how many went.
+
+    Safe for exactly-once: a schedule's ``next_fire_at`` is already past every fire row,
+    so an old row's unique key is never needed again."""
+    retention = get_config().schedule_fire_retention_s
+    if retention <= 0:
+        return 0
+    cutoff = (now or timezone.now()) - timedelta(seconds=retention)
+    deleted = 0
+    with connection.cursor() as cursor:
+        for _ in range(PRUNE_CHUNKS_PER_RUN):
+            cursor.execute(_PRUNE, [cutoff, PRUNE_CHUNK])
+            deleted += cursor.rowcount
+            if cursor.rowcount < PRUNE_CHUNK:
+                break
+    return deleted
+
+
 def schedule_jobs(interval_s: float | None = None) -> list[PeriodicJob]:
-    """The firing tick for ``serve``: on every server (not leader-only; claims are row locks)."""
+    """For ``serve``: the firing tick on every server (not leader-only: claims are row
+    locks), and the pruning of old fire rows on the leader every few minutes."""
     return [
         PeriodicJob(
             name=JOB_NAME,
             func=fire_due,
             interval_s=interval_s or get_config().schedule_tick_s,
-        )
+        ),
+        PeriodicJob(name=PRUNE_JOB_NAME, func=prune_fires, interval_s=300.0, leader_only=True),
     ]

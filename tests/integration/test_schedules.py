@@ -467,3 +467,21 @@ def test_the_backlog_limit_bounds_scheduled_and_manual_runs(client, write_key, t
     response = post(client, write_key, f"/schedules/{first.pk}/run", {})
     assert response.status_code == 429 and "max_backlog of 3" in response.json()["detail"]
     assert not ScheduleFire.objects.filter(outcome="manual").exists()
+
+
+def test_old_fire_rows_are_pruned_after_the_retention(tenant):
+    from fleet.schedules.firing import prune_fires
+
+    schedule = every_10s(tenant)
+    for days in (40, 31, 29, 1):
+        ScheduleFire.objects.create(
+            schedule=schedule, fire_time=T0 - timedelta(days=days), outcome="missed"
+        )
+    assert prune_fires(now=T0) == 2  # the default retention is 30 days
+    kept = sorted((T0 - f.fire_time).days for f in ScheduleFire.objects.all())
+    assert kept == [1, 29]
+    apply_overrides(schedule_fire_retention_s=0)  # 0 keeps them for ever
+    try:
+        assert prune_fires(now=T0 + timedelta(days=365)) == 0
+    finally:
+        reset_config()
