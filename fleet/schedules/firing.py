@@ -34,7 +34,7 @@ from fleet.engine.events import TaskReadyEvent
 from fleet.engine.executor import PeriodicJob
 from fleet.executors.fleet.routing import fairness
 from fleet.models import FireOutcome, Tenant, WorkflowExecution
-from fleet.platform.config import get_config
+from fleet.platform.config import Config, get_config
 from fleet.platform.cron import Cron, CronError, parse_cron
 from fleet.platform.errors import DomainError
 from fleet.schedules import metrics
@@ -189,7 +189,7 @@ def _next(cron: Cron, after: datetime, memo: dict) -> datetime | None:
 
 
 def _plan(
-    schedule: dict, now: datetime, config, unfinished: dict, memo: dict
+    schedule: dict, now: datetime, config: Config, unfinished: dict, memo: dict
 ) -> tuple[list[_Fire], dict]:
     """The fire rows of one claimed schedule and its advanced ``next_fire_at``."""
     first = schedule["next_fire_at"]
