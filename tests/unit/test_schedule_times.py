@@ -204,3 +204,47 @@ def test_overlap_actions(policy, busy, action):
 def test_manifest_policy_names_are_the_models():
     assert manifest.CATCHUP_POLICIES == tuple(Catchup.values)
     assert manifest.OVERLAP_POLICIES == tuple(Overlap.values)
+
+
+# --- [[schedules]] in cloacina.toml -----------------------------------------------------
+
+TASKS = [{"id": "a", "function": "demo.steps:a"}]
+
+
+def parse_with(block: str) -> dict:
+    from artifacts.store.testing import manifest_toml
+
+    return manifest.parse_manifest(manifest_toml(TASKS) + block)
+
+
+def test_declared_schedules_are_normalised_and_absent_when_none():
+    assert "schedules" not in parse_with("")
+    parsed = parse_with('\n[[schedules]]\ncron = "0  6 * * *"\n')
+    assert parsed["schedules"] == [
+        {"cron": "0 6 * * *", "timezone": "UTC", "context": {}, "catchup": "skip",
+         "overlap": "allow", "enabled": True},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        ('[[schedules]]\ncron = "0 6 * * *"\n[[schedules]]\ncron = "0 6 * * *"\n', "repeats"),
+        ('[[schedules]]\ncron = "* * * * *"\ncontext = { k = "a\\u0000b" }\n', "NUL"),
+        ('[[schedules]]\ncron = "* * * * *"\ncontext = { at = 1979-05-27 }\n', "JSON values"),
+        ('[[schedules]]\ncron = "* * * * *"\nenabled = "yes"\n', "enabled must be true or false"),
+        ("".join(f'[[schedules]]\ncron = "{m} * * * *"\n' for m in range(60))
+         + "".join(f'[[schedules]]\ncron = "{m} 1 * * *"\n' for m in range(41)), "limit is 100"),
+    ],
+)  # fmt: skip
+def test_declared_schedules_refused_with_the_reason(block, message):
+    with pytest.raises(manifest.ManifestError) as caught:
+        parse_with("\n" + block)
+    assert message in str(caught.value)
+
+
+def test_schedules_must_be_an_array_of_tables():
+    from artifacts.store.testing import manifest_toml
+
+    with pytest.raises(manifest.ManifestError, match="array of tables"):
+        manifest.parse_manifest('schedules = "daily"\n' + manifest_toml(TASKS))
