@@ -25,9 +25,11 @@ from fleet.models import (
     DeliveryOutbox,
     Eviction,
     FleetChange,
+    Schedule,
     Tenant,
     TenantMembership,
 )
+from fleet.schedules import service as schedules
 
 FLEET_FIELDS = ("max_agents_override", "desired_count")
 
@@ -258,3 +260,27 @@ class AutoscaleDecisionAdmin(ReadOnlyAdmin):
         "reason",
     ]
     list_filter = ["decision", "tenant"]
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(ReadOnlyAdmin):
+    """Every tenant's schedules; the platform may pause (and resume) any of them.  Their
+    settings change through the tenant's API or its package's cloacina.toml."""
+
+    list_display = (
+        "tenant", "workflow", "cron", "timezone", "enabled", "source", "catchup", "overlap",
+        "next_fire_at", "last_fire_at",
+    )  # fmt: skip
+    list_filter = ("enabled", "source", "tenant")
+    search_fields = ("workflow", "tenant__name", "package_name")
+    actions = ("pause", "resume")
+
+    @admin.action(description="Pause the selected schedules")
+    def pause(self, request: HttpRequest, queryset) -> None:
+        changed = schedules.set_enabled(queryset, False)
+        self.message_user(request, f"{changed} schedule(s) paused", messages.SUCCESS)
+
+    @admin.action(description="Resume the selected schedules (fire times count from now)")
+    def resume(self, request: HttpRequest, queryset) -> None:
+        changed = schedules.set_enabled(queryset, True)
+        self.message_user(request, f"{changed} schedule(s) resumed", messages.SUCCESS)

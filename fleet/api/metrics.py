@@ -30,6 +30,7 @@ from fleet.executors.fleet.routing import metrics as routing_metrics  # noqa: F4
 from fleet.executors.fleet.state import ledger
 from fleet.platform.config import get_config
 from fleet.platform.db_pool import PoolCollector
+from fleet.schedules import metrics as schedule_metrics  # noqa: F401 (registers on import)
 
 log = logging.getLogger(__name__)
 

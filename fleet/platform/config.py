@@ -212,6 +212,28 @@ SETTINGS: tuple[Setting, ...] = (
     # Unfinished tasks a tenant may have before new executions get 429 (0 = unlimited);
     # a tenant's own max_backlog, when set, wins.
     Setting("max_backlog", "CLOACINA_MAX_BACKLOG", "max_backlog", int, 0),
+    # Cron schedules (fleet/schedules/, docs/schedules.md): how often every server looks for
+    # due schedules; how late a fire time may be and still run as on time (later ones are
+    # downtime, handled by the schedule's catchup policy); most missed times catchup="all" runs.
+    Setting("schedule_tick_s", "CLOACINA_SCHEDULE_TICK_S", "schedule_tick_s", float, 1.0, 0.05),
+    Setting("schedule_grace_s", "CLOACINA_SCHEDULE_GRACE_S", "schedule_grace_s", float, 10.0),
+    Setting(
+        "schedule_catchup_max",
+        "CLOACINA_SCHEDULE_CATCHUP_MAX",
+        "schedule_catchup_max",
+        int,
+        100,
+        1,
+    ),
+    # Fire rows older than this are deleted (0 = kept for ever): a per-second schedule
+    # records 86,400 a day.
+    Setting(
+        "schedule_fire_retention_s",
+        "CLOACINA_SCHEDULE_FIRE_RETENTION_S",
+        "schedule_fire_retention_s",
+        float,
+        30 * 24 * 3600.0,
+    ),
     AGENT_DRAIN_TIMEOUT,
     Setting("secret_key", "CLOACINA_SECRET_KEY", "secret_key", str, ""),
     # TLS (cloacina_site/tls.py): empty = plain HTTP; a client CA turns on mutual TLS.
@@ -307,6 +329,10 @@ class Config:
     build_concurrency: int = 2
     max_build_download_bytes: int = 100 * 1024 * 1024
     max_backlog: int = 0
+    schedule_tick_s: float = 1.0
+    schedule_grace_s: float = 10.0
+    schedule_catchup_max: int = 100
+    schedule_fire_retention_s: float = 30 * 24 * 3600.0
     agent_drain_timeout_s: float = 300.0
     secret_key: str = ""
     tls_cert: str = ""

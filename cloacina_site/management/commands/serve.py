@@ -38,6 +38,7 @@ from fleet.executors.registry import build_dispatcher
 from fleet.platform.config import Config, ConfigError, apply_overrides, parse_flag
 from fleet.platform.isolation import current_warning
 from fleet.platform.schema import migrate_with_lock
+from fleet.schedules import firing as schedule_firing
 
 log = logging.getLogger("cloacina.serve")
 
@@ -264,6 +265,7 @@ class ServeProcess:
             ),
             *recovery.recovery_jobs(),
             *control.control_plane_jobs(self.config),
+            *schedule_firing.schedule_jobs(self.config.schedule_tick_s),
             *(self.builds.periodic_jobs() if self.builds is not None else []),
             *executor_jobs,
         ]
