@@ -35,7 +35,7 @@ from tests.support.processes import (
     free_port,
     wait_for_http,
 )
-from tests.support.real_docker import agent_image, remove_containers
+from tests.support.real_docker import BUILD_TIMEOUT_S, agent_image, remove_containers
 from tests.support.server_api import Api
 from tests.support.waiting import wait_until
 from tests.support.workloads import SLOW_TASKS
@@ -159,6 +159,8 @@ def completed(execution_id: str, logs, timeout: float = 60) -> WorkflowExecution
     )
 
 
+# The first run on a machine builds the image (module fixture, counted in this test's time).
+@pytest.mark.timeout(BUILD_TIMEOUT_S + 300)
 def test_a_fleet_of_agent_containers_on_a_real_engine(procs, image, engine, fleet_tenant):
     tenant, key = fleet_tenant
     pair = [{"id": t, "function": "demo.steps:slow"} for t in ("a", "b")]
