@@ -262,6 +262,8 @@ def test_a_fleet_of_agent_containers_on_a_real_engine(procs, image, engine, flee
         logs=logs,
     )
     assert set(containers(engine, tenant)) == before
+    for container_id in before:  # the replacement is as hardened as the first two
+        assert_hardened(engine, container_id)
     assert {a.api_key_id for a in live} <= keys_before
     assert (
         set(ApiKey.objects.filter(tenant=tenant, role="agent").values_list("pk", flat=True))
