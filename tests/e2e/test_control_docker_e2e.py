@@ -135,6 +135,7 @@ def assert_hardened(engine: docker.DockerClient, container_id: str) -> None:
     assert (host["NanoCpus"], host["CpuShares"]) == (10**9, 256)
     assert (host["Memory"], host["MemoryReservation"]) == (768 * 2**20, 256 * 2**20)
     assert host["NetworkMode"] == "host"
+    assert config["Entrypoint"] == ["python", "manage.py"] and config["Cmd"][0] == "runagent"
     # the key is in the environment only, never on the command line
     assert not any(part.startswith("clk_") for part in config["Cmd"])
 
