@@ -8,6 +8,7 @@ the control plane uses them.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -56,6 +57,46 @@ CONTROL_SETTINGS: tuple[Setting, ...] = (
     Setting("server_port", "CLOACINA_SERVER_PORT", "server_port", int, 0),
 )
 
+# Kubernetes resource quantities (the settings' format, shared by the docker actuator).
+_QUANTITY = re.compile(r"(\d+(?:\.\d+)?)(m|k|M|G|T|Ki|Mi|Gi|Ti)?")
+_MEMORY_UNITS = {
+    None: 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
+# cgroup v1 cpu.shares for one CPU, and its floor: what the kubelet maps a CPU request to.
+CPU_SHARES_PER_CORE = 1024
+MIN_CPU_SHARES = 2
+
+
+def memory_bytes(variable: str, value: str) -> int:
+    """A memory quantity ("512Mi", "2Gi", "1G", "1048576") in bytes; ConfigError otherwise."""
+    match = _QUANTITY.fullmatch(value.strip())
+    if not match or match.group(2) == "m":
+        raise ConfigError(f"{variable} must be a memory quantity like 512Mi or 2Gi, got {value!r}")
+    amount = int(float(match.group(1)) * _MEMORY_UNITS[match.group(2)])
+    if amount <= 0:
+        raise ConfigError(f"{variable} must be more than 0 bytes, got {value!r}")
+    return amount
+
+
+def cpu_millis(variable: str, value: str) -> int:
+    """A CPU quantity ("250m", "2", "0.5") in thousandths of a CPU; ConfigError otherwise."""
+    match = _QUANTITY.fullmatch(value.strip())
+    if not match or match.group(2) not in (None, "m"):
+        raise ConfigError(f"{variable} must be a CPU quantity like 250m or 2, got {value!r}")
+    millis = float(match.group(1)) * (1 if match.group(2) == "m" else 1000)
+    if millis < 1:
+        raise ConfigError(f"{variable} must be at least 1m, got {value!r}")
+    return int(millis)
+
+
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -88,6 +129,26 @@ class ControlSettings:
             labels[key.strip()] = value.strip()
         return labels
 
+    def container_resources(self) -> dict[str, int]:
+        """The CPU/memory settings as Docker's HostConfig keywords (docker SDK names).
+
+        Limits are hard (``nano_cpus``, ``mem_limit``); the requests map as the kubelet maps
+        them: the memory request to a soft reservation, the CPU request to cpu.shares.
+        """
+        return {
+            "nano_cpus": cpu_millis("CLOACINA_AGENT_CPU_LIMIT", self.agent_cpu_limit) * 10**6,
+            "cpu_shares": max(
+                MIN_CPU_SHARES,
+                cpu_millis("CLOACINA_AGENT_CPU_REQUEST", self.agent_cpu_request)
+                * CPU_SHARES_PER_CORE
+                // 1000,
+            ),
+            "mem_limit": memory_bytes("CLOACINA_AGENT_MEMORY_LIMIT", self.agent_memory_limit),
+            "mem_reservation": memory_bytes(
+                "CLOACINA_AGENT_MEMORY_REQUEST", self.agent_memory_request
+            ),
+        }
+
     def effective_server_port(self) -> int:
         """The server port agents connect to: explicit, else the one in the server URL."""
         if self.server_port:
@@ -110,4 +171,5 @@ def load_control_settings(environ: dict | None = None) -> ControlSettings:
                 f"CLOACINA_FLEET_SERVER_URL must be an http(s):// URL, got {settings.server_url!r}"
             )
     settings.pod_labels()  # validate early: a typo is a boot error, not a silent policy skip
+    settings.container_resources()  # likewise a malformed CPU or memory quantity
     return settings
