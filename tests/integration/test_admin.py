@@ -150,13 +150,23 @@ def test_an_admin_edit_above_the_limit_is_a_form_error(admin_client, tenant):
     assert not FleetChange.objects.filter(tenant=tenant).exists()
 
 
+FLEET_NUMBERS = ("desired_count", "max_agents_override")
+
+
 def test_saving_a_tenant_without_fleet_changes_writes_no_audit(admin_client, tenant):
     url = f"/admin/fleet/tenant/{tenant.pk}/change/"
     response = admin_client.post(url, _tenant_form(tenant, max_backlog="100"))
     assert response.status_code == 302
     tenant.refresh_from_db()
     assert tenant.max_backlog == 100
-    assert not FleetChange.objects.filter(tenant=tenant).exists()
+    # No fleet-number row; the max_backlog change itself is audited (issue 15 item 7).
+    assert not FleetChange.objects.filter(tenant=tenant, field__in=FLEET_NUMBERS).exists()
+    assert list(FleetChange.objects.filter(tenant=tenant).values_list("field", flat=True)) == [
+        "max_backlog"
+    ]
+    # Saving the unchanged form writes nothing at all.
+    assert admin_client.post(url, _tenant_form(tenant)).status_code == 302
+    assert FleetChange.objects.filter(tenant=tenant).count() == 1
 
 
 def test_the_storage_quota_override_is_edited_in_the_admin(admin_client, tenant):
@@ -168,7 +178,10 @@ def test_the_storage_quota_override_is_edited_in_the_admin(admin_client, tenant)
     assert response.status_code == 302, response.content.decode()[:3000]
     tenant.refresh_from_db()
     assert tenant.storage_quota_bytes == 5_000_000
-    assert not FleetChange.objects.filter(tenant=tenant).exists()
+    assert not FleetChange.objects.filter(tenant=tenant, field__in=FLEET_NUMBERS).exists()
+    assert list(
+        FleetChange.objects.filter(tenant=tenant).values_list("field", "old_value", "new_value")
+    ) == [("storage_quota_bytes", None, 5_000_000)]
     page = admin_client.get(url).content.decode()
     assert "0 / 5000000 bytes (tenant acme&#x27;s storage_quota_bytes)" in page
     # Emptied: back to the platform default.
