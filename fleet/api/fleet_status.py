@@ -81,6 +81,7 @@ def _count_schema(nullable: bool):
 REASON_FIELD = Field(
     default="",
     max_length=limits.REASON_MAX_CHARS,
+    pattern=limits.REASON_PATTERN,
     description="why, in words (optional): stored with the change and shown in "
     "GET /fleet/history and the console's audit trail",
 )
@@ -107,19 +108,6 @@ class AdminFleetIn(Schema):
         strict=True,
         description="set desired_count directly",
         json_schema_extra=_count_schema(nullable=False),
-    )
-    max_backlog: int = Field(
-        default=0,
-        strict=True,
-        ge=0,
-        le=limits.BACKLOG_MAX,
-        description="Ready/NotStarted tasks the tenant may queue before new executions get "
-        "429; 0: the platform's CLOACINA_MAX_BACKLOG",
-    )
-    is_active: bool = Field(
-        default=True,
-        strict=True,
-        description="false disables the tenant: its keys stop working and its agents stop",
     )
     reason: str = REASON_FIELD
 
@@ -284,16 +272,14 @@ def fleet_history(request: HttpRequest, filters: Query[HistoryFilter]):
     "/admin/tenants/{tenant}/fleet", auth=admin_auth, response={200: AdminFleetOut, **ERRORS}
 )
 def admin_set_fleet(request: HttpRequest, tenant: str, payload: AdminFleetIn):
-    """Set a tenant's ``max_agents_override`` (null clears it), ``desired_count``,
-    ``max_backlog`` and/or ``is_active``, with an optional ``reason``; every change is audited."""
+    """Set a tenant's ``max_agents_override`` (null clears it) and/or ``desired_count``,
+    with an optional ``reason``; every change is audited."""
     target = Tenant.objects.filter(name=tenant).first()
     if target is None:
         raise HttpError(404, f"unknown tenant {tenant!r}")
     given = payload.model_fields_set - {"reason"}
     if not given:
-        raise HttpError(
-            422, "give max_agents_override and/or desired_count (or max_backlog, is_active)"
-        )
+        raise HttpError(422, "give max_agents_override and/or desired_count")
     kwargs = {name: getattr(payload, name) for name in given}
     updated = limits.set_tenant_limits(target, actor_of(request), payload.reason, **kwargs)
     return {

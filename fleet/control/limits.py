@@ -63,6 +63,10 @@ def effective_limit(tenant: Tenant) -> int:
     return tenant.effective_limit(get_config().default_max_agents)
 
 
+# The same rule as a JSON Schema pattern, for the API's document: no C0/C1 control characters.
+REASON_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+
+
 def check_reason(reason: object) -> str:
     """A person's free-text reason for a change, trimmed; INVALID when it is not one line of
     at most ``REASON_MAX_CHARS`` characters (control characters would garble the audit

@@ -75,7 +75,9 @@ PARALLEL_RUNS = 3  # schemathesis processes at once (the server is the bottlenec
 TESTED = re.compile(r"Tested:\s+(\d+)")
 # Rules a schema cannot state, so schema-valid requests may still get a 4xx naming the
 # problem: whether uploaded bytes are a valid package (an archive holding a valid
-# manifest and sources), and a desired_count above the tenant's (new) limit.
+# manifest and sources), a desired_count above the tenant's (new) limit, and a
+# provision/deprovision at a bound (409) — reachable since those take an optional
+# reason body and get many generated requests.
 CONFIG = """
 [[operations]]
 include-method = "POST"
@@ -88,6 +90,11 @@ checks.positive_data_acceptance.expected-statuses = [
 include-method = "PUT"
 include-path-regex = "^/api/v1/admin/tenants/"
 checks.positive_data_acceptance.expected-statuses = ["2XX", "401", "403", "404", "409", "422"]
+
+[[operations]]
+include-method = "POST"
+include-path-regex = "^/api/v1/fleet/(de)?provision$"
+checks.positive_data_acceptance.expected-statuses = ["2XX", "401", "403", "404", "409"]
 """
 
 
