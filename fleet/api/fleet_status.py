@@ -193,14 +193,18 @@ def fleet_view(tenant: Tenant) -> dict:
     return {**limits.fleet_snapshot(tenant), "agents": _agents(tenant)}
 
 
+FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+
+
 def reason_of(request: HttpRequest) -> str:
     """The optional ``{"reason": "..."}`` JSON body of provision / deprovision.
 
-    These endpoints took no body before, so a request without one, or with a body not sent
-    as ``application/json`` (an empty form), still means "no reason"; a JSON body is parsed
-    as strictly as every other (the API's own parser) and must be exactly ``ReasonIn``.
+    These endpoints took no body before, so a request without one, or with a form body
+    (what a bare POST from many HTTP clients sends), still means "no reason"; any other body
+    is parsed as JSON as strictly as every other (the API's own parser, whatever the content
+    type, as for ninja's own body parameters) and must be exactly ``ReasonIn``.
     """
-    if not request.body or request.content_type != "application/json":
+    if not request.body or request.content_type in FORM_TYPES:
         return ""
     try:
         data = ObjectBodyParser().parse_body(request)

@@ -10,7 +10,7 @@ import pytest
 
 from fleet.control import limits
 from fleet.models import ApiKey, FleetChange, Tenant
-from tests.support.console import HX
+from tests.support.console import HX, tenant_admin_form
 from tests.support.keys import bearer
 
 LONG = "x" * (limits.REASON_MAX_CHARS + 1)
@@ -67,7 +67,34 @@ def test_provision_and_deprovision_keep_the_reason(client, tenant, write_key, re
 def test_provision_without_a_body_still_works_and_has_no_reason(client, tenant, write_key):
     assert client.post("/api/v1/fleet/provision", **bearer(write_key)).status_code == 200
     assert _post_json(client, "/fleet/provision", {}, write_key).status_code == 200
-    assert [row[5] for row in _rows(tenant)] == ["", ""]
+    form = client.post(
+        "/api/v1/fleet/provision",
+        data="a=b",
+        content_type="application/x-www-form-urlencoded",
+        **bearer(write_key),
+    )
+    assert form.status_code == 200
+    assert [row[5] for row in _rows(tenant)] == ["", "", ""]
+
+
+@pytest.mark.parametrize(
+    ("raw", "content_type", "status"),
+    [
+        (b'{"reason": NaN}', "", 422),
+        (b'{"reason": "x", "reason2": 1}', "text/plain", 422),
+        (b"not json", "text/plain", 400),
+        (b"\xed\xa0\x80", "application/json", 400),
+    ],
+)
+def test_a_body_of_another_type_is_read_as_json(
+    client, tenant, write_key, raw, content_type, status
+):
+    res = client.post(
+        "/api/v1/fleet/provision", data=raw, content_type=content_type, **bearer(write_key)
+    )
+    assert res.status_code == status, res.content
+    assert res.json()["detail"]
+    assert _limits(tenant)[0] == 0 and not FleetChange.objects.exists()
 
 
 @pytest.mark.parametrize(
@@ -227,25 +254,6 @@ def test_the_console_audit_shows_is_active_in_words(admin_client, tenant):
 
 
 # -- the Django admin -----------------------------------------------------------------
-def _admin_form(tenant: Tenant, **changes) -> dict:
-    data = {
-        "is_active": "on" if tenant.is_active else "",
-        "max_agents_override": ""
-        if tenant.max_agents_override is None
-        else tenant.max_agents_override,
-        "desired_count": tenant.desired_count,
-        "max_backlog": tenant.max_backlog,
-        "storage_quota_bytes": ""
-        if tenant.storage_quota_bytes is None
-        else tenant.storage_quota_bytes,
-        "reason": "",
-        "memberships-TOTAL_FORMS": "0",
-        "memberships-INITIAL_FORMS": "0",
-        "memberships-MIN_NUM_FORMS": "0",
-        "memberships-MAX_NUM_FORMS": "1000",
-    }
-    data.update(changes)
-    return data
 
 
 def test_the_admin_change_form_audits_every_limit_as_the_admin_user(admin_client, tenant):
@@ -253,7 +261,7 @@ def test_the_admin_change_form_audits_every_limit_as_the_admin_user(admin_client
     assert 'name="reason"' in admin_client.get(url).content.decode()
     response = admin_client.post(
         url,
-        _admin_form(
+        tenant_admin_form(
             tenant,
             is_active="",
             max_backlog="250",
@@ -273,14 +281,14 @@ def test_the_admin_change_form_audits_every_limit_as_the_admin_user(admin_client
     assert _limits(tenant) == (2, None, 250, False)
     # a reason alone changes nothing and records nothing
     tenant.refresh_from_db()
-    again = admin_client.post(url, _admin_form(tenant, reason="just looking"))
+    again = admin_client.post(url, tenant_admin_form(tenant, reason="just looking"))
     assert again.status_code == 302
     assert len(_rows(tenant)) == 4
 
 
 def test_a_too_long_admin_reason_is_a_form_error_and_changes_nothing(admin_client, tenant):
     url = f"/admin/fleet/tenant/{tenant.pk}/change/"
-    response = admin_client.post(url, _admin_form(tenant, max_backlog="9", reason=LONG))
+    response = admin_client.post(url, tenant_admin_form(tenant, max_backlog="9", reason=LONG))
     assert response.status_code == 200  # the admin re-renders the form with the error
     assert "at most 300 characters" in response.content.decode()
     assert _limits(tenant) == (0, None, 0, True)

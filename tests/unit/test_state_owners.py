@@ -80,6 +80,15 @@ def _at(line: int, text: str, start: int) -> int:
     return line + text.count("\n", 0, start)
 
 
+def _sql_hits(path: str, tree: ast.Module, pattern: re.Pattern[str]) -> list[str]:
+    """``path:line: 'match'`` for every match of ``pattern`` in the module's strings."""
+    return [
+        f"{path}:{_at(line, text, match.start())}: {match.group(0)!r}"
+        for line, text in _strings(tree)
+        for match in pattern.finditer(text)
+    ]
+
+
 def _slot_keywords(tree: ast.Module) -> Iterator[int]:
     """Lines of ORM writes of the slot counter: ``….update(in_flight=…)``."""
     for node in ast.walk(tree):
@@ -154,9 +163,7 @@ def limit_write_violations() -> list[str]:
     for path, tree in _sources():
         if path in LIMIT_WRITERS:
             continue
-        for line, text in _strings(tree):
-            for match in TENANT_UPDATE.finditer(text):
-                found.append(f"{path}:{_at(line, text, match.start())}: {match.group(0)!r}")
+        found += _sql_hits(path, tree, TENANT_UPDATE)
         found += [f"{path}:{line}: {what}" for line, what in _limit_writes(tree)]
     for path, tree in _sources():
         if path not in AUDIT_WRITERS:
@@ -179,9 +186,7 @@ def slot_write_violations() -> list[str]:
     for path, tree in _sources():
         if path == SLOTS_OWNER:
             continue
-        for line, text in _strings(tree):
-            for match in SLOT_WRITE.finditer(text):
-                found.append(f"{path}:{_at(line, text, match.start())}: {match.group(0)!r}")
+        found += _sql_hits(path, tree, SLOT_WRITE)
         found += [f"{path}:{line}: update(in_flight=…)" for line in _slot_keywords(tree)]
     return found
 
