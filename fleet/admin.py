@@ -5,9 +5,11 @@ A tenant's limits (``max_agents_override``, ``desired_count``, ``max_backlog``,
 (:func:`fleet.control.limits.set_tenant_limits`), in the change form and the list's
 inline edits alike, so the bounds are the same as everywhere else and every change
 lands in the FleetChange audit trail with the admin user as actor and the form's
-``reason``.  The Tenant admin has no bulk actions, so nothing bypasses it.  Keys never show their hash and cannot be added here
-(a token shown in a browser page would end up in its history and caches):
-mint them with ``manage.py mintkey``; revoke them here.
+``reason``.  The Tenant admin has no bulk actions, so nothing bypasses it.
+
+Keys never show their hash and cannot be added here (a token shown in a browser page
+would end up in its history and caches): mint them with ``manage.py mintkey``; revoke
+them here.
 """
 
 from __future__ import annotations

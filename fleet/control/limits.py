@@ -355,6 +355,43 @@ def _as_number(value: int | bool | None) -> int | None:
     return int(value) if isinstance(value, bool) else value
 
 
+def _checked_settings(
+    max_backlog: int | _Unset, is_active: bool | _Unset, storage_quota_bytes: int | None | _Unset
+) -> dict[str, object]:
+    """The given non-fleet limits, each checked (INVALID names the first bad one)."""
+    checked: dict[str, object] = {}
+    if max_backlog is not UNSET:
+        checked["max_backlog"] = _check_bound("max_backlog", max_backlog, BACKLOG_MAX)
+    if is_active is not UNSET:
+        checked["is_active"] = _check_flag("is_active", is_active)
+    if storage_quota_bytes is not UNSET:
+        checked["storage_quota_bytes"] = _check_bound(
+            "storage_quota_bytes", storage_quota_bytes, STORAGE_BYTES_MAX, nullable=True
+        )
+    return checked
+
+
+def _apply_settings(current: Tenant, values: dict[str, object], actor: str, reason: str) -> None:
+    """Write the values that differ on the locked row, one audit row each (caller's txn)."""
+    changed = [name for name, value in values.items() if getattr(current, name) != value]
+    now = timezone.now()
+    for name in changed:
+        old = getattr(current, name)
+        setattr(current, name, values[name])
+        record_change(
+            current.pk,
+            name,
+            _as_number(old),
+            _as_number(values[name]),
+            ChangeReason.ADMIN,
+            actor,
+            now,
+            note=reason,
+        )
+    if changed:
+        current.save(update_fields=changed)
+
+
 def set_tenant_limits(
     tenant: Tenant,
     actor: str,
@@ -375,15 +412,7 @@ def set_tenant_limits(
     the platform's; ``storage_quota_bytes`` None means the platform's, 0 unlimited.
     """
     reason = check_reason(reason)
-    plain: dict[str, object] = {}
-    if max_backlog is not UNSET:
-        plain["max_backlog"] = _check_bound("max_backlog", max_backlog, BACKLOG_MAX)
-    if is_active is not UNSET:
-        plain["is_active"] = _check_flag("is_active", is_active)
-    if storage_quota_bytes is not UNSET:
-        plain["storage_quota_bytes"] = _check_bound(
-            "storage_quota_bytes", storage_quota_bytes, STORAGE_BYTES_MAX, nullable=True
-        )
+    settings = _checked_settings(max_backlog, is_active, storage_quota_bytes)
     counts = {
         name: value
         for name, value in (
@@ -398,23 +427,7 @@ def set_tenant_limits(
             raise FleetLimitError(ErrorKind.NOT_FOUND, "tenant does not exist")
         if counts:
             current = set_fleet_overrides(current, actor, reason=reason, **counts)
-        changed = [name for name, value in plain.items() if getattr(current, name) != value]
-        now = timezone.now()
-        for name in changed:
-            old = getattr(current, name)
-            setattr(current, name, plain[name])
-            record_change(
-                current.pk,
-                name,
-                _as_number(old),
-                _as_number(plain[name]),
-                ChangeReason.ADMIN,
-                actor,
-                now,
-                note=reason,
-            )
-        if changed:
-            current.save(update_fields=changed)
+        _apply_settings(current, settings, actor, reason)
     for name in AUDITED_FIELDS:
         setattr(tenant, name, getattr(current, name))
     return current
