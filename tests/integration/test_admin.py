@@ -7,7 +7,7 @@ import pytest
 from agents.models import Agent
 from fleet.executors.fleet.lifecycle import revoke_key
 from fleet.models import ApiKey, FleetChange, Tenant
-from tests.support.console import make_agent, make_eviction, tenant_admin_form
+from tests.support.console import NO_MEMBERSHIPS, make_agent, make_eviction, tenant_admin_form
 from tests.support.factories import publish_example
 
 CHANGELISTS = [
@@ -198,10 +198,7 @@ def test_adding_a_tenant_seeds_it_like_the_cli(admin_client, db):
             "is_active": "on",
             "max_agents_override": "3",
             "max_backlog": "0",
-            "memberships-TOTAL_FORMS": "0",
-            "memberships-INITIAL_FORMS": "0",
-            "memberships-MIN_NUM_FORMS": "0",
-            "memberships-MAX_NUM_FORMS": "1000",
+            **NO_MEMBERSHIPS,
         },
     )
     assert response.status_code == 302, response.content.decode()[:3000]

@@ -10,7 +10,7 @@ import pytest
 
 from fleet.control import limits
 from fleet.models import ApiKey, FleetChange, Tenant
-from tests.support.console import HX, tenant_admin_form
+from tests.support.console import HX, NO_MEMBERSHIPS, tenant_admin_form
 from tests.support.keys import bearer
 
 LONG = "x" * (limits.REASON_MAX_CHARS + 1)
@@ -304,10 +304,7 @@ def test_adding_a_tenant_in_the_admin_audits_its_non_default_limits(admin_client
             "max_agents_override": "",
             "max_backlog": "40",
             "reason": "pilot, starts disabled",
-            "memberships-TOTAL_FORMS": "0",
-            "memberships-INITIAL_FORMS": "0",
-            "memberships-MIN_NUM_FORMS": "0",
-            "memberships-MAX_NUM_FORMS": "1000",
+            **NO_MEMBERSHIPS,
         },
     )
     assert response.status_code == 302, response.content.decode()[:3000]

@@ -30,6 +30,7 @@ __all__ = [
     "PASSWORD",
     "with_password",
     "tenant_admin_form",
+    "NO_MEMBERSHIPS",
 ]
 
 HX = {"HTTP_HX_REQUEST": "true"}  # what htmx sends with every request
@@ -149,6 +150,15 @@ def make_outbox_row(task, agent, state: str = "pending", age_s: float = 0, assig
     )
 
 
+# The management form of the Tenant admin's (empty) membership inline.
+NO_MEMBERSHIPS = {
+    "memberships-TOTAL_FORMS": "0",
+    "memberships-INITIAL_FORMS": "0",
+    "memberships-MIN_NUM_FORMS": "0",
+    "memberships-MAX_NUM_FORMS": "1000",
+}
+
+
 def tenant_admin_form(tenant, **changes) -> dict:
     """The Django admin's Tenant change form as posted with ``tenant``'s values, then ``changes``."""
     data = {
@@ -162,10 +172,7 @@ def tenant_admin_form(tenant, **changes) -> dict:
         if tenant.storage_quota_bytes is None
         else tenant.storage_quota_bytes,
         "reason": "",
-        "memberships-TOTAL_FORMS": "0",
-        "memberships-INITIAL_FORMS": "0",
-        "memberships-MIN_NUM_FORMS": "0",
-        "memberships-MAX_NUM_FORMS": "1000",
+        **NO_MEMBERSHIPS,
     }
     data.update(changes)
     return data
