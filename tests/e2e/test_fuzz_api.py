@@ -75,8 +75,10 @@ PARALLEL_RUNS = 3  # schemathesis processes at once (the server is the bottlenec
 TESTED = re.compile(r"Tested:\s+(\d+)")
 # Rules a schema cannot state, so schema-valid requests may still get a 4xx naming the
 # problem: whether uploaded bytes are a valid package (an archive holding a valid
-# manifest and sources), a desired_count above the tenant's (new) limit, and whether a
-# string is a cron expression and an IANA timezone (a removed schedule is then a 404).
+# manifest and sources), a desired_count above the tenant's (new) limit, a
+# provision/deprovision at a bound (409) — reachable since those take an optional
+# reason body and get many generated requests — and whether a string is a cron
+# expression and an IANA timezone (a removed schedule is then a 404).
 CONFIG = """
 [[operations]]
 include-method = "POST"
@@ -93,6 +95,11 @@ checks.positive_data_acceptance.expected-statuses = ["2XX", "401", "403", "404",
 include-method = "PUT"
 include-path-regex = "^/api/v1/admin/tenants/"
 checks.positive_data_acceptance.expected-statuses = ["2XX", "401", "403", "404", "409", "422"]
+
+[[operations]]
+include-method = "POST"
+include-path-regex = "^/api/v1/fleet/(de)?provision$"
+checks.positive_data_acceptance.expected-statuses = ["2XX", "401", "403", "404", "409"]
 """
 
 

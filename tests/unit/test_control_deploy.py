@@ -106,6 +106,7 @@ def test_the_cluster_role_grants_what_the_actuator_calls():
         ("networking.k8s.io", "networkpolicies", "get"),
         ("networking.k8s.io", "networkpolicies", "create"),
         ("networking.k8s.io", "networkpolicies", "update"),
+        ("networking.k8s.io", "networkpolicies", "deletecollection"),
     }  # fmt: skip
     assert grants == needed  # exactly: nothing missing, nothing extra
 

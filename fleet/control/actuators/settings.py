@@ -15,6 +15,10 @@ from urllib.parse import urlparse
 
 from fleet.platform.config import AGENT_DRAIN_TIMEOUT, ConfigError, Setting, read_settings
 
+# CoreDNS and kube-dns both keep the kube-dns label for compatibility.
+DEFAULT_DNS_NAMESPACE = "kube-system"
+DEFAULT_DNS_POD_LABELS = "k8s-app=kube-dns"
+
 CONTROL_SETTINGS: tuple[Setting, ...] = (
     # The URL agents use to reach the server.  The process actuator defaults to
     # the loopback address `serve` listens on; docker and kubernetes need it set.
@@ -55,6 +59,21 @@ CONTROL_SETTINGS: tuple[Setting, ...] = (
     Setting("server_namespace", "CLOACINA_SERVER_NAMESPACE", "server_namespace", str, ""),
     Setting("server_pod_labels", "CLOACINA_SERVER_POD_LABELS", "server_pod_labels", str, ""),
     Setting("server_port", "CLOACINA_SERVER_PORT", "server_port", int, 0),
+    # The cluster DNS pods, the only DNS the tenant NetworkPolicy lets agents reach.
+    Setting(
+        "cluster_dns_namespace",
+        "CLOACINA_CLUSTER_DNS_NAMESPACE",
+        "cluster_dns_namespace",
+        str,
+        DEFAULT_DNS_NAMESPACE,
+    ),
+    Setting(
+        "cluster_dns_pod_labels",
+        "CLOACINA_CLUSTER_DNS_POD_LABELS",
+        "cluster_dns_pod_labels",
+        str,
+        DEFAULT_DNS_POD_LABELS,
+    ),
 )
 
 # Kubernetes resource quantities (the settings' format, shared by the docker actuator).
@@ -116,18 +135,26 @@ class ControlSettings:
     server_namespace: str = ""
     server_pod_labels: str = ""
     server_port: int = 0
+    cluster_dns_namespace: str = DEFAULT_DNS_NAMESPACE
+    cluster_dns_pod_labels: str = DEFAULT_DNS_POD_LABELS
 
     def pod_labels(self) -> dict[str, str]:
         """``CLOACINA_SERVER_POD_LABELS`` ("k=v,k2=v2") as a dict; ConfigError when malformed."""
-        labels: dict[str, str] = {}
-        for item in filter(None, (p.strip() for p in self.server_pod_labels.split(","))):
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip():
-                raise ConfigError(
-                    f"CLOACINA_SERVER_POD_LABELS must be k=v pairs separated by commas, got {item!r}"
-                )
-            labels[key.strip()] = value.strip()
-        return labels
+        return parse_labels(self.server_pod_labels, "CLOACINA_SERVER_POD_LABELS")
+
+    def cluster_dns(self) -> tuple[str, dict[str, str]]:
+        """(namespace, pod labels) of the cluster DNS pods; ConfigError when either is missing.
+
+        Both must be set: an empty pod selector would open port 53 to every pod of the
+        namespace, an empty namespace would not select the DNS at all.
+        """
+        labels = parse_labels(self.cluster_dns_pod_labels, "CLOACINA_CLUSTER_DNS_POD_LABELS")
+        if not self.cluster_dns_namespace or not labels:
+            raise ConfigError(
+                "CLOACINA_CLUSTER_DNS_NAMESPACE and CLOACINA_CLUSTER_DNS_POD_LABELS must both be "
+                f"set (defaults {DEFAULT_DNS_NAMESPACE!r} and {DEFAULT_DNS_POD_LABELS!r})"
+            )
+        return self.cluster_dns_namespace, labels
 
     def container_resources(self) -> dict[str, int]:
         """The CPU/memory settings as Docker's HostConfig keywords (docker SDK names).
@@ -161,6 +188,17 @@ class ControlSettings:
         return {"http": 80, "https": 443}.get(parsed.scheme, 0)
 
 
+def parse_labels(raw: str, variable: str) -> dict[str, str]:
+    """ "k=v,k2=v2" as a dict; ConfigError naming ``variable`` when an item is not k=v."""
+    labels: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in raw.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{variable} must be k=v pairs separated by commas, got {item!r}")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
 def load_control_settings(environ: dict | None = None) -> ControlSettings:
     _home, values = read_settings(CONTROL_SETTINGS, environ)
     settings = ControlSettings(**values)
@@ -172,4 +210,6 @@ def load_control_settings(environ: dict | None = None) -> ControlSettings:
             )
     settings.pod_labels()  # validate early: a typo is a boot error, not a silent policy skip
     settings.container_resources()  # likewise a malformed CPU or memory quantity
+    if settings.network_policy:
+        settings.cluster_dns()  # likewise: a policy without DNS would break every agent
     return settings
