@@ -1,6 +1,15 @@
 from django.urls import path
 
-from fleet.console import agents, auth, evictions, executions, outbox, overview, tenants
+from fleet.console import (
+    agents,
+    auth,
+    evictions,
+    executions,
+    outbox,
+    overview,
+    schedules,
+    tenants,
+)
 
 app_name = "console"
 urlpatterns = [
@@ -15,6 +24,27 @@ urlpatterns = [
     path("tenants/<str:name>/fleet-overrides/", tenants.fleet_overrides, name="fleet_overrides"),
     path(
         "tenants/<str:name>/agents/<uuid:agent_id>/drain/", agents.drain_agent, name="drain_agent"
+    ),
+    path("tenants/<str:name>/schedules/", schedules.schedules, name="schedules"),
+    path(
+        "tenants/<str:name>/schedules/partials/table/",
+        schedules.schedules_table,
+        name="schedules_table",
+    ),
+    path(
+        "tenants/<str:name>/schedules/<uuid:schedule_id>/pause/",
+        schedules.pause,
+        name="pause_schedule",
+    ),
+    path(
+        "tenants/<str:name>/schedules/<uuid:schedule_id>/resume/",
+        schedules.resume,
+        name="resume_schedule",
+    ),
+    path(
+        "tenants/<str:name>/schedules/<uuid:schedule_id>/run/",
+        schedules.run_now,
+        name="run_schedule",
     ),
     path("evictions/", evictions.evictions, name="evictions"),
     path("evictions/partials/table/", evictions.evictions_table, name="evictions_table"),

@@ -12,6 +12,14 @@ from fleet.models.executions import (
     WorkflowStatus,
 )
 from fleet.models.routing import AffinityBinding, AgentEventCount, BindingKind
+from fleet.models.schedules import (
+    Catchup,
+    FireOutcome,
+    Overlap,
+    Schedule,
+    ScheduleFire,
+    ScheduleSource,
+)
 from fleet.models.servers import ServerInstance
 from fleet.platform.tenancy import ApiKey, Role, Tenant, TenantMembership
 
@@ -19,6 +27,12 @@ __all__ = [
     "AffinityBinding",
     "AgentEventCount",
     "BindingKind",
+    "Catchup",
+    "FireOutcome",
+    "Overlap",
+    "Schedule",
+    "ScheduleFire",
+    "ScheduleSource",
     "ApiKey",
     "AutoscaleDecision",
     "ChangeReason",

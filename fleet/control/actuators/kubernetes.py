@@ -65,6 +65,7 @@ class KubernetesActuator(Actuator):
         self.net = k8s.NetworkingV1Api(api_client)
         self.own_namespace = own_namespace
         self._policy_warned: set[str] = set()
+        self._policies_removed: set[str] = set()  # namespaces cleared with the toggle off
 
     def describe(self) -> str:
         return (
@@ -178,6 +179,8 @@ class KubernetesActuator(Actuator):
         stopped = (dep.spec.replicas or 0) if dep is not None else 0
         if stopped:
             self.apps.patch_namespaced_deployment_scale(m.AGENT_NAME, ns, {"spec": {"replicas": 0}})
+        if not self.settings.network_policy:
+            self._remove_network_policies(ns, label)  # a disabled tenant's too
         try:
             self.core.delete_namespaced_secret(m.SECRET_NAME, ns)
         except ApiException as exc:
@@ -237,6 +240,7 @@ class KubernetesActuator(Actuator):
 
     def _ensure_network_policy(self, ns: str, label: str) -> None:
         if not self.settings.network_policy:
+            self._remove_network_policies(ns, label)
             return
         server = m.server_coordinates(self.settings, self.own_namespace)
         if server is None:
@@ -249,7 +253,7 @@ class KubernetesActuator(Actuator):
                     ns,
                 )
             return
-        body = m.render_network_policy(ns, label, server)
+        body = m.render_network_policy(ns, label, server, self.settings.cluster_dns())
         try:
             existing = self.net.read_namespaced_network_policy(m.AGENT_NAME, ns)
         except ApiException as exc:
@@ -261,6 +265,23 @@ class KubernetesActuator(Actuator):
             self.net.replace_namespaced_network_policy(
                 m.AGENT_NAME, ns, body, field_validation=STRICT
             )
+
+    def _remove_network_policies(self, ns: str, label: str) -> None:
+        """The toggle is off: delete the policies an earlier run installed (once per namespace).
+
+        Label-selected, so it removes exactly what this actuator made, under any name; the
+        setting is read at boot, so one successful delete per namespace per process suffices.
+        """
+        if ns in self._policies_removed:
+            return
+        try:
+            self.net.delete_collection_namespaced_network_policy(
+                ns, label_selector=f"{m.MANAGED_LABEL}=true,{m.TENANT_LABEL}={label}"
+            )
+        except ApiException as exc:
+            if not _missing(exc):
+                raise
+        self._policies_removed.add(ns)
 
 
 def secret_token(secret_body: dict) -> str:
