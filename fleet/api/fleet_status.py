@@ -54,7 +54,7 @@ class AgentOut(Schema):
     )
     health: str = Field(
         description="healthy, degraded (late heartbeat, socket open: ranked last), "
-        "unhealthy (no socket: never selected), draining or dead (docs/routing.md)"
+        "unhealthy (no socket: never selected), draining, dead or stopped (docs/routing.md)"
     )
     tags: list[str]
     capabilities: list[str]
