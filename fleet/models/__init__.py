@@ -12,11 +12,14 @@ from fleet.models.executions import (
     WorkflowStatus,
 )
 from fleet.models.routing import AffinityBinding, AgentEventCount, BindingKind
+from fleet.models.pools import DEFAULT_POOL, AgentPool
 from fleet.models.servers import ServerInstance
 from fleet.platform.tenancy import ApiKey, Role, Tenant, TenantMembership
 
 __all__ = [
     "AffinityBinding",
+    "AgentPool",
+    "DEFAULT_POOL",
     "AgentEventCount",
     "BindingKind",
     "ApiKey",
