@@ -69,5 +69,10 @@ class Migration(migrations.Migration):
                 ],
             },
         ),
+        migrations.AddField(
+            model_name="autoscaledecision",
+            name="pool",
+            field=models.CharField(default="default", max_length=24),
+        ),
         migrations.RunPython(give_every_tenant_a_default_pool, migrations.RunPython.noop),
     ]

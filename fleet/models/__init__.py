@@ -11,8 +11,8 @@ from fleet.models.executions import (
     WorkflowExecution,
     WorkflowStatus,
 )
-from fleet.models.routing import AffinityBinding, AgentEventCount, BindingKind
 from fleet.models.pools import DEFAULT_POOL, AgentPool
+from fleet.models.routing import AffinityBinding, AgentEventCount, BindingKind
 from fleet.models.servers import ServerInstance
 from fleet.platform.tenancy import ApiKey, Role, Tenant, TenantMembership
 

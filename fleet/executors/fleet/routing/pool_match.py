@@ -82,7 +82,14 @@ def pool_of_tags(tags: Iterable[str] | None) -> str:
 def tenant_pools(tenant_id: int) -> list[AgentPool]:
     """The tenant's pools, default first (an unsaved, unlabelled one if its row is missing),
     then the named pools in creation order."""
-    pools = list(AgentPool.objects.filter(tenant_id=tenant_id).order_by("id"))
+    return tenant_pools_from(
+        tenant_id, AgentPool.objects.filter(tenant_id=tenant_id).order_by("id")
+    )
+
+
+def tenant_pools_from(tenant_id: int, pools: Iterable[AgentPool]) -> list[AgentPool]:
+    """``pools`` (one tenant's rows, by creation) in pool order: default first."""
+    pools = list(pools)
     default = next((p for p in pools if p.is_default), None) or AgentPool(
         tenant_id=tenant_id, name=DEFAULT_POOL
     )

@@ -1,0 +1,130 @@
+"""Agent pools REST: ``/api/v1/fleet/pools/...`` (docs/control-plane.md, "Agent pools").
+
+A tenant key sees and changes only its own tenant's pools (another tenant's pool is a
+404 like an unknown one); provisioning keeps the sum of the pools within the tenant's
+effective limit (409 naming it), exactly like CONTRACT.md's ``/fleet/provision``.
+"""
+
+from __future__ import annotations
+
+from django.http import HttpRequest
+from ninja import Field, Router, Schema
+from ninja.responses import Status
+from pydantic import ConfigDict
+
+from fleet.api.fleet_status import ERRORS, actor_of
+from fleet.control import pools
+from fleet.models.pools import POOL_NAME_PATTERN
+from fleet.platform.auth import read_auth, write_auth
+
+router = Router(tags=["fleet"])
+
+STRINGS = {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 100}}
+
+
+class PoolLabelsIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    tags: list[str] | None = Field(None, description="runagent --tags of its agents")
+    capabilities: list[str] | None = Field(None, description="runagent --capabilities")
+    max_concurrency: int | None = Field(
+        None, strict=True, description="slots per agent; null: CLOACINA_AGENT_MAX_CONCURRENCY"
+    )
+    cpu: str | None = Field(None, description="CPU per agent (docker, kubernetes), e.g. 500m")
+    memory: str | None = Field(None, description="memory per agent (docker, kubernetes), e.g. 2Gi")
+    gpu: int | None = Field(None, strict=True, description="GPUs per agent (docker, kubernetes)")
+
+
+class PoolCreateIn(PoolLabelsIn):
+    name: str = Field(..., json_schema_extra={"pattern": POOL_NAME_PATTERN})
+
+
+class PoolOut(Schema):
+    name: str
+    default: bool = Field(description="the default pool: CONTRACT.md's provision acts on it")
+    desired_count: int = Field(description="default pool: the tenant total minus named pools'")
+    tags: list[str]
+    capabilities: list[str]
+    max_concurrency: int | None
+    cpu: str
+    memory: str
+    gpu: int
+    agents_live: int
+    in_flight: int
+    capacity: int
+
+
+class PoolsOut(Schema):
+    desired_count: int = Field(description="the tenant total (all pools)")
+    pools: list[PoolOut]
+
+
+def _out(state: pools.PoolState) -> dict:
+    pool = state.pool
+    return {
+        "name": pool.name,
+        "default": pool.is_default,
+        "desired_count": state.desired_count,
+        "tags": pool.tags,
+        "capabilities": pool.capabilities,
+        "max_concurrency": pool.max_concurrency,
+        "cpu": pool.cpu,
+        "memory": pool.memory,
+        "gpu": pool.gpu,
+        "agents_live": state.agents_live,
+        "in_flight": state.in_flight,
+        "capacity": state.capacity,
+    }
+
+
+def _given(body: PoolLabelsIn) -> dict:
+    """The label fields the body names (an explicit null clears max_concurrency/cpu/memory)."""
+    given = body.model_fields_set - {"name"}
+    return {name: getattr(body, name) for name in given}
+
+
+@router.get("/fleet/pools", auth=read_auth, response={200: PoolsOut, **ERRORS})
+def list_pools(request: HttpRequest):
+    """The tenant's pools: default first, then named pools by creation."""
+    states = pools.list_pools(request.tenant)
+    return {"desired_count": request.tenant.desired_count, "pools": [_out(s) for s in states]}
+
+
+@router.post("/fleet/pools", auth=write_auth, response={201: PoolOut, **ERRORS})
+def create_pool(request: HttpRequest, body: PoolCreateIn):
+    """A new named pool with desired_count 0 (409 when the name is taken)."""
+    pool = pools.create_pool(request.tenant, actor_of(request), body.name, _given(body))
+    return Status(201, _out(pools.pool_state(request.tenant, pool.name)))
+
+
+@router.get("/fleet/pools/{pool}", auth=read_auth, response={200: PoolOut, **ERRORS})
+def get_pool(request: HttpRequest, pool: str):
+    return _out(pools.pool_state(request.tenant, pool))
+
+
+@router.patch("/fleet/pools/{pool}", auth=write_auth, response={200: PoolOut, **ERRORS})
+def update_pool(request: HttpRequest, pool: str, body: PoolLabelsIn):
+    """Change labels, max_concurrency or resources; agents started from now on get them."""
+    pools.update_pool(request.tenant, pool, _given(body))
+    return _out(pools.pool_state(request.tenant, pool))
+
+
+@router.delete("/fleet/pools/{pool}", auth=write_auth, response={204: None, **ERRORS})
+def delete_pool(request: HttpRequest, pool: str):
+    """Delete a named pool and stop its agents (409 for ``default``)."""
+    pools.delete_pool(request.tenant, pool, actor_of(request))
+    return Status(204, None)
+
+
+@router.post("/fleet/pools/{pool}/provision", auth=write_auth, response={200: PoolOut, **ERRORS})
+def provision_pool(request: HttpRequest, pool: str):
+    """The pool's desired_count + 1, the tenant total within the effective limit (409)."""
+    pools.provision_pool(request.tenant, pool, actor_of(request))
+    return _out(pools.pool_state(request.tenant, pool))
+
+
+@router.post("/fleet/pools/{pool}/deprovision", auth=write_auth, response={200: PoolOut, **ERRORS})
+def deprovision_pool(request: HttpRequest, pool: str):
+    """The pool's desired_count − 1, down to 0 (409 at 0)."""
+    pools.deprovision_pool(request.tenant, pool, actor_of(request))
+    return _out(pools.pool_state(request.tenant, pool))
