@@ -15,23 +15,26 @@ blocks a tick for the length of a drain.
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agents.models import Agent, AgentState
 from fleet.control.actuators.base import (
     Actuator,
     AgentHandle,
+    PoolSpec,
     ReconcileResult,
     label_of,
     mint_agent_key,
+    pool_specs,
     revoke_keys,
 )
 from fleet.control.actuators.settings import ControlSettings
 from fleet.executors.fleet import lifecycle
-from fleet.models import Tenant
+from fleet.models import DEFAULT_POOL, Tenant
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,7 @@ MANAGED_LABEL = "cloacina.managed"
 TENANT_LABEL = "cloacina.tenant"
 AGENT_LABEL = "cloacina.agent"
 KEY_LABEL = "cloacina.key"
+POOL_LABEL = "cloacina.pool"
 MANAGED_BY = "docker"
 AGENT_UID = "10001:10001"
 
@@ -53,10 +57,39 @@ class Box:
     key_lookup: str
     state: str  # running, created, restarting, exited, dead, …
     created: int
+    pool: str = DEFAULT_POOL
 
     @property
     def alive(self) -> bool:
         return self.state in ("created", "running", "restarting")
+
+
+_CPU = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m?)$")
+_MEMORY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+_MEMORY_UNITS = {
+    None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+}  # fmt: skip
+
+
+def container_resources(spec: PoolSpec) -> dict:
+    """The ``containers.run`` arguments for a pool's CPU, memory and GPUs (Kubernetes
+    quantities, as the pool stores them); nothing for what the pool leaves unset."""
+    kwargs: dict = {}
+    cpu = _CPU.match(spec.cpu or "")
+    if cpu:
+        cores = float(cpu.group(1)) / (1000 if cpu.group(2) else 1)
+        kwargs["nano_cpus"] = int(cores * 1e9)
+    memory = _MEMORY.match(spec.memory or "")
+    if memory:
+        kwargs["mem_limit"] = int(float(memory.group(1)) * _MEMORY_UNITS[memory.group(2)])
+    if spec.gpu:
+        import docker  # lazy: the Docker SDK is optional, needed only by this actuator
+
+        kwargs["device_requests"] = [
+            docker.types.DeviceRequest(count=spec.gpu, capabilities=[["gpu"]])
+        ]
+    return kwargs
 
 
 class DockerActuator(Actuator):
@@ -92,6 +125,8 @@ class DockerActuator(Actuator):
                     name=labels.get(AGENT_LABEL) or names[0].lstrip("/"),
                     label=labels.get(TENANT_LABEL, ""),
                     key_lookup=labels.get(KEY_LABEL, ""),
+                    # Containers started before pools existed have no pool label: default.
+                    pool=labels.get(POOL_LABEL) or DEFAULT_POOL,
                     state=c.attrs.get("State", ""),
                     created=int(c.attrs.get("Created") or 0),
                 )
@@ -118,7 +153,7 @@ class DockerActuator(Actuator):
         boxes = [b for b in self._boxes(label_of(tenant)) if b.alive]
         drained = self._drained_keys(boxes)
         return [
-            AgentHandle(b.name, b.label, b.id, "running", b.key_lookup)
+            AgentHandle(b.name, b.label, b.id, "running", b.key_lookup, b.pool)
             for b in boxes
             if not self._is_draining(b, drained)
         ]
@@ -127,26 +162,49 @@ class DockerActuator(Actuator):
         return {b.label for b in self._boxes(None) if b.label}
 
     # -- reconcile -------------------------------------------------------------------
-    def reconcile(self, tenant: Tenant, desired: int) -> ReconcileResult:
+    def reconcile(self, tenant: Tenant, desired: int | Sequence[PoolSpec]) -> ReconcileResult:
         label = label_of(tenant)
+        specs = pool_specs(desired)
         boxes = self._boxes(label)
         drained = self._drained_keys(boxes)
         crashed = self._collect(boxes, drained)
         running = [b for b in boxes if b.alive and not self._is_draining(b, drained)]
-        result = ReconcileResult(label, desired, actual=len(running) + len(crashed))
-        for dead in crashed[: max(desired - len(running), 0)]:
-            self._spawn(tenant, label, dead.name)
-            result.restarted += 1
-        for _ in range(desired - len(running) - result.restarted):
-            self._spawn(tenant, label, None)
+        total = sum(spec.desired for spec in specs)
+        result = ReconcileResult(label, total, actual=len(running) + len(crashed))
+        for spec in specs:
+            mine = [b for b in running if b.pool == spec.name]
+            dead = [b for b in crashed if b.pool == spec.name]
+            self._reconcile_pool(tenant, label, spec, mine, dead, result)
+        # Containers of a pool that is no longer asked for (deleted): drain them all.
+        wanted = {spec.name for spec in specs}
+        for box in [b for b in running if b.pool not in wanted]:
+            self._drain(box)
+            result.stopped += 1
+        self._mark_managed([b.key_lookup for b in running])
+        return result
+
+    def _reconcile_pool(
+        self,
+        tenant: Tenant,
+        label: str,
+        spec: PoolSpec,
+        running: list[Box],
+        crashed: list[Box],
+        result: ReconcileResult,
+    ) -> None:
+        restarted = 0
+        for dead in crashed[: max(spec.desired - len(running), 0)]:
+            self._spawn(tenant, label, dead.name, spec)
+            restarted += 1
+        for _ in range(spec.desired - len(running) - restarted):
+            self._spawn(tenant, label, None, spec)
             result.started += 1
-        surplus = len(running) - desired
+        result.restarted += restarted
+        surplus = len(running) - spec.desired
         if surplus > 0:
             for box in sorted(running, key=lambda b: b.created, reverse=True)[:surplus]:
                 self._drain(box)
                 result.stopped += 1
-        self._mark_managed([b.key_lookup for b in running])
-        return result
 
     def stop_all(self, tenant: Tenant | str) -> int:
         label = label_of(tenant)
@@ -159,8 +217,12 @@ class DockerActuator(Actuator):
         return len(stopping)
 
     # -- one container ---------------------------------------------------------------
-    def _spawn(self, tenant: Tenant, label: str, name: str | None) -> None:
-        name = name or f"cloacina-agent-{label}-{secrets.token_hex(3)}"
+    def _spawn(
+        self, tenant: Tenant, label: str, name: str | None, spec: PoolSpec | None = None
+    ) -> None:
+        spec = spec or PoolSpec()
+        pool_part = "" if spec.is_default else f"{spec.name}-"
+        name = name or f"cloacina-agent-{label}-{pool_part}{secrets.token_hex(3)}"
         key, token = mint_agent_key(tenant, f"docker actuator: {name}")
         s = self.settings
         kwargs = dict(
@@ -171,8 +233,7 @@ class DockerActuator(Actuator):
                 s.server_url,
                 "--name",
                 name,
-                "--max-concurrency",
-                str(s.agent_max_concurrency),
+                *spec.runagent_args(s.agent_max_concurrency),
             ],
             name=name,
             detach=True,
@@ -187,6 +248,9 @@ class DockerActuator(Actuator):
                 TENANT_LABEL: label,
                 AGENT_LABEL: name,
                 KEY_LABEL: key.lookup,
+                # Only named pools are labelled: no pool label is the default pool, as on
+                # every container started before pools existed.
+                **({} if spec.is_default else {POOL_LABEL: spec.name}),
             },
             user=AGENT_UID,
             read_only=True,
@@ -197,6 +261,7 @@ class DockerActuator(Actuator):
         )
         if s.docker_network:
             kwargs["network"] = s.docker_network
+        kwargs.update(container_resources(spec))
         try:
             container = self.client.containers.run(**kwargs)
         except Exception:
