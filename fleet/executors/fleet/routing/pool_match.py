@@ -33,6 +33,8 @@ from fleet.models import DEFAULT_POOL, AgentPool, Tenant
 from fleet.models.pools import POOL_TAG_PREFIX
 from fleet.platform.config import get_config
 
+NO_ACTUATOR = "none"  # CLOACINA_FLEET_ACTUATOR: agents are run by hand
+
 
 @dataclass(frozen=True)
 class PoolLabels:
@@ -106,9 +108,10 @@ def live_members(tenant_id: int) -> Counter[str]:
 
 
 def scalable_pool_reason(tenant_id: int, selectors: Selectors) -> str | None:
-    """Why a task no live agent matches should wait: a pool that could run it can grow
-    (the tenant total is below its effective limit) or has agents asked for that are not
-    live yet.  None when no such pool exists: the task cannot run (NoMatchingAgent)."""
+    """Why a task no live agent matches should wait: a pool that could run it has agents
+    asked for that are not live yet, or can grow (an actuator runs the fleet and the
+    tenant's pools hold less than its effective limit).  None when no such pool exists:
+    the task cannot run (NoMatchingAgent)."""
     if selectors.agent:
         return None
     pools = [p for p in tenant_pools(tenant_id) if labels_satisfy(selectors, PoolLabels.of(p))]
@@ -117,7 +120,11 @@ def scalable_pool_reason(tenant_id: int, selectors: Selectors) -> str | None:
     tenant = Tenant.objects.filter(pk=tenant_id).first()
     if tenant is None or not tenant.is_active:
         return None
-    limit = tenant.effective_limit(get_config().default_max_agents)
+    config = get_config()
+    limit = tenant.effective_limit(config.default_max_agents)
+    # Without an actuator nothing starts an agent when a count rises: only agents asked
+    # for (a pool's count above its live members: an operator runs them) are worth a wait.
+    can_grow = config.fleet_actuator != NO_ACTUATOR and tenant.desired_count < limit
     named = AgentPool.objects.filter(tenant_id=tenant_id).aggregate(n=Sum("desired_count"))["n"]
     live = live_members(tenant_id)
     wanted = selectors.static_text() or "untargeted work"
@@ -130,7 +137,7 @@ def scalable_pool_reason(tenant_id: int, selectors: Selectors) -> str | None:
                 f"NoFreeAgent: no live agent matches {wanted}; pool {pool.name!r} can run it "
                 f"and {desired - live[pool.name]} of its {desired} agent(s) are not live yet"
             )
-        if tenant.desired_count < limit:
+        if can_grow:
             return (
                 f"NoFreeAgent: no live agent matches {wanted}; pool {pool.name!r} can run it "
                 f"and can be scaled up (desired {desired}; the tenant's pools hold "
