@@ -1,6 +1,6 @@
 from django.urls import path
 
-from fleet.console import agents, auth, evictions, executions, outbox, overview, tenants
+from fleet.console import agents, auth, evictions, executions, outbox, overview, pools, tenants
 
 app_name = "console"
 urlpatterns = [
@@ -16,6 +16,19 @@ urlpatterns = [
     path(
         "tenants/<str:name>/agents/<uuid:agent_id>/drain/", agents.drain_agent, name="drain_agent"
     ),
+    path("tenants/<str:name>/pools/", pools.create_pool, name="create_pool"),
+    path(
+        "tenants/<str:name>/pools/<slug:pool>/provision/",
+        pools.provision_pool,
+        name="provision_pool",
+    ),
+    path(
+        "tenants/<str:name>/pools/<slug:pool>/deprovision/",
+        pools.deprovision_pool,
+        name="deprovision_pool",
+    ),
+    path("tenants/<str:name>/pools/<slug:pool>/edit/", pools.edit_pool, name="edit_pool"),
+    path("tenants/<str:name>/pools/<slug:pool>/delete/", pools.delete_pool, name="delete_pool"),
     path("evictions/", evictions.evictions, name="evictions"),
     path("evictions/partials/table/", evictions.evictions_table, name="evictions_table"),
     path("outbox/", outbox.outbox, name="outbox"),
