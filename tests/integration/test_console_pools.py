@@ -76,3 +76,36 @@ def test_readers_and_outsiders_cannot_change_pools(reader_client, outsider_user,
     assert outsider.post("/console/tenants/acme/pools/gpu/provision/", **HX).status_code == 404
     assert outsider.post("/console/tenants/acme/pools/", {"name": "x"}, **HX).status_code == 404
     assert AgentPool.objects.get(tenant=tenant, name="gpu").desired_count == 0
+
+
+# -- the Django admin ------------------------------------------------------------------
+
+
+def test_the_admin_lists_creates_and_steps_pools_through_the_control_plane(admin_client, tenant):
+    pools.create_pool(tenant, "t", "gpu", {"tags": ["gpu"]})
+    assert admin_client.get("/admin/fleet/agentpool/").status_code == 200
+    res = admin_client.post(
+        "/admin/fleet/agentpool/add/",
+        {"tenant": tenant.pk, "name": "big", "tags": '["big"]', "capabilities": "[]",
+         "max_concurrency": "8", "cpu": "4", "memory": "16Gi", "gpu": "0"},
+    )  # fmt: skip
+    assert res.status_code == 302, res.content.decode()[:2000]
+    big = AgentPool.objects.get(tenant=tenant, name="big")
+    assert (big.tags, big.max_concurrency, big.memory) == (["big"], 8, "16Gi")
+    res = admin_client.post(
+        "/admin/fleet/agentpool/add/",
+        {"tenant": tenant.pk, "name": "bad", "tags": '["pool:x"]', "capabilities": "[]",
+         "max_concurrency": "", "cpu": "", "memory": "", "gpu": "0"},
+    )  # fmt: skip
+    assert res.status_code == 200 and "is reserved" in res.content.decode()
+    gpu = AgentPool.objects.get(tenant=tenant, name="gpu")
+    res = admin_client.post(
+        "/admin/fleet/agentpool/",
+        {"action": "provision_one", "_selected_action": [gpu.pk]},
+    )
+    assert res.status_code == 302
+    gpu.refresh_from_db()
+    tenant.refresh_from_db()
+    assert (gpu.desired_count, tenant.desired_count) == (1, 1)
+    change = FleetChange.objects.filter(tenant=tenant, field="pool:gpu").latest("id")
+    assert change.actor == "admin:root" and change.new_value == 1
