@@ -6,6 +6,10 @@ another tenant's containers.  Each container gets its own freshly minted agent
 key (env CLOACINA_AGENT_API_KEY) and the server URL; the key's public lookup
 part is a label too, so the key of a container that is gone can be revoked.
 
+Per pool: a named pool's containers carry ``cloacina.pool=<name>`` and start with its tags,
+capabilities, slots, CPU, memory and GPUs; a container without the label is the default
+pool's (so containers started before pools existed are adopted).
+
 Scale-down drains the newest container: its roster row goes to draining and
 the container gets SIGTERM (runagent finishes its work and exits); a container
 still running after CLOACINA_AGENT_DRAIN_TIMEOUT_S is killed.  Nothing here

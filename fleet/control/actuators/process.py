@@ -12,6 +12,12 @@ that exits without being asked is restarted under the same name (so its
 registration replaces the dead one at once).  The key of every child that is
 gone is revoked.
 
+Agents are started per pool (:class:`~fleet.control.actuators.base.PoolSpec`): a pool's
+children get its ``--tags`` (with ``pool:<name>``), ``--capabilities`` and
+``--max-concurrency`` and are named ``proc-<pid>-<pool>-<n>`` (the default pool's
+``proc-<pid>-<n>``, as before pools); each pool is counted, grown and drained on its own,
+and the children of a pool no longer asked for are drained.
+
 Children die with the server (PR_SET_PDEATHSIG), so a killed leader never
 leaves orphans for its successor to double-count.  PDEATHSIG fires when the
 *thread* that forked exits, so every spawn happens on one long-lived thread.
