@@ -14,29 +14,76 @@ from pydantic import ConfigDict
 
 from fleet.api.fleet_status import ERRORS, actor_of
 from fleet.control import pools
+from fleet.executors.fleet import roster
 from fleet.models.pools import POOL_NAME_PATTERN
 from fleet.platform.auth import read_auth, write_auth
 
 router = Router(tags=["fleet"])
 
-STRINGS = {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 100}}
+
+def _labels(pattern: str) -> dict:
+    """The published schema of a tags / capabilities list (the control plane checks it)."""
+    return {
+        "maxItems": roster.MAX_LIST_ITEMS,
+        "items": {"type": "string", "minLength": 1, "maxLength": roster.MAX_ITEM_CHARS,
+                  "pattern": pattern},
+    }  # fmt: skip
+
+
+def _quantity(pattern: str) -> dict:
+    return {
+        "anyOf": [
+            {"type": "string", "maxLength": pools.QUANTITY_MAX_CHARS, "pattern": pattern},
+            {"type": "string", "maxLength": 0},
+            {"type": "null"},
+        ]
+    }
 
 
 class PoolLabelsIn(Schema):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
 
-    tags: list[str] | None = Field(None, description="runagent --tags of its agents")
-    capabilities: list[str] | None = Field(None, description="runagent --capabilities")
-    max_concurrency: int | None = Field(
-        None, strict=True, description="slots per agent; null: CLOACINA_AGENT_MAX_CONCURRENCY"
+    tags: list[str] | None = Field(
+        None,
+        description="runagent --tags of its agents (pool:* is reserved)",
+        json_schema_extra=_labels("^(?!pool:)" + pools.LABEL_PATTERN[1:]),
     )
-    cpu: str | None = Field(None, description="CPU per agent (docker, kubernetes), e.g. 500m")
-    memory: str | None = Field(None, description="memory per agent (docker, kubernetes), e.g. 2Gi")
-    gpu: int | None = Field(None, strict=True, description="GPUs per agent (docker, kubernetes)")
+    capabilities: list[str] | None = Field(
+        None, description="runagent --capabilities", json_schema_extra=_labels(pools.LABEL_PATTERN)
+    )
+    max_concurrency: int | None = Field(
+        None,
+        strict=True,
+        description="slots per agent; null: CLOACINA_AGENT_MAX_CONCURRENCY",
+        json_schema_extra={
+            "anyOf": [
+                {"type": "integer", "minimum": 1, "maximum": roster.MAX_CONCURRENCY},
+                {"type": "null"},
+            ]
+        },
+    )
+    cpu: str | None = Field(
+        None,
+        description="CPU per agent (docker, kubernetes), e.g. 500m; empty or null: default",
+        json_schema_extra=_quantity(pools.CPU_PATTERN),
+    )
+    memory: str | None = Field(
+        None,
+        description="memory per agent (docker, kubernetes), e.g. 2Gi; empty or null: default",
+        json_schema_extra=_quantity(pools.MEMORY_PATTERN),
+    )
+    gpu: int = Field(
+        0,
+        strict=True,
+        description="GPUs per agent (docker, kubernetes)",
+        json_schema_extra={"minimum": 0, "maximum": pools.GPU_MAX},
+    )
 
 
 class PoolCreateIn(PoolLabelsIn):
-    name: str = Field(..., json_schema_extra={"pattern": POOL_NAME_PATTERN})
+    name: str = Field(
+        ..., description="unique in the tenant", json_schema_extra={"pattern": POOL_NAME_PATTERN}
+    )
 
 
 class PoolOut(Schema):

@@ -31,6 +31,10 @@ FleetLimitError = limits.FleetLimitError
 # Kubernetes quantities, as `kubectl` writes them ("500m", "1.5", "512Mi", "2G").
 CPU_PATTERN = r"^[0-9]+(\.[0-9]+)?m?$"
 MEMORY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$"
+QUANTITY_MAX_CHARS = 16  # the cpu / memory columns
+# A tag or capability: what `runagent --tags a,b` can carry intact (no comma, no control
+# character, nothing stripped at either end).  The API publishes it as the items' pattern.
+LABEL_PATTERN = r"^[^,\s\x00-\x1f\x7f]([^,\x00-\x1f\x7f]*[^,\s\x00-\x1f\x7f])?$"
 GPU_MAX = 16
 POOLS_MAX = 32  # per tenant: far above any real use, below a runaway script
 LABEL_FIELDS = ("tags", "capabilities", "max_concurrency", "cpu", "memory", "gpu")
@@ -41,7 +45,7 @@ def _invalid(message: str) -> FleetLimitError:
 
 
 def check_name(name: object) -> str:
-    if not isinstance(name, str) or not re.match(POOL_NAME_PATTERN, name):
+    if not isinstance(name, str) or not re.fullmatch(POOL_NAME_PATTERN, name):
         raise _invalid(
             f"pool name must be 1..24 lowercase letters, digits or '-' (not at either end), "
             f"got {name!r}"
@@ -59,17 +63,33 @@ def _check_list(field: str, values: object) -> list[str]:
             raise _invalid(
                 f"{field}: each entry must be a string of 1..{roster.MAX_ITEM_CHARS} characters"
             )
-        if "," in value or value.strip() != value:
-            raise _invalid(f"{field}: {value!r} holds a comma or surrounding spaces")
         if field == "tags" and value.startswith(POOL_TAG_PREFIX):
             raise _invalid(f"tags: {value!r} is reserved (pool membership is set by the pool)")
+        # runagent takes them as one comma-separated argument and strips each entry.
+        if not re.fullmatch(LABEL_PATTERN, value) or _unencodable(value):
+            raise _invalid(
+                f"{field}: {value!r} holds a comma, a control character or surrounding spaces"
+            )
     return sorted(set(values))
+
+
+def _unencodable(value: str) -> bool:
+    """A lone surrogate: JSON can carry it, PostgreSQL cannot store it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _check_pattern(field: str, value: object, pattern: str, example: str) -> str:
     if value is None or value == "":
         return ""
-    if not isinstance(value, str) or not re.match(pattern, value):
+    if (
+        not isinstance(value, str)
+        or len(value) > QUANTITY_MAX_CHARS
+        or not re.fullmatch(pattern, value)
+    ):
         raise _invalid(f"{field} must be a Kubernetes quantity like {example!r}, got {value!r}")
     return value
 

@@ -154,6 +154,10 @@ def test_it_updates_a_pools_labels(client, tenant, write_key):
         ({"name": "p", "memory": "2 GB"}, "memory must be a Kubernetes quantity"),
         ({"name": "p", "gpu": 99}, "gpu must be an integer in 0..16"),
         ({"name": "p", "colour": "red"}, "colour"),
+        ({"name": "p", "tags": ["a\u0007b"]}, "a control character"),
+        ({"name": "p", "capabilities": [" x"]}, "surrounding spaces"),
+        ({"name": "p", "memory": "1" * 17}, "memory must be a Kubernetes quantity"),
+        ({"name": "p", "cpu": "1\n"}, "cpu must be a Kubernetes quantity"),
     ],
 )
 def test_bad_pool_input_is_a_422_naming_it_and_changes_nothing(
