@@ -1,11 +1,15 @@
 """Django admin for the platform: tenants and their fleet overrides, members, keys, records.
 
-Fleet numbers (``max_agents_override``, ``desired_count``) are changed only
-through the control plane (:func:`fleet.control.limits.set_fleet_overrides`),
-so the bounds are the same as everywhere else and every change lands in the
-FleetChange audit trail.  Keys never show their hash and cannot be added here
-(a token shown in a browser page would end up in its history and caches):
-mint them with ``manage.py mintkey``; revoke them here.
+A tenant's limits (``max_agents_override``, ``desired_count``, ``max_backlog``,
+``is_active``, ``storage_quota_bytes``) are changed only through the control plane
+(:func:`fleet.control.limits.set_tenant_limits`), in the change form and the list's
+inline edits alike, so the bounds are the same as everywhere else and every change
+lands in the FleetChange audit trail with the admin user as actor and the form's
+``reason``.  The Tenant admin has no bulk actions, so nothing bypasses it.
+
+Keys never show their hash and cannot be added here (a token shown in a browser page
+would end up in its history and caches): mint them with ``manage.py mintkey``; revoke
+them here.
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ from fleet.models import (
     DeliveryOutbox,
     Eviction,
     FleetChange,
+    Schedule,
     Tenant,
     TenantMembership,
 )
+from fleet.schedules import service as schedules
 
-FLEET_FIELDS = ("max_agents_override", "desired_count")
+LIMIT_FIELDS = limits.AUDITED_FIELDS
 
 
 def admin_actor(request: HttpRequest) -> str:
@@ -56,6 +62,12 @@ class _DryRun(Exception):
 
 
 class TenantAdminForm(forms.ModelForm):
+    reason = forms.CharField(
+        required=False,
+        max_length=limits.REASON_MAX_CHARS,
+        help_text="why you change this tenant's limits (optional): kept in the audit trail",
+    )
+
     class Meta:
         model = Tenant
         fields = [
@@ -75,19 +87,29 @@ class TenantAdminForm(forms.ModelForm):
             )
         return name
 
-    def fleet_changes(self) -> dict:
-        return {f: self.cleaned_data.get(f) for f in FLEET_FIELDS if f in self.changed_data}
+    def limit_changes(self) -> dict:
+        """The limits this form changes (all of them the form holds, for a new tenant)."""
+        held = [f for f in LIMIT_FIELDS if f in self.fields]
+        if self.instance.pk:
+            held = [f for f in held if f in self.changed_data]
+        return {f: self.cleaned_data.get(f) for f in held}
+
+    def reason_given(self) -> str:
+        return self.cleaned_data.get("reason") or ""
 
     def clean(self) -> dict:
         cleaned = super().clean()
-        changes = self.fleet_changes()
+        changes = self.limit_changes()
         if self.instance.pk and changes and not self.errors:
             # Validate with the control plane's own rules by applying the change in a
             # savepoint and rolling it back; save_model then applies it for real.
             try:
                 with transaction.atomic():
-                    limits.set_fleet_overrides(
-                        Tenant.objects.get(pk=self.instance.pk), "admin:validate", **changes
+                    limits.set_tenant_limits(
+                        Tenant.objects.get(pk=self.instance.pk),
+                        "admin:validate",
+                        self.reason_given(),
+                        **changes,
                     )
                     raise _DryRun
             except _DryRun:
@@ -146,26 +168,31 @@ class TenantAdmin(admin.ModelAdmin):
         return fields
 
     def save_model(self, request: HttpRequest, obj: Tenant, form, change: bool) -> None:
+        changes = form.limit_changes()
         if not change:
-            tenant, _ = create_tenant(obj.name, obj.max_agents_override)
-            Tenant.objects.filter(pk=tenant.pk).update(
-                is_active=obj.is_active,
-                max_backlog=obj.max_backlog,
-                storage_quota_bytes=obj.storage_quota_bytes,
-            )
+            # Created like the CLI does (seeded desired_count, audited as seed); the form's
+            # other limits then go through the control plane like any change.
+            tenant, _ = create_tenant(obj.name, changes.pop("max_agents_override", None))
+            changes.pop("desired_count", None)  # read-only on the add form: the seed decides
             obj.pk = tenant.pk
-            obj.refresh_from_db()
-            return
-        plain = [f for f in form.changed_data if f not in FLEET_FIELDS and f != "name"]
-        if plain:
-            obj.save(update_fields=plain)
-        changes = form.fleet_changes()
-        if changes:
-            limits.set_fleet_overrides(obj, admin_actor(request), **changes)
+        others = [
+            f for f in form.changed_data if f not in LIMIT_FIELDS and f not in ("name", "reason")
+        ]
+        with transaction.atomic():
+            if change and others:
+                obj.save(update_fields=others)
+            if changes:
+                limits.set_tenant_limits(
+                    Tenant.objects.get(pk=obj.pk),
+                    admin_actor(request),
+                    form.reason_given(),
+                    **changes,
+                )
+        obj.refresh_from_db()
+        if change and changes:
             messages.info(
                 request,
-                f"{obj.name}: limit override {obj.max_agents_override}, "
-                f"desired_count {obj.desired_count} (recorded in the audit trail)",
+                f"{obj.name}: {', '.join(sorted(changes))} changed (recorded in the audit trail)",
             )
 
 
@@ -348,3 +375,27 @@ class AgentPoolAdmin(admin.ModelAdmin):
     @admin.action(description="Deprovision one agent from the selected pools")
     def deprovision_one(self, request: HttpRequest, queryset) -> None:
         self._step(request, queryset, -1)
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(ReadOnlyAdmin):
+    """Every tenant's schedules; the platform may pause (and resume) any of them.  Their
+    settings change through the tenant's API or its package's cloacina.toml."""
+
+    list_display = (
+        "tenant", "workflow", "cron", "timezone", "enabled", "source", "catchup", "overlap",
+        "next_fire_at", "last_fire_at",
+    )  # fmt: skip
+    list_filter = ("enabled", "source", "tenant")
+    search_fields = ("workflow", "tenant__name", "package_name")
+    actions = ("pause", "resume")
+
+    @admin.action(description="Pause the selected schedules")
+    def pause(self, request: HttpRequest, queryset) -> None:
+        changed = schedules.set_enabled(queryset, False)
+        self.message_user(request, f"{changed} schedule(s) paused", messages.SUCCESS)
+
+    @admin.action(description="Resume the selected schedules (fire times count from now)")
+    def resume(self, request: HttpRequest, queryset) -> None:
+        changed = schedules.set_enabled(queryset, True)
+        self.message_user(request, f"{changed} schedule(s) resumed", messages.SUCCESS)

@@ -147,8 +147,24 @@ def _not_dumpable() -> None:
         pass
 
 
-def serve(conn: Connection, parent_pid: int) -> None:
+def apply_limits(spec: str) -> None:
+    """Lower this process's resource limits to ``spec`` (JSON: ``RLIMIT_*`` name → [soft,
+    hard], from agents/sandbox/task_limits.py), never above the hard limit inherited."""
+    import resource  # local: only limited children need it
+
+    for name, (soft, hard) in json.loads(spec).items():
+        which = getattr(resource, name)
+        _, inherited = resource.getrlimit(which)
+        if inherited != resource.RLIM_INFINITY:
+            hard = min(hard, inherited)
+            soft = min(soft, hard)
+        resource.setrlimit(which, (soft, hard))
+
+
+def serve(conn: Connection, parent_pid: int, limits: str = "") -> None:
     """The child's main loop: one JSON request in, one JSON reply out, until EOF."""
+    if limits:
+        apply_limits(limits)  # before the first ping is answered: no task runs unlimited
     _not_dumpable()
     # Ctrl-C in a terminal reaches the whole process group; the parent decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -170,4 +186,4 @@ def serve(conn: Connection, parent_pid: int) -> None:
 
 
 if __name__ == "__main__":
-    serve(Connection(int(sys.argv[1])), int(sys.argv[2]))
+    serve(Connection(int(sys.argv[1])), int(sys.argv[2]), *sys.argv[3:4])

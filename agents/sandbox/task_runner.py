@@ -39,6 +39,7 @@ from agents.sandbox.task_isolation import (
     task_user,
     unreachable_for,
 )
+from agents.sandbox.task_limits import ChildLimits
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,8 @@ def _describe_exit(code: int | None) -> str:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
+        if name == "SIGXCPU":  # RLIMIT_CPU (agents/sandbox/task_limits.py)
+            return "the task worker process exceeded its CPU time limit (SIGXCPU)"
         return f"the task worker process was killed by {name}"
     return f"the task worker process exited with status {code}"
 
@@ -86,6 +89,7 @@ class _Launch:
     python: str
     env: dict
     user: TaskUser | None
+    limits: ChildLimits | None = None
 
     def user_kwargs(self) -> dict:
         return self.user.popen_kwargs() if self.user is not None else {}
@@ -130,6 +134,8 @@ class _Slot:
                     CHILD_SCRIPT,
                     str(child_sock.fileno()),
                     str(os.getpid()),
+                    # Applied by the child to itself before it answers its first ping.
+                    *([self.launch.limits.child_argument()] if self.launch.limits else []),
                 ],
                 pass_fds=[child_sock.fileno()],
                 stdin=subprocess.DEVNULL,
@@ -263,15 +269,21 @@ class TaskRunner:
         workers: int,
         user: TaskUser | None | object = _FROM_ENVIRONMENT,
         python: str | None = None,
+        limits: ChildLimits | None = None,
+        fresh_child_per_task: bool = False,
     ) -> None:
         """``user``: who children run as (default: CLOACINA_TASK_USER or nobody when this
         process is root, else this process's own user); ``python``: their interpreter
-        (default: CLOACINA_TASK_PYTHON or this one)."""
+        (default: CLOACINA_TASK_PYTHON or this one); ``limits``: rlimits of every child;
+        ``fresh_child_per_task``: retire a child after each task (nothing a task leaves
+        behind, CPU seconds used included, reaches the next one)."""
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.capacity = workers
+        self.limits = limits
+        self.fresh_child_per_task = fresh_child_per_task
         self.user: TaskUser | None = task_user() if user is _FROM_ENVIRONMENT else user
-        launch = _Launch(python or task_python(), task_environment(), self.user)
+        launch = _Launch(python or task_python(), task_environment(), self.user, limits)
         self._slots = [_Slot(i, launch) for i in range(workers)]
         self._lock = threading.Lock()  # close() may come from another thread
         self._free: deque[_Slot] = deque()
@@ -358,7 +370,10 @@ class TaskRunner:
             try:
                 if slot.fresh:
                     await slot.wait_ready_async(CHILD_BOOT_TIMEOUT_S)
-                return await self._exchange(slot, request, timeout_s)
+                outcome = await self._exchange(slot, request, timeout_s)
+                if self.fresh_child_per_task and slot.process is not None and not slot.fresh:
+                    self._replace(slot)  # used once: the next task gets a new interpreter
+                return outcome
             except asyncio.CancelledError:
                 self._replace(slot)  # mid-exchange: its answer would land on the next task
                 raise

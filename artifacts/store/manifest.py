@@ -7,12 +7,15 @@ it without guessing.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import tomllib
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
+
+from fleet.platform.cron import CronError, parse_cron
 
 MANIFEST_NAME = "cloacina.toml"
 PACKAGE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -33,7 +36,7 @@ MAX_RETRIES = 100
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 MAX_RETRY_BACKOFF_S = 24 * 3600.0
 
-TOP_LEVEL_KEYS = ("package", "workflow", "tasks")
+TOP_LEVEL_KEYS = ("package", "workflow", "tasks", "schedules")
 PACKAGE_KEYS = ("name", "version", "kind")
 WORKFLOW_KEYS = ("name",)
 # Routing keys are hints for agent selection; their defaults mean "no constraint".
@@ -50,6 +53,13 @@ ROUTING_DEFAULTS: dict[str, Any] = {
     "priority": 0,
 }
 ROUTING_KEYS = tuple(ROUTING_DEFAULTS)
+# [[schedules]]: cron schedules of the workflow, declared with it (docs/schedules.md).  The
+# policy names are fleet.models' Catchup and Overlap values (a unit test keeps them equal);
+# this module stays free of Django.
+SCHEDULE_KEYS = ("cron", "timezone", "context", "catchup", "overlap", "enabled")
+CATCHUP_POLICIES = ("skip", "latest", "all")
+OVERLAP_POLICIES = ("allow", "skip", "cancel_previous")
+MAX_SCHEDULES = 100
 TASK_KEYS = (
     "id",
     "function",
@@ -318,10 +328,79 @@ def find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
     return None
 
 
+def _parse_schedule(entry: Any, index: int) -> dict:
+    where = f"schedules[{index}]"
+    if not isinstance(entry, dict):
+        raise ManifestError(f"{where} must be a table ([[schedules]])")
+    _unknown_keys(entry, SCHEDULE_KEYS, where)
+    if "cron" not in entry:
+        raise ManifestError(f"{where}.cron is required (5 fields, or 6 with seconds first)")
+    zone = entry.get("timezone", "UTC")
+    try:
+        cron = parse_cron(entry["cron"], zone)
+    except CronError as exc:
+        raise ManifestError(f"{where}: {exc}") from None
+    context = entry.get("context", {})
+    if not isinstance(context, dict):
+        raise ManifestError(f"{where}: context must be a table, got {context!r}")
+    # TOML dates and times are not JSON; PostgreSQL's jsonb refuses NUL.
+    try:
+        encoded = json.dumps(context)
+    except TypeError as exc:
+        raise ManifestError(f"{where}: context must hold JSON values only ({exc})") from None
+    if "\\u0000" in encoded:
+        raise ManifestError(f"{where}: context holds a NUL character (\\u0000)")
+    catchup = entry.get("catchup", "skip")
+    if catchup not in CATCHUP_POLICIES:
+        raise ManifestError(
+            f"{where}: unknown catchup policy {catchup!r} (one of {', '.join(CATCHUP_POLICIES)})"
+        )
+    overlap = entry.get("overlap", "allow")
+    if overlap not in OVERLAP_POLICIES:
+        raise ManifestError(
+            f"{where}: unknown overlap policy {overlap!r} (one of {', '.join(OVERLAP_POLICIES)})"
+        )
+    enabled = entry.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ManifestError(f"{where}: enabled must be true or false, got {enabled!r}")
+    return {
+        "cron": cron.expression,
+        "timezone": zone,
+        "context": context,
+        "catchup": catchup,
+        "overlap": overlap,
+        "enabled": enabled,
+    }
+
+
+def _parse_schedules(data: dict) -> list[dict]:
+    raw = data.get("schedules", [])
+    if not isinstance(raw, list):
+        raise ManifestError("schedules must be an array of tables ([[schedules]])")
+    if len(raw) > MAX_SCHEDULES:
+        raise ManifestError(f"{len(raw)} [[schedules]] declared; the limit is {MAX_SCHEDULES}")
+    schedules = [_parse_schedule(entry, i) for i, entry in enumerate(raw)]
+    seen: dict[tuple, int] = {}
+    for index, schedule in enumerate(schedules):
+        key = (
+            schedule["cron"],
+            schedule["timezone"],
+            json.dumps(schedule["context"], sort_keys=True),
+        )
+        if key in seen:
+            raise ManifestError(
+                f"schedules[{index}] repeats schedules[{seen[key]}] (same cron, timezone "
+                "and context)"
+            )
+        seen[key] = index
+    return schedules
+
+
 def parse_manifest(text: bytes | str, max_tasks: int | None = None) -> dict:
     """Validate cloacina.toml and return it normalised, every task field filled with its default.
 
-    Shape: ``{"package": {name, version, kind}, "workflow": {name}, "tasks": [...]}``.
+    Shape: ``{"package": {name, version, kind}, "workflow": {name}, "tasks": [...]}``, plus
+    ``"schedules": [...]`` (each with every key filled) when the manifest declares any.
     More than ``max_tasks`` tasks (if given) raises :class:`ManifestLimitError`.
     """
     if isinstance(text, bytes):
@@ -345,7 +424,11 @@ def parse_manifest(text: bytes | str, max_tasks: int | None = None) -> dict:
         )
     tasks = [_parse_task(task, i) for i, task in enumerate(raw_tasks)]
     _check_graph(tasks)
-    return {"package": package, "workflow": workflow, "tasks": tasks}
+    manifest = {"package": package, "workflow": workflow, "tasks": tasks}
+    schedules = _parse_schedules(data)
+    if schedules:
+        manifest["schedules"] = schedules
+    return manifest
 
 
 def task_routing(task: dict) -> dict:

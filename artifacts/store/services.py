@@ -8,6 +8,7 @@ the writes share one transaction, so a rejected upload changes nothing.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from django.db import connection, transaction
@@ -97,12 +98,18 @@ def _lock_package_name(tenant_id: int, name: str) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
 
 
-def publish_package(tenant: Tenant, data: bytes) -> tuple[WorkflowPackage, bool]:
+def publish_package(
+    tenant: Tenant,
+    data: bytes,
+    on_published: Callable[[WorkflowPackage], object] | None = None,
+) -> tuple[WorkflowPackage, bool]:
     """Validate, build and store an uploaded package; returns ``(package, created)``.
 
     Re-uploading identical content for an existing version returns the existing
     row (``created=False``); different content for it raises 409.  A newer
-    version supersedes the older ones of the same package name.
+    version supersedes the older ones of the same package name.  ``on_published``
+    runs with a newly created package inside the publishing transaction (the
+    surface syncs the package's declared schedules there), so it commits with it.
     """
     package = _validate(data)
     built = canonical_archive(package.members)
@@ -136,6 +143,8 @@ def publish_package(tenant: Tenant, data: bytes) -> tuple[WorkflowPackage, bool]
         )
         older = [p.pk for p in siblings if Version(p.version) < version and not p.superseded]
         WorkflowPackage.objects.filter(pk__in=older).update(superseded=True)
+        if on_published is not None:
+            on_published(created)
     return created, True
 
 

@@ -21,6 +21,7 @@ from artifacts.store import queries, services, wheels
 from fleet.api.error_status import http_status
 from fleet.platform.auth import agent_auth, read_auth, write_auth
 from fleet.platform.config import get_config
+from fleet.schedules import declared
 
 router = Router(tags=["packages"])
 
@@ -128,7 +129,9 @@ def _package_out(package: WorkflowPackage) -> dict:
 )
 def upload_package(request: HttpRequest, file: File[UploadedFile]):
     """201 for a new version, 200 when this exact content is already stored for it."""
-    package, created = services.publish_package(request.tenant, _read_upload(file))
+    package, created = services.publish_package(
+        request.tenant, _read_upload(file), on_published=declared.sync_declared
+    )
     return Status(201 if created else 200, _package_out(package))
 
 

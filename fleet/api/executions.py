@@ -15,7 +15,6 @@ from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
 
 from artifacts.store.manifest import PRIORITY_LIMIT
-from artifacts.store.queries import active_package
 from fleet.engine import ready_queue, scheduler
 from fleet.engine.context import ContextError, validate_context
 from fleet.executors.fleet.routing import fairness
@@ -163,10 +162,7 @@ def _summary(execution: WorkflowExecution) -> dict:
 def _check_backlog(tenant: Tenant, workflow: str) -> None:
     """429 when the execution would take the tenant past its backlog limit
     (:mod:`fleet.executors.fleet.routing.fairness`: the tenant's max_backlog, else the platform's)."""
-    if not fairness.max_backlog(tenant)[0]:
-        return
-    package = active_package(tenant, workflow)
-    refusal = fairness.backlog_refusal(tenant, len(package.task_names) if package else 0)
+    refusal = fairness.start_refusal(tenant, workflow)
     if refusal:
         raise HttpError(429, refusal)
 

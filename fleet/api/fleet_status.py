@@ -12,10 +12,12 @@ from datetime import datetime, timedelta
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
-from ninja.errors import HttpError
+from ninja.errors import HttpError, ValidationError
 from pydantic import ConfigDict
+from pydantic import ValidationError as PydanticValidationError
 
 from agents.models import Agent, AgentState
+from fleet.api.contract import BodyNotAnObject, ObjectBodyParser
 from fleet.control import limits
 from fleet.executors.fleet.routing import health
 from fleet.models import AutoscaleDecision, FleetChange, Tenant
@@ -76,6 +78,21 @@ def _count_schema(nullable: bool):
     return publish
 
 
+REASON_FIELD = Field(
+    default="",
+    max_length=limits.REASON_MAX_CHARS,
+    pattern=limits.REASON_PATTERN,
+    description="why, in words (optional): stored with the change and shown in "
+    "GET /fleet/history and the console's audit trail",
+)
+
+
+class ReasonIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = REASON_FIELD
+
+
 class AdminFleetIn(Schema):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
 
@@ -92,6 +109,7 @@ class AdminFleetIn(Schema):
         description="set desired_count directly",
         json_schema_extra=_count_schema(nullable=False),
     )
+    reason: str = REASON_FIELD
 
 
 class AdminFleetOut(Schema):
@@ -107,9 +125,11 @@ class ChangeOut(Schema):
     field: str
     old_value: int | None
     new_value: int | None
-    reason: str
+    reason: str = Field(description="the kind of change: manual, admin, autoscaler, clamp, seed")
     actor: str
-    note: str
+    note: str = Field(
+        description="why, in words: the reason the person gave, a clamp's cause, or both"
+    )
 
 
 class DecisionOut(Schema):
@@ -174,8 +194,43 @@ def fleet_view(tenant: Tenant) -> dict:
     return {**limits.fleet_snapshot(tenant), "agents": _agents(tenant)}
 
 
+FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+
+
+def reason_of(request: HttpRequest) -> str:
+    """The optional ``{"reason": "..."}`` JSON body of provision / deprovision.
+
+    These endpoints took no body before, so a request without one, or with a form body
+    (what a bare POST from many HTTP clients sends), still means "no reason"; any other body
+    is parsed as JSON as strictly as every other (the API's own parser, whatever the content
+    type, as for ninja's own body parameters) and must be exactly ``ReasonIn``.
+    """
+    if not request.body or request.content_type in FORM_TYPES:
+        return ""
+    try:
+        data = ObjectBodyParser().parse_body(request)
+    except BodyNotAnObject as exc:
+        raise HttpError(422, str(exc)) from None
+    except ValueError as exc:  # JSON or UTF-8 decoding
+        raise HttpError(400, f"the request body is not valid JSON: {exc}") from None
+    try:
+        return ReasonIn.model_validate(data).reason
+    except PydanticValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        raise ValidationError(errors) from None
+
+
+# What OpenAPI shows for the body reason_of reads (it is not a ninja body parameter).
+REASON_BODY = {
+    "requestBody": {
+        "required": False,
+        "content": {"application/json": {"schema": ReasonIn.model_json_schema()}},
+    }
+}
+
+
 def _change(func, request: HttpRequest) -> dict:
-    func(request.tenant, actor_of(request))
+    func(request.tenant, actor_of(request), reason_of(request))
     return fleet_view(request.tenant)
 
 
@@ -185,15 +240,25 @@ def get_fleet(request: HttpRequest):
     return fleet_view(request.tenant)
 
 
-@router.post("/fleet/provision", auth=write_auth, response={200: FleetOut, **ERRORS})
+@router.post(
+    "/fleet/provision",
+    auth=write_auth,
+    response={200: FleetOut, **ERRORS},
+    openapi_extra=REASON_BODY,
+)
 def provision(request: HttpRequest):
-    """desired_count + 1, within the effective limit (409 at the limit)."""
+    """desired_count + 1, within the effective limit (409 at the limit); optional ``reason``."""
     return _change(limits.provision, request)
 
 
-@router.post("/fleet/deprovision", auth=write_auth, response={200: FleetOut, **ERRORS})
+@router.post(
+    "/fleet/deprovision",
+    auth=write_auth,
+    response={200: FleetOut, **ERRORS},
+    openapi_extra=REASON_BODY,
+)
 def deprovision(request: HttpRequest):
-    """desired_count − 1, down to 0 (409 at 0)."""
+    """desired_count − 1, down to 0 (409 at 0); optional ``reason``."""
     return _change(limits.deprovision, request)
 
 
@@ -212,15 +277,16 @@ def fleet_history(request: HttpRequest, filters: Query[HistoryFilter]):
     "/admin/tenants/{tenant}/fleet", auth=admin_auth, response={200: AdminFleetOut, **ERRORS}
 )
 def admin_set_fleet(request: HttpRequest, tenant: str, payload: AdminFleetIn):
-    """Set a tenant's ``max_agents_override`` (null clears it) and/or ``desired_count``."""
+    """Set a tenant's ``max_agents_override`` (null clears it) and/or ``desired_count``,
+    with an optional ``reason``; every change is audited."""
     target = Tenant.objects.filter(name=tenant).first()
     if target is None:
         raise HttpError(404, f"unknown tenant {tenant!r}")
-    given = payload.model_fields_set
+    given = payload.model_fields_set - {"reason"}
     if not given:
         raise HttpError(422, "give max_agents_override and/or desired_count")
     kwargs = {name: getattr(payload, name) for name in given}
-    updated = limits.set_fleet_overrides(target, actor_of(request), **kwargs)
+    updated = limits.set_tenant_limits(target, actor_of(request), payload.reason, **kwargs)
     return {
         "tenant": updated.name,
         "desired_count": updated.desired_count,

@@ -7,7 +7,8 @@ outbox rows (not acked), live agents per tenant and their load (slots busy and
 slots in all, and agents counted by utilisation bucket).  Per-process figures —
 dispatch latency (Ready → delivered to the agent's socket) and results by
 outcome — are ordinary prometheus_client metrics that Prometheus sums over
-the scraped processes, like the connection pool's (``cloacina_db_pool_*``).
+the scraped processes, like the connection pool's (``cloacina_db_pool_*``), and
+so are each registered executor's own figures (``cloacina_executor_*{executor}``).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from prometheus_client.registry import Collector
 
 # The delivery counters and the agent-fabric and selector metrics (agents connected, connects, state changes,
 # heartbeats, back-pressure, selection) register themselves on import.
+from fleet.engine.dispatcher import Dispatcher
 from fleet.executors.fleet.delivery import metrics as delivery_metrics  # noqa: F401
 from fleet.executors.fleet.routing import metrics as routing_metrics  # noqa: F401
 from fleet.executors.fleet.state import ledger
 from fleet.platform.config import get_config
 from fleet.platform.db_pool import PoolCollector
+from fleet.schedules import metrics as schedule_metrics  # noqa: F401 (registers on import)
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +139,75 @@ def _load_families(rows: list[tuple]) -> list[GaugeMetricFamily]:
     return [live, by_bucket, busy, slots]
 
 
+class ExecutorCollector(Collector):
+    """Every registered executor's own figures (``TaskExecutor.metrics()``), by executor key.
+
+    Per process, like the dispatch latency: each server reports the executors it built.
+    ``metrics()`` reads in-memory counters, so a scrape costs no query whatever the load.
+    """
+
+    def __init__(self) -> None:
+        self.dispatcher: Dispatcher | None = None
+
+    def describe(self):
+        for name, kind in EXECUTOR_FAMILIES:
+            yield kind(name, "", labels=["executor"])
+
+    def collect(self):
+        dispatcher = self.dispatcher
+        if dispatcher is None:
+            return
+        families = {
+            name: kind(name, help_text, labels=["executor"])
+            for (name, kind), help_text in zip(EXECUTOR_FAMILIES, EXECUTOR_HELP, strict=True)
+        }
+        for key, executor in sorted(dispatcher.registered().items()):
+            try:
+                figures = executor.metrics()
+            except Exception:  # one executor's bug must not blank the whole scrape
+                log.exception("executor %r metrics unavailable", key)
+                continue
+            values = (
+                figures.active_tasks,
+                figures.max_concurrent,
+                figures.total_executed,
+                figures.total_failed,
+                figures.avg_duration_ms,
+                1 if key == dispatcher.default_key else 0,
+            )
+            for (name, _kind), value in zip(EXECUTOR_FAMILIES, values, strict=True):
+                families[name].add_metric([key], value)
+        yield from families.values()
+
+
+EXECUTOR_FAMILIES = (
+    ("cloacina_executor_active_tasks", GaugeMetricFamily),
+    ("cloacina_executor_capacity", GaugeMetricFamily),
+    ("cloacina_executor_tasks_executed", CounterMetricFamily),
+    ("cloacina_executor_tasks_failed", CounterMetricFamily),
+    ("cloacina_executor_avg_duration_ms", GaugeMetricFamily),
+    ("cloacina_executor_selected", GaugeMetricFamily),
+)
+EXECUTOR_HELP = (
+    "Tasks the executor is running now (ExecutorMetrics.active_tasks).",
+    "Tasks the executor could run at once (ExecutorMetrics.max_concurrent).",
+    "Runs the executor finished, whatever the outcome (ExecutorMetrics.total_executed).",
+    "Finished runs that failed or timed out (ExecutorMetrics.total_failed).",
+    "Mean duration of the finished runs, in milliseconds (ExecutorMetrics.avg_duration_ms).",
+    "1 for the executor every task goes to (default_executor), 0 for the others.",
+)
+
+
+def watch_executors(dispatcher: Dispatcher | None) -> None:
+    """Report ``dispatcher``'s executors on /metrics (`serve` calls it once it is built);
+    None stops reporting them."""
+    _executors.dispatcher = dispatcher
+
+
 _collector = FleetCollector()
+_executors = ExecutorCollector()
 REGISTRY.register(_collector)
+REGISTRY.register(_executors)
 REGISTRY.register(PoolCollector())
 
 

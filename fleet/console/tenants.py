@@ -132,6 +132,7 @@ def _base_context(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict
         "tenant": tenant,
         "can_write": can_write,
         "is_platform_admin": is_platform_admin(request.user),
+        "reason_max_chars": limits.REASON_MAX_CHARS,
     }
 
 
@@ -155,11 +156,12 @@ def tenant_partial(request: HttpRequest, name: str, part: str) -> HttpResponse:
 
 
 def _scale(request: HttpRequest, name: str, step: int) -> HttpResponse:
-    """desired_count ± 1 through the control plane (one guarded statement + audit row)."""
+    """desired_count ± 1 through the control plane (one guarded statement + audit row),
+    with the optional ``reason`` the form sent."""
     tenant = get_rw_tenant_for_user(request, name)
     change = limits.provision if step > 0 else limits.deprovision
     try:
-        new = change(tenant, actor_of(request))
+        new = change(tenant, actor_of(request), request.POST.get("reason", ""))
     except limits.FleetLimitError as exc:
         raise ConsoleError(f"{tenant.name}: {exc}", http_status(exc)) from None
     # The step is atomic, so the value before it is exactly new − step (the row
@@ -196,7 +198,9 @@ def fleet_overrides(request: HttpRequest, name: str) -> HttpResponse:
     if not changes:
         raise ConsoleError("nothing to change: send max_agents_override and/or desired_count")
     try:
-        tenant = limits.set_fleet_overrides(tenant, actor_of(request), **changes)
+        tenant = limits.set_fleet_overrides(
+            tenant, actor_of(request), reason=request.POST.get("reason", ""), **changes
+        )
     except limits.FleetLimitError as exc:
         raise ConsoleError(f"{tenant.name}: {exc}", http_status(exc)) from None
     limit = "platform default" if tenant.max_agents_override is None else tenant.max_agents_override

@@ -1,6 +1,16 @@
 from django.urls import path
 
-from fleet.console import agents, auth, evictions, executions, outbox, overview, pools, tenants
+from fleet.console import (
+    agents,
+    auth,
+    evictions,
+    executions,
+    outbox,
+    overview,
+    pools,
+    schedules,
+    tenants,
+)
 
 app_name = "console"
 urlpatterns = [
@@ -29,6 +39,27 @@ urlpatterns = [
     ),
     path("tenants/<str:name>/pools/<slug:pool>/edit/", pools.edit_pool, name="edit_pool"),
     path("tenants/<str:name>/pools/<slug:pool>/delete/", pools.delete_pool, name="delete_pool"),
+    path("tenants/<str:name>/schedules/", schedules.schedules, name="schedules"),
+    path(
+        "tenants/<str:name>/schedules/partials/table/",
+        schedules.schedules_table,
+        name="schedules_table",
+    ),
+    path(
+        "tenants/<str:name>/schedules/<uuid:schedule_id>/pause/",
+        schedules.pause,
+        name="pause_schedule",
+    ),
+    path(
+        "tenants/<str:name>/schedules/<uuid:schedule_id>/resume/",
+        schedules.resume,
+        name="resume_schedule",
+    ),
+    path(
+        "tenants/<str:name>/schedules/<uuid:schedule_id>/run/",
+        schedules.run_now,
+        name="run_schedule",
+    ),
     path("evictions/", evictions.evictions, name="evictions"),
     path("evictions/partials/table/", evictions.evictions_table, name="evictions_table"),
     path("outbox/", outbox.outbox, name="outbox"),

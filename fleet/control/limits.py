@@ -9,12 +9,21 @@
 Every change is one atomic statement (compare-and-set in the UPDATE's WHERE),
 so concurrent provision calls never lose an update, and every change writes a
 :class:`~fleet.models.FleetChange` audit row in the same transaction.
+
+This module is the one writer of a tenant's limits (``AUDITED_FIELDS``: desired_count,
+max_agents_override, max_backlog, is_active, storage_quota_bytes) after its creation; the
+autoscaler's own guarded step writes desired_count and audits through :func:`record_change`.
+REST, the console and the Django admin all call :func:`provision` / :func:`deprovision` /
+:func:`set_fleet_overrides` / :func:`set_tenant_limits`, each taking the person's free-text
+``reason`` (at most ``REASON_MAX_CHARS``), which lands in the audit row's ``note``.
+tests/unit/test_state_owners.py holds every other module to that.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import unicodedata
 from datetime import datetime
 
 from django.db import connection, transaction
@@ -31,6 +40,7 @@ from fleet.models import (
     TaskStatus,
     Tenant,
 )
+from fleet.models.control import AUDITED_FIELDS, NOTE_MAX_CHARS, REASON_MAX_CHARS
 from fleet.platform.config import get_config
 from fleet.platform.errors import DomainError, ErrorKind
 
@@ -53,6 +63,36 @@ def effective_limit(tenant: Tenant) -> int:
     return tenant.effective_limit(get_config().default_max_agents)
 
 
+# The same rule as a JSON Schema pattern, for the API's document: no C0/C1 control characters.
+REASON_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+
+
+def check_reason(reason: object) -> str:
+    """A person's free-text reason for a change, trimmed; INVALID when it is not one line of
+    at most ``REASON_MAX_CHARS`` characters (control characters would garble the audit
+    trail, and PostgreSQL refuses a NUL)."""
+    if reason is None:
+        return ""
+    if not isinstance(reason, str):
+        raise FleetLimitError(ErrorKind.INVALID, f"reason must be a string, got {reason!r}")
+    reason = reason.strip()
+    if len(reason) > REASON_MAX_CHARS:
+        raise FleetLimitError(
+            ErrorKind.INVALID,
+            f"reason must be at most {REASON_MAX_CHARS} characters, got {len(reason)}",
+        )
+    if any(unicodedata.category(ch) == "Cc" for ch in reason):
+        raise FleetLimitError(
+            ErrorKind.INVALID, "reason must be one line of text without control characters"
+        )
+    return reason
+
+
+def _with_reason(note: str, reason: str) -> str:
+    """A system note (a clamp's cause) and the person's reason for the change that caused it."""
+    return f"{note}; {reason}" if note and reason else note or reason
+
+
 def record_change(
     tenant_id: int,
     field: str,
@@ -71,7 +111,7 @@ def record_change(
         new_value=new,
         reason=reason,
         actor=actor[:200],
-        note=note[:300],
+        note=note[:NOTE_MAX_CHARS],
         at=at or timezone.now(),
     )
 
@@ -184,6 +224,33 @@ def fit_pools_to_totals(
         return changes
 
 
+def move_pool_count(
+    tenant_id: int, pool_id: int | None, delta: int, actor: str, reason: str, note: str = ""
+) -> int:
+    """Tenant total (and named pool ``pool_id``'s count) += ``delta``, audited; returns the
+    new total.  No bound is checked here: the caller (:mod:`fleet.control.pools`) holds the
+    tenant row lock and checked the limit and the pool's count under it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE fleet_tenant SET desired_count = desired_count + %s WHERE id = %s "
+            "RETURNING desired_count",
+            [delta, tenant_id],
+        )
+        total = cursor.fetchone()[0]
+        record_change(tenant_id, "desired_count", total - delta, total, reason, actor, note=note)
+        if pool_id is not None:
+            cursor.execute(
+                "UPDATE fleet_agentpool SET desired_count = desired_count + %s WHERE id = %s "
+                "RETURNING name, desired_count",
+                [delta, pool_id],
+            )
+            name, count = cursor.fetchone()
+            record_change(
+                tenant_id, pool_field(name), count - delta, count, reason, actor, note=note
+            )
+    return total
+
+
 def pool_field(name: str) -> str:
     """The audit trail's ``field`` for a named pool's desired_count."""
     return f"pool:{name}"
@@ -196,8 +263,9 @@ def _clamp_cause(override: int | None, limit: int) -> str:
     return f"max_agents_override lowered to {limit}"
 
 
-def _step(tenant: Tenant, actor: str, delta: int) -> int:
+def _step(tenant: Tenant, actor: str, delta: int, reason: str = "") -> int:
     """desired_count += delta in one statement, guarded by the bound; audit in the same txn."""
+    reason = check_reason(reason)
     default_max = get_config().default_max_agents
     # Deprovisioning acts on the default pool: it holds what the named pools do not.
     bound_sql = (
@@ -215,7 +283,15 @@ def _step(tenant: Tenant, actor: str, delta: int) -> int:
         row = cursor.fetchone()
         if row is not None:
             new = row[0]
-            record_change(tenant.pk, "desired_count", new - delta, new, ChangeReason.MANUAL, actor)
+            record_change(
+                tenant.pk,
+                "desired_count",
+                new - delta,
+                new,
+                ChangeReason.MANUAL,
+                actor,
+                note=reason,
+            )
             tenant.desired_count = new
             return new
     raise _refusal(tenant.pk, delta, default_max)
@@ -254,14 +330,14 @@ def _refusal(tenant_id: int, delta: int, default_max: int) -> FleetLimitError:
     )
 
 
-def provision(tenant: Tenant, actor: str) -> int:
+def provision(tenant: Tenant, actor: str, reason: str = "") -> int:
     """desired_count + 1 (tenant self-service); a conflict at the effective limit."""
-    return _step(tenant, actor, +1)
+    return _step(tenant, actor, +1, reason)
 
 
-def deprovision(tenant: Tenant, actor: str) -> int:
+def deprovision(tenant: Tenant, actor: str, reason: str = "") -> int:
     """desired_count − 1 down to 0 (the autoscaler's floor does not apply); a conflict at 0."""
-    return _step(tenant, actor, -1)
+    return _step(tenant, actor, -1, reason)
 
 
 # Far above any fleet; keeps the numbers inside their integer columns (a larger one was a 500).
@@ -287,14 +363,17 @@ def set_fleet_overrides(
     actor: str,
     max_agents_override: int | None | _Unset = UNSET,
     desired_count: int | None | _Unset = UNSET,
+    reason: str = "",
 ) -> Tenant:
     """Platform-admin change of a tenant's ceiling and/or desired_count.
 
     ``max_agents_override=None`` clears the override (back to the platform
     default).  Lowering the limit below desired_count clamps desired_count and
     records that as a ``clamp`` change.  An explicit desired_count above the
-    (new) limit is refused as invalid and nothing is changed.
+    (new) limit is refused as invalid and nothing is changed.  ``reason`` (the
+    person's words) goes into each audit row's note.
     """
+    reason = check_reason(reason)
     if max_agents_override is not UNSET:
         max_agents_override = _check_count("max_agents_override", max_agents_override)
     if desired_count is not UNSET:
@@ -336,6 +415,7 @@ def set_fleet_overrides(
                 ChangeReason.ADMIN,
                 actor,
                 now,
+                note=reason,
             )
         if current.desired_count != old_desired:
             record_change(
@@ -346,11 +426,114 @@ def set_fleet_overrides(
                 desired_reason,
                 actor,
                 now,
-                note=desired_note,
+                note=_with_reason(desired_note, reason),
             )
             fit_pools_to_totals(actor, now, current.pk)
     tenant.max_agents_override = current.max_agents_override
     tenant.desired_count = current.desired_count
+    return current
+
+
+# The columns' own ceilings (PositiveIntegerField, PositiveBigIntegerField): larger was a 500.
+BACKLOG_MAX = 2**31 - 1
+STORAGE_BYTES_MAX = 2**63 - 1
+
+
+def _check_bound(name: str, value: object, ceiling: int, nullable: bool = False) -> int | None:
+    if value is None and nullable:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= ceiling:
+        raise FleetLimitError(
+            ErrorKind.INVALID, f"{name} must be an integer from 0 to {ceiling}, got {value!r}"
+        )
+    return value
+
+
+def _check_flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise FleetLimitError(ErrorKind.INVALID, f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def _as_number(value: int | bool | None) -> int | None:
+    return int(value) if isinstance(value, bool) else value
+
+
+def _checked_settings(
+    max_backlog: int | _Unset, is_active: bool | _Unset, storage_quota_bytes: int | None | _Unset
+) -> dict[str, object]:
+    """The given non-fleet limits, each checked (INVALID names the first bad one)."""
+    checked: dict[str, object] = {}
+    if max_backlog is not UNSET:
+        checked["max_backlog"] = _check_bound("max_backlog", max_backlog, BACKLOG_MAX)
+    if is_active is not UNSET:
+        checked["is_active"] = _check_flag("is_active", is_active)
+    if storage_quota_bytes is not UNSET:
+        checked["storage_quota_bytes"] = _check_bound(
+            "storage_quota_bytes", storage_quota_bytes, STORAGE_BYTES_MAX, nullable=True
+        )
+    return checked
+
+
+def _apply_settings(current: Tenant, values: dict[str, object], actor: str, reason: str) -> None:
+    """Write the values that differ on the locked row, one audit row each (caller's txn)."""
+    changed = [name for name, value in values.items() if getattr(current, name) != value]
+    now = timezone.now()
+    for name in changed:
+        old = getattr(current, name)
+        setattr(current, name, values[name])
+        record_change(
+            current.pk,
+            name,
+            _as_number(old),
+            _as_number(values[name]),
+            ChangeReason.ADMIN,
+            actor,
+            now,
+            note=reason,
+        )
+    if changed:
+        current.save(update_fields=changed)
+
+
+def set_tenant_limits(
+    tenant: Tenant,
+    actor: str,
+    reason: str = "",
+    *,
+    max_agents_override: int | None | _Unset = UNSET,
+    desired_count: int | None | _Unset = UNSET,
+    max_backlog: int | _Unset = UNSET,
+    is_active: bool | _Unset = UNSET,
+    storage_quota_bytes: int | None | _Unset = UNSET,
+) -> Tenant:
+    """A platform admin's change of any of a tenant's limits, audited field by field.
+
+    The Django admin and ``PUT /admin/tenants/{tenant}/fleet`` call this (the fleet
+    numbers go through :func:`set_fleet_overrides` inside the same transaction, with its
+    bounds and clamp).  Every value is checked before anything is written, so a refused
+    change changes nothing; an unchanged value writes no audit row.  ``max_backlog`` 0 means
+    the platform's; ``storage_quota_bytes`` None means the platform's, 0 unlimited.
+    """
+    reason = check_reason(reason)
+    settings = _checked_settings(max_backlog, is_active, storage_quota_bytes)
+    counts = {
+        name: value
+        for name, value in (
+            ("max_agents_override", max_agents_override),
+            ("desired_count", desired_count),
+        )
+        if value is not UNSET
+    }
+    with transaction.atomic():
+        current = Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+        if current is None:
+            raise FleetLimitError(ErrorKind.NOT_FOUND, "tenant does not exist")
+        if counts:
+            current = set_fleet_overrides(current, actor, reason=reason, **counts)
+        _apply_settings(current, settings, actor, reason)
+    for name in AUDITED_FIELDS:
+        setattr(tenant, name, getattr(current, name))
     return current
 
 

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Sum
 
 from agents.models import Agent, AgentState
@@ -225,7 +225,9 @@ def delete_pool(tenant: Tenant, name: str, actor: str) -> None:
             raise FleetLimitError(ErrorKind.NOT_FOUND, f"unknown pool {name!r}")
         count = locked.desired_count
         if count:
-            _move(tenant.pk, None, -count, actor, ChangeReason.MANUAL, f"pool {name!r} deleted")
+            limits.move_pool_count(
+                tenant.pk, None, -count, actor, ChangeReason.MANUAL, f"pool {name!r} deleted"
+            )
         limits.record_change(
             tenant.pk, limits.pool_field(name), count, None, ChangeReason.MANUAL, actor,
             note="pool deleted",
@@ -234,34 +236,6 @@ def delete_pool(tenant: Tenant, name: str, actor: str) -> None:
 
 
 # -- the numbers ---------------------------------------------------------------------
-def _move(
-    tenant_id: int, pool_id: int | None, delta: int, actor: str, reason: str, note: str = ""
-) -> int:
-    """Tenant total (and pool ``pool_id``'s count) += ``delta``, no bound checked: callers
-    hold the tenant row lock and checked the bounds.  Audited; returns the new total."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE fleet_tenant SET desired_count = desired_count + %s WHERE id = %s "
-            "RETURNING desired_count",
-            [delta, tenant_id],
-        )
-        total = cursor.fetchone()[0]
-        limits.record_change(
-            tenant_id, "desired_count", total - delta, total, reason, actor, note=note
-        )
-        if pool_id is not None:
-            cursor.execute(
-                "UPDATE fleet_agentpool SET desired_count = desired_count + %s WHERE id = %s "
-                "RETURNING name, desired_count",
-                [delta, pool_id],
-            )
-            name, count = cursor.fetchone()
-            limits.record_change(
-                tenant_id, limits.pool_field(name), count - delta, count, reason, actor, note=note
-            )
-    return total
-
-
 def _lock_active(tenant: Tenant) -> Tenant:
     current = Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
     if current is None:
@@ -319,7 +293,9 @@ def step_pool(
                 ErrorKind.CONFLICT,
                 f"pool {name!r} desired_count is already 0; there is nothing to deprovision",
             )
-        _move(tenant.pk, None if locked.is_default else locked.pk, delta, actor, reason)
+        limits.move_pool_count(
+            tenant.pk, None if locked.is_default else locked.pk, delta, actor, reason
+        )
         tenant.desired_count = current.desired_count + delta
         return count + delta
 

@@ -80,7 +80,8 @@ def guard_docker(probe: SubstrateProbe, settings: ControlSettings) -> str:
     if not settings.server_url:
         raise ConfigError(
             "CLOACINA_FLEET_ACTUATOR=docker needs CLOACINA_FLEET_SERVER_URL: the URL the agent "
-            "containers use to reach this server (127.0.0.1 is the container itself)."
+            "containers use to reach this server (127.0.0.1 is the container itself, unless "
+            "CLOACINA_DOCKER_NETWORK=host)."
         )
     try:
         return probe.docker_ping(probe.environ)

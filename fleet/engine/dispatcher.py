@@ -3,22 +3,37 @@
 There is no per-task routing: which machine runs a task is the executor's
 business.  The configured key is hard-matched against the registered
 executors at boot (:meth:`Dispatcher.configure`), so a typo fails loudly.
+
+An executor that raises :class:`~fleet.engine.events.ExecutionFailed` gets its
+task failed by policy (:mod:`fleet.engine.execution_failures`): a failed
+attempt, retried or failed as the task's retry policy says, never left Running.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
-from fleet.engine.events import ExecutionResult, ExecutorNotFound, NoCapacity, TaskReadyEvent
+from fleet.engine.events import (
+    ExecutionFailed,
+    ExecutionResult,
+    ExecutorNotFound,
+    NoCapacity,
+    TaskReadyEvent,
+)
+from fleet.engine.execution_failures import record_execution_failure
 from fleet.engine.executor import TaskExecutor
 
 log = logging.getLogger(__name__)
 
 
 class Dispatcher:
-    def __init__(self) -> None:
+    def __init__(self, claimer: str) -> None:
+        """``claimer``: this server's claimer id (the one its executors claim under), under
+        which an executor's failure before its own claim is recorded (see :meth:`dispatch`)."""
         self._executors: dict[str, TaskExecutor] = {}
         self._default_key: str | None = None
+        self._claimer = claimer
 
     def register_executor(self, key: str, executor: TaskExecutor) -> None:
         executor.key = key
@@ -29,6 +44,14 @@ class Dispatcher:
 
     def valid_keys(self) -> list[str]:
         return sorted(self._executors)
+
+    def registered(self) -> dict[str, TaskExecutor]:
+        """Every registered executor by key (the default and the idle ones), for metrics."""
+        return dict(self._executors)
+
+    @property
+    def default_key(self) -> str | None:
+        return self._default_key
 
     def configure(self, default_key: str) -> TaskExecutor:
         """Select the default executor; raise ExecutorNotFound listing the valid keys."""
@@ -54,4 +77,14 @@ class Dispatcher:
         executor = self.executor
         if not executor.has_capacity():
             raise NoCapacity(f"executor {executor.name!r} is at capacity")
-        return await executor.execute(event)
+        try:
+            return await executor.execute(event)
+        except ExecutionFailed as failure:
+            log.warning(
+                "executor %r could not run task %s (%s): %s",
+                executor.name,
+                event.task_execution_id,
+                event.task_name,
+                failure,
+            )
+            return await asyncio.to_thread(record_execution_failure, event, failure, self._claimer)

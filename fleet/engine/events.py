@@ -69,4 +69,24 @@ class NoCapacity(DispatchError):
 
 
 class ExecutionFailed(DispatchError):
-    """The executor could not run the task (the result handler decides retry or fail)."""
+    """The executor could not run the task: the dispatcher records a failed attempt and the
+    task's retry policy decides (retry after its backoff, or fail).
+
+    ``assignment``: the claim's fencing token when the executor had claimed the task (the
+    failure is recorded against that claim only).  Without it, the dispatcher uses this
+    server's own claim on the task, or claims it, so a failure before the claim is an
+    attempt too.  ``retryable=False``: no retry could help (the task fails now).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        assignment: int | None = None,
+        error_type: str = "ExecutionFailed",
+        retryable: bool = True,
+    ) -> None:
+        super().__init__(message)
+        self.assignment = assignment
+        self.error_type = error_type
+        self.retryable = retryable

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from fleet.engine.events import ExecutionResult, ExecutorMetrics, TaskReadyEvent
+from fleet.platform.config import Config
 
 
 @dataclass(frozen=True)
@@ -20,7 +22,29 @@ class PeriodicJob:
 
 
 class TaskExecutor(abc.ABC):
+    """An execution backend (docs/executors.md walks through writing one).
+
+    ``execute`` owns a task from claim to outcome: it claims the task
+    (``fleet.engine.claims``, with ``claimer`` as the claimer so the server's recovery
+    sweeps know whose claim it is), runs it, and hands the outcome to the one result
+    handler.  When it cannot run a claimed task it may raise
+    :class:`~fleet.engine.events.ExecutionFailed`; the dispatcher then records the
+    failure and the task's retry policy decides (retry or fail).
+    """
+
     key: str = ""
+
+    @classmethod
+    def from_config(
+        cls, options: Mapping[str, Any], *, key: str, claimer: str, config: Config
+    ) -> TaskExecutor:
+        """Build this executor from its ``[executors.<key>]`` entry (at boot).
+
+        The default is ``cls(claimer=claimer, config=config, **options)``; override it to
+        check options or to take other constructor arguments.  Raise ``TypeError`` or
+        ``ValueError`` for bad options: the boot error names the key and your message.
+        """
+        return cls(claimer=claimer, config=config, **options)
 
     @abc.abstractmethod
     async def execute(self, event: TaskReadyEvent) -> ExecutionResult:

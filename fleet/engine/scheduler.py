@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass
 
 from django.db import connection, transaction
 from django.utils import timezone
 
+from artifacts.models import WorkflowPackage
 from artifacts.store.queries import active_package
 from fleet.engine import hooks
 from fleet.engine.events import TaskReadyEvent
@@ -41,36 +43,72 @@ def start_execution(
 
 
 def start_execution_with_roots(
-    tenant: Tenant, workflow_name: str, context: dict, priority: int = 0
+    tenant: Tenant,
+    workflow_name: str,
+    context: dict,
+    priority: int = 0,
+    package: WorkflowPackage | None = None,
 ) -> tuple[WorkflowExecution, list[TaskReadyEvent]]:
-    """:func:`start_execution`, and the events of its root tasks (Ready from the start)."""
-    package = active_package(tenant, workflow_name)
+    """:func:`start_execution`, and the events of its root tasks (Ready from the start).
+
+    ``package``, when the caller already looked up the active package, saves asking again.
+    """
+    if package is None:
+        package = active_package(tenant, workflow_name)
     if package is None:
         raise SchedulingError(
             ErrorKind.NOT_FOUND,
             f"no active package provides workflow {workflow_name!r} in this tenant",
         )
+    return start_executions([ExecutionStart(tenant, package, workflow_name, context, priority)])[0]
+
+
+@dataclass(frozen=True)
+class ExecutionStart:
+    """One execution to create: of ``package`` (the active one for ``workflow_name``)."""
+
+    tenant: Tenant
+    package: WorkflowPackage
+    workflow_name: str
+    context: dict
+    priority: int = 0
+
+
+def start_executions(
+    starts: list[ExecutionStart],
+) -> list[tuple[WorkflowExecution, list[TaskReadyEvent]]]:
+    """Create every execution of ``starts`` and their tasks in ONE statement (the schedule
+    tick starts hundreds at once); each with the events of its root tasks."""
     now = timezone.now()
-    tasks = package.manifest["tasks"]
-    execution = WorkflowExecution(
-        id=uuid.uuid4(),
-        tenant=tenant,
-        package=package,
-        workflow_name=workflow_name,
-        status=WorkflowStatus.PENDING,
-        input_context=context,
-        priority=priority,
-        open_tasks=len(tasks),
-        created_at=now,
-    )
-    rows = [_task_values(spec, position, priority) for position, spec in enumerate(tasks)]
-    _insert_execution(execution, rows)
-    roots = [
-        TaskReadyEvent(row["id"], execution.id, row["task_name"], 1, tenant.pk, row["priority"])
-        for row in rows
-        if row["root"]
-    ]
-    return execution, roots
+    started, rows = [], []
+    for start in starts:
+        tasks = start.package.manifest["tasks"]
+        execution = WorkflowExecution(
+            id=uuid.uuid4(),
+            tenant=start.tenant,
+            package=start.package,
+            workflow_name=start.workflow_name,
+            status=WorkflowStatus.PENDING,
+            input_context=start.context,
+            priority=start.priority,
+            open_tasks=len(tasks),
+            created_at=now,
+        )
+        task_rows = [
+            {**_task_values(spec, position, start.priority), "workflow": str(execution.id)}
+            for position, spec in enumerate(tasks)
+        ]
+        rows += task_rows
+        roots = [
+            TaskReadyEvent(
+                row["id"], execution.id, row["task_name"], 1, start.tenant.pk, row["priority"]
+            )
+            for row in task_rows
+            if row["root"]
+        ]
+        started.append((execution, roots))
+    _insert_executions([execution for execution, _ in started], rows, now)
+    return started
 
 
 def _task_values(spec: dict, position: int, execution_priority: int) -> dict:
@@ -91,8 +129,8 @@ def _task_values(spec: dict, position: int, execution_priority: int) -> dict:
     }
 
 
-# The execution and its tasks in ONE statement (atomic on its own: no transaction
-# round trips), the task rows travelling as one jsonb parameter.  The ORM's create +
+# Executions and their tasks in ONE statement (atomic on its own: no transaction
+# round trips), the rows travelling as jsonb parameters.  The ORM's create +
 # bulk_create prepared each of ~30 fields of each row in Python: a fifth of the
 # server's CPU for starting an execution.  Every column is named, so a column added
 # to a model must be added here too; tests/integration/test_engine_scheduler.py compares the lists.
@@ -108,44 +146,58 @@ TASK_INSERT_COLUMNS = (
     "started_at", "finished_at", "result_deadline", "agent_id", "refusals", "wait_reason",
     "output_context", "error_type", "error_message", "traceback",
 )  # fmt: skip
-_INSERT_EXECUTION = f"""
-WITH execution AS (
+_INSERT_EXECUTIONS = f"""
+WITH executions AS (
     INSERT INTO fleet_workflowexecution ({", ".join(WORKFLOW_INSERT_COLUMNS)})
-    VALUES (%(workflow)s, %(tenant)s, %(package)s, %(name)s, 'Pending', %(input)s::jsonb, NULL,
-            '', %(priority)s, %(open)s, %(now)s, NULL, NULL)
+    SELECT e.id, e.tenant, e.package, e.name, 'Pending', e.input, NULL, '', e.priority, e.open,
+        %(now)s, NULL, NULL
+    FROM jsonb_to_recordset(%(executions)s::jsonb) AS e(
+        id uuid, tenant bigint, package bigint, name text, input jsonb, priority int, open int)
 )
 INSERT INTO fleet_taskexecution ({", ".join(TASK_INSERT_COLUMNS)})
-SELECT r.id, %(workflow)s, %(tenant)s, r.task_name, r.function, r.dependencies,
+SELECT r.id, r.workflow, r.tenant, r.task_name, r.function, r.dependencies,
     r.trigger_rule, r.position, CASE WHEN r.root THEN 'Ready' ELSE 'NotStarted' END, 0,
     r.max_retries, r.retry_backoff_s, r.timeout_s, r.routing, r.priority,
     CASE WHEN r.root THEN %(now)s::timestamptz END, 0, '', NULL, NULL, NULL, NULL, NULL, 0, '',
     NULL, '', '', ''
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(
-    id uuid, task_name text, function text, dependencies jsonb, trigger_rule text, position int,
-    root boolean, max_retries int, retry_backoff_s float8, timeout_s float8, routing jsonb,
-    priority int)
+    id uuid, workflow uuid, tenant bigint, task_name text, function text, dependencies jsonb,
+    trigger_rule text, position int, root boolean, max_retries int, retry_backoff_s float8,
+    timeout_s float8, routing jsonb, priority int)
 """
 
 
-def _insert_execution(execution: WorkflowExecution, rows: list[dict]) -> None:
-    """Write ``execution`` (built, unsaved) and its task rows; it is then a saved instance."""
+def _insert_executions(executions: list[WorkflowExecution], rows: list[dict], now) -> None:
+    """Write ``executions`` (built, unsaved) and their task rows (each naming its ``workflow``
+    and, filled in here, its ``tenant``); the executions are then saved instances."""
+    tenant_of = {str(e.id): e.tenant_id for e in executions}
+    for row in rows:
+        row["tenant"] = tenant_of[row["workflow"]]
     with connection.cursor() as cursor:
         cursor.execute(
-            _INSERT_EXECUTION,
+            _INSERT_EXECUTIONS,
             {
-                "workflow": execution.id,
-                "tenant": execution.tenant_id,
-                "package": execution.package_id,
-                "name": execution.workflow_name,
-                "input": json.dumps(execution.input_context),
-                "priority": execution.priority,
-                "open": execution.open_tasks,
-                "now": execution.created_at,
+                "executions": json.dumps(
+                    [
+                        {
+                            "id": str(e.id),
+                            "tenant": e.tenant_id,
+                            "package": e.package_id,
+                            "name": e.workflow_name,
+                            "input": e.input_context,
+                            "priority": e.priority,
+                            "open": e.open_tasks,
+                        }
+                        for e in executions
+                    ]
+                ),
+                "now": now,
                 "rows": json.dumps(rows, default=str),
             },
         )
-    execution._state.adding = False  # as Model.save() leaves it
-    execution._state.db = connection.alias
+    for execution in executions:
+        execution._state.adding = False  # as Model.save() leaves it
+        execution._state.db = connection.alias
 
 
 def unsaved_task_row(execution: WorkflowExecution, spec: dict, position: int, now) -> TaskExecution:

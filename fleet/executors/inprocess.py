@@ -111,10 +111,15 @@ class InProcessExecutor(TaskExecutor):
         cache_root: Path,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
+        runner: TaskRunner | None = None,
     ) -> None:
+        """``runner``: the task runner to run in (default: ``workers`` reused children); an
+        executor built on this one passes its own (limits, a child per task, …)."""
+        if runner is not None and runner.capacity != workers:
+            raise ValueError(f"the runner has {runner.capacity} children, not {workers}")
         self.workers = workers
         self.claimer = claimer
-        self.runner = TaskRunner(workers)
+        self.runner = runner or TaskRunner(workers)
         self.cache = PackageCache(Path(cache_root), cache_bytes)
         self.drain_timeout_s = drain_timeout_s
         self._digests: OrderedDict[uuid.UUID, str] = OrderedDict()

@@ -13,6 +13,14 @@ from fleet.models.executions import (
 )
 from fleet.models.pools import DEFAULT_POOL, AgentPool
 from fleet.models.routing import AffinityBinding, AgentEventCount, BindingKind
+from fleet.models.schedules import (
+    Catchup,
+    FireOutcome,
+    Overlap,
+    Schedule,
+    ScheduleFire,
+    ScheduleSource,
+)
 from fleet.models.servers import ServerInstance
 from fleet.platform.tenancy import ApiKey, Role, Tenant, TenantMembership
 
@@ -22,6 +30,12 @@ __all__ = [
     "DEFAULT_POOL",
     "AgentEventCount",
     "BindingKind",
+    "Catchup",
+    "FireOutcome",
+    "Overlap",
+    "Schedule",
+    "ScheduleFire",
+    "ScheduleSource",
     "ApiKey",
     "AutoscaleDecision",
     "ChangeReason",

@@ -1,4 +1,4 @@
-"""Control-plane records: audit of limit/desired_count changes, autoscaler decisions, depth samples."""
+"""Control-plane records: audit of every limit change, autoscaler decisions, depth samples."""
 
 from __future__ import annotations
 
@@ -14,23 +14,44 @@ class ChangeReason(models.TextChoices):
     SEED = "seed"  # initial value at tenant creation
 
 
+# The free text a person may give with a manual change (FleetChange.note has room for it
+# plus the cause of a clamp the change caused).
+REASON_MAX_CHARS = 300
+NOTE_MAX_CHARS = REASON_MAX_CHARS + 200
+
+
 class FleetChange(models.Model):
-    """Audit trail: who changed which fleet number of which tenant, from what to what, and why."""
+    """Audit trail: who changed which limit of which tenant, from what to what, and why.
+
+    ``field`` is one of :data:`AUDITED_FIELDS`; booleans are stored as 0/1.  ``reason`` is
+    the kind of change (:class:`ChangeReason`); ``note`` is the why in words: the free-text
+    reason the person gave (console, admin, REST), the cause of a clamp, or both.
+    """
 
     tenant = models.ForeignKey(
         "fleet.Tenant", on_delete=models.CASCADE, related_name="fleet_changes"
     )
-    field = models.CharField(max_length=32)  # desired_count | max_agents_override
-    old_value = models.IntegerField(null=True, blank=True)
-    new_value = models.IntegerField(null=True, blank=True)
+    field = models.CharField(max_length=32)  # one of AUDITED_FIELDS
+    # Big: storage_quota_bytes is a byte count.
+    old_value = models.BigIntegerField(null=True, blank=True)
+    new_value = models.BigIntegerField(null=True, blank=True)
     reason = models.CharField(max_length=12, choices=ChangeReason.choices)
     actor = models.CharField(max_length=200)
-    # Why, in words, when the reason alone does not say it (e.g. what lowered the limit).
-    note = models.CharField(max_length=300, blank=True, default="")
+    note = models.CharField(max_length=NOTE_MAX_CHARS, blank=True, default="")
     at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["-at", "-id"]
+
+
+# Every Tenant column that bounds what a tenant may run or store.
+AUDITED_FIELDS = (
+    "desired_count",
+    "max_agents_override",
+    "max_backlog",
+    "is_active",
+    "storage_quota_bytes",
+)
 
 
 class AutoscaleDecision(models.Model):

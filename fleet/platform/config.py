@@ -8,6 +8,7 @@ reads :func:`get_config`.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tomllib
@@ -211,6 +212,28 @@ SETTINGS: tuple[Setting, ...] = (
     # Unfinished tasks a tenant may have before new executions get 429 (0 = unlimited);
     # a tenant's own max_backlog, when set, wins.
     Setting("max_backlog", "CLOACINA_MAX_BACKLOG", "max_backlog", int, 0),
+    # Cron schedules (fleet/schedules/, docs/schedules.md): how often every server looks for
+    # due schedules; how late a fire time may be and still run as on time (later ones are
+    # downtime, handled by the schedule's catchup policy); most missed times catchup="all" runs.
+    Setting("schedule_tick_s", "CLOACINA_SCHEDULE_TICK_S", "schedule_tick_s", float, 1.0, 0.05),
+    Setting("schedule_grace_s", "CLOACINA_SCHEDULE_GRACE_S", "schedule_grace_s", float, 10.0),
+    Setting(
+        "schedule_catchup_max",
+        "CLOACINA_SCHEDULE_CATCHUP_MAX",
+        "schedule_catchup_max",
+        int,
+        100,
+        1,
+    ),
+    # Fire rows older than this are deleted (0 = kept for ever): a per-second schedule
+    # records 86,400 a day.
+    Setting(
+        "schedule_fire_retention_s",
+        "CLOACINA_SCHEDULE_FIRE_RETENTION_S",
+        "schedule_fire_retention_s",
+        float,
+        30 * 24 * 3600.0,
+    ),
     AGENT_DRAIN_TIMEOUT,
     Setting("secret_key", "CLOACINA_SECRET_KEY", "secret_key", str, ""),
     # TLS (cloacina_site/tls.py): empty = plain HTTP; a client CA turns on mutual TLS.
@@ -231,6 +254,43 @@ SETTINGS: tuple[Setting, ...] = (
     # Bearer token /metrics requires (empty = open, as before).
     Setting("metrics_token", "CLOACINA_METRICS_TOKEN", "metrics_token", str, ""),
 )
+
+
+# Executor keys the server itself registers (fleet/executors/registry.py): a configured
+# executor may not take one.
+BUILTIN_EXECUTOR_KEYS = ("default", "fleet")
+ENV_EXECUTORS = "CLOACINA_EXECUTORS"
+# A key becomes a metrics label and a CLI value: short, lower-case, no spaces.
+_EXECUTOR_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+# "package.module:Class" or "package.module.Class".
+_CLASS_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*([:.][A-Za-z_]\w*)$")
+
+
+@dataclass(frozen=True)
+class ExecutorSpec:
+    """One configured executor: the class to load and the options it is built with.
+
+    ``source`` names where it was given ("[executors.gpu] in config.toml" or
+    "CLOACINA_EXECUTORS[gpu]"), so every boot error can point at the line to fix.
+    """
+
+    key: str
+    class_path: str
+    options: dict[str, Any]
+    source: str
+
+    @property
+    def module_and_name(self) -> tuple[str, str]:
+        """``class_path`` split into the module to import and the attribute to read."""
+        if ":" in self.class_path:
+            module, _, name = self.class_path.partition(":")
+        else:
+            module, _, name = self.class_path.rpartition(".")
+        return module, name
+
+    def error(self, problem: str) -> ConfigError:
+        """A one-line boot error naming this executor's key and where it was configured."""
+        return ConfigError(f"executor {self.key!r} ({self.source}): {problem}")
 
 
 @dataclass(frozen=True)
@@ -269,6 +329,10 @@ class Config:
     build_concurrency: int = 2
     max_build_download_bytes: int = 100 * 1024 * 1024
     max_backlog: int = 0
+    schedule_tick_s: float = 1.0
+    schedule_grace_s: float = 10.0
+    schedule_catchup_max: int = 100
+    schedule_fire_retention_s: float = 30 * 24 * 3600.0
     agent_drain_timeout_s: float = 300.0
     secret_key: str = ""
     tls_cert: str = ""
@@ -280,6 +344,8 @@ class Config:
     login_failure_limit: int = 5
     login_lockout_s: int = 900
     metrics_token: str = ""
+    # Executors registered from configuration ([executors] / CLOACINA_EXECUTORS), by key.
+    executors: dict[str, ExecutorSpec] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -359,16 +425,20 @@ def cloacina_home() -> Path:
     return Path(os.environ.get("CLOACINA_HOME") or "~/.cloacina").expanduser()
 
 
-def _read_toml(home: Path) -> dict:
+def _read_toml_file(home: Path) -> dict:
     path = home / "config.toml"
     if not path.exists():
         return {}
     try:
         with path.open("rb") as fh:
-            data = tomllib.load(fh)
+            return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-    server = data.get("server", {})
+
+
+def _read_toml(home: Path) -> dict:
+    path = home / "config.toml"
+    server = _read_toml_file(home).get("server", {})
     if not isinstance(server, dict):
         raise ConfigError(f"{path}: [server] must be a table")
     return server
@@ -418,12 +488,78 @@ def read_settings(
     return home, values
 
 
+def read_executor_specs(home: Path, environ: dict | None = None) -> dict[str, ExecutorSpec]:
+    """The executors configured in config.toml's ``[executors]`` table and in
+    ``CLOACINA_EXECUTORS`` (JSON of the same shape), checked; the environment's entry wins
+    for a key given in both.  Each entry is ``{class = "module:Class", options = {...}}``.
+
+    Only the shape is checked here (the platform layer knows no executor): the registry
+    (fleet/executors/registry.py) imports each class and builds it at boot.
+    """
+    env = os.environ if environ is None else environ
+    tables: list[tuple[dict, str]] = []
+    from_toml = _read_toml_file(home).get("executors", {})
+    if not isinstance(from_toml, dict):
+        raise ConfigError(f"{home / 'config.toml'}: [executors] must be a table")
+    tables.append((from_toml, "config.toml"))
+    raw_env = env.get(ENV_EXECUTORS, "")
+    if raw_env.strip():
+        try:
+            from_env = json.loads(raw_env)
+        except ValueError as exc:
+            raise ConfigError(f"{ENV_EXECUTORS} must be a JSON object: {exc}") from None
+        if not isinstance(from_env, dict):
+            raise ConfigError(f"{ENV_EXECUTORS} must be a JSON object of executor key → entry")
+        tables.append((from_env, ENV_EXECUTORS))
+    specs: dict[str, ExecutorSpec] = {}
+    for table, origin in tables:
+        for key, entry in table.items():
+            source = (
+                f"[executors.{key}] in config.toml"
+                if origin == "config.toml"
+                else f"{ENV_EXECUTORS}[{key}]"
+            )
+            specs[key] = _executor_spec(str(key), entry, source)
+    return specs
+
+
+def _executor_spec(key: str, entry: Any, source: str) -> ExecutorSpec:
+    def problem(text: str) -> ConfigError:
+        return ConfigError(f"executor {key!r} ({source}): {text}")
+
+    if key in BUILTIN_EXECUTOR_KEYS:
+        raise problem(
+            f"the key is built in ({', '.join(BUILTIN_EXECUTOR_KEYS)}); choose another name"
+        )
+    if not _EXECUTOR_KEY.match(key):
+        raise problem("a key is 1-63 characters: a-z first, then a-z, 0-9, '_' or '-'")
+    if not isinstance(entry, dict):
+        raise problem('must be a table: {class = "module:Class", options = {...}}')
+    unknown = sorted(set(entry) - {"class", "options"})
+    if unknown:
+        raise problem(f"unknown field(s) {', '.join(unknown)} (expected class and options)")
+    class_path = entry.get("class")
+    if not isinstance(class_path, str) or not _CLASS_PATH.match(class_path.strip()):
+        raise problem(
+            f'class must be a dotted path such as "package.module:Class", got {class_path!r}'
+        )
+    options = entry.get("options", {})
+    if not isinstance(options, dict) or not all(isinstance(name, str) for name in options):
+        raise problem("options must be a table of option name → value")
+    return ExecutorSpec(key, class_path.strip(), dict(options), source)
+
+
 def load_config(environ: dict | None = None) -> Config:
     """Build the configuration from env, config.toml and defaults (no flags)."""
     env = os.environ if environ is None else environ
     home, given = read_settings(SETTINGS, env)
     values = {setting.attr: setting.default for setting in SETTINGS} | given
-    config = Config(home=home, database_url=env.get("DATABASE_URL") or None, **values)
+    config = Config(
+        home=home,
+        database_url=env.get("DATABASE_URL") or None,
+        executors=read_executor_specs(home, env),
+        **values,
+    )
     _validate(config)
     return config
 

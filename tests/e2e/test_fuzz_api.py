@@ -9,8 +9,8 @@ documented content type and a body that matches the documented schema;
 invalid data must be refused with a 4xx; an operation must not ignore its
 authentication.
 
-The path parameters of the document get real ids (an execution, an agent,
-a package, an artifact digest) as examples, so the generated requests reach
+The path parameters of the document get real ids (an execution, a schedule, an
+agent, a package, an artifact digest) as examples, so the generated requests reach
 past the 404s into the code behind them.
 
 A second set of runs, one per key role, sends hostile bodies instead of the
@@ -75,7 +75,10 @@ PARALLEL_RUNS = 3  # schemathesis processes at once (the server is the bottlenec
 TESTED = re.compile(r"Tested:\s+(\d+)")
 # Rules a schema cannot state, so schema-valid requests may still get a 4xx naming the
 # problem: whether uploaded bytes are a valid package (an archive holding a valid
-# manifest and sources), and a desired_count above the tenant's (new) limit.
+# manifest and sources), a desired_count above the tenant's (new) limit, a
+# provision/deprovision at a bound (409) — reachable since those take an optional
+# reason body and get many generated requests — and whether a string is a cron
+# expression and an IANA timezone (a removed schedule is then a 404).
 CONFIG = """
 [[operations]]
 include-method = "POST"
@@ -85,9 +88,18 @@ checks.positive_data_acceptance.expected-statuses = [
 ]
 
 [[operations]]
+include-path-regex = "^/api/v1/schedules"
+checks.positive_data_acceptance.expected-statuses = ["2XX", "401", "403", "404", "409", "422"]
+
+[[operations]]
 include-method = "PUT"
 include-path-regex = "^/api/v1/admin/tenants/"
 checks.positive_data_acceptance.expected-statuses = ["2XX", "401", "403", "404", "409", "422"]
+
+[[operations]]
+include-method = "POST"
+include-path-regex = "^/api/v1/fleet/(de)?provision$"
+checks.positive_data_acceptance.expected-statuses = ["2XX", "401", "403", "404", "409"]
 """
 
 
@@ -98,10 +110,12 @@ def procs(transactional_db, tmp_path):
 
 
 def _seed() -> dict:
-    """Two tenants, a key of every role, a package, an execution and an agent of tenant A."""
+    """Two tenants, a key of every role, a package, an execution, a schedule and an agent of
+    tenant A."""
     from agents.protocol.triples import host_triple
     from fleet.executors.fleet import roster
     from fleet.models import ApiKey
+    from fleet.schedules.service import ScheduleSpec, create_schedule
     from tests.support.factories import make_tenant, publish_example, start
 
     tenant = make_tenant("acme")
@@ -110,6 +124,7 @@ def _seed() -> dict:
     keys["admin"] = ApiKey.mint("admin")[1]
     package = publish_example(tenant)
     execution, _tasks = start(tenant, package.workflow_name, {"fuzz": True})
+    schedule = create_schedule(tenant, ScheduleSpec(package.workflow_name, "0 0 1 1 *"))
     agent_key = ApiKey.verify(keys["agent"])
     agent, leaver = (
         roster.register(agent_key, roster.Registration(name=name, target_triple=host_triple()))
@@ -119,6 +134,7 @@ def _seed() -> dict:
         "keys": keys,
         "examples": {
             "execution_id": str(execution.pk),
+            "schedule_id": str(schedule.pk),
             "agent_id": str(agent.pk),
             "leaver_id": str(leaver.pk),  # deregistered by the examples: not the one that beats
             "digest": package.digest,

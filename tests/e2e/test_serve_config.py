@@ -40,6 +40,24 @@ def procs(transactional_db, tmp_path):
         ([], {"CLOACINA_LOGIN_LOCKOUT_S": "soon"}, "CLOACINA_LOGIN_LOCKOUT_S must be an integer"),
         (
             [],
+            {"CLOACINA_EXECUTORS": '{"gpu": {"class": "no_such_pkg.executors:Gpu"}}'},
+            "executor 'gpu' (CLOACINA_EXECUTORS[gpu]): cannot import module 'no_such_pkg.executors'",
+        ),
+        (
+            [],
+            {"CLOACINA_EXECUTORS": '{"default": {"class": "a.b:C"}}'},
+            "executor 'default' (CLOACINA_EXECUTORS[default]): the key is built in",
+        ),
+        (
+            ["--default-executor", "bogus"],
+            {
+                "CLOACINA_EXECUTORS": '{"limited": {"class": '
+                '"examples.executors.subprocess_limits:SubprocessLimitsExecutor"}}'
+            },
+            "unknown default executor 'bogus'; valid keys: default, limited",
+        ),
+        (
+            [],
             {"CLOACINA_MAX_REGISTERED_AGENTS": "0"},
             "CLOACINA_MAX_REGISTERED_AGENTS (max_registered_agents) must be auto or a positive",
         ),

@@ -7,7 +7,7 @@ import pytest
 from agents.models import Agent
 from fleet.executors.fleet.lifecycle import revoke_key
 from fleet.models import ApiKey, FleetChange, Tenant
-from tests.support.console import make_agent, make_eviction
+from tests.support.console import NO_MEMBERSHIPS, make_agent, make_eviction, tenant_admin_form
 from tests.support.factories import publish_example
 
 CHANGELISTS = [
@@ -102,30 +102,10 @@ def test_keys_cannot_be_deleted(admin_client, tenant):
     assert ApiKey.objects.filter(pk=key.pk).exists()
 
 
-def _tenant_form(tenant: Tenant, **changes) -> dict:
-    data = {
-        "is_active": "on" if tenant.is_active else "",
-        "max_agents_override": ""
-        if tenant.max_agents_override is None
-        else tenant.max_agents_override,
-        "desired_count": tenant.desired_count,
-        "max_backlog": tenant.max_backlog,
-        "storage_quota_bytes": ""
-        if tenant.storage_quota_bytes is None
-        else tenant.storage_quota_bytes,
-        "memberships-TOTAL_FORMS": "0",
-        "memberships-INITIAL_FORMS": "0",
-        "memberships-MIN_NUM_FORMS": "0",
-        "memberships-MAX_NUM_FORMS": "1000",
-    }
-    data.update(changes)
-    return data
-
-
 def test_editing_fleet_numbers_goes_through_the_control_plane(admin_client, tenant):
     url = f"/admin/fleet/tenant/{tenant.pk}/change/"
     response = admin_client.post(
-        url, _tenant_form(tenant, max_agents_override="8", desired_count="5")
+        url, tenant_admin_form(tenant, max_agents_override="8", desired_count="5")
     )
     assert response.status_code == 302, response.content.decode()[:3000]
     tenant.refresh_from_db()
@@ -142,7 +122,7 @@ def test_editing_fleet_numbers_goes_through_the_control_plane(admin_client, tena
 
 def test_an_admin_edit_above_the_limit_is_a_form_error(admin_client, tenant):
     url = f"/admin/fleet/tenant/{tenant.pk}/change/"
-    response = admin_client.post(url, _tenant_form(tenant, desired_count="50"))
+    response = admin_client.post(url, tenant_admin_form(tenant, desired_count="50"))
     assert response.status_code == 200
     assert b"desired_count 50 exceeds the effective limit (4)" in response.content
     tenant.refresh_from_db()
@@ -150,13 +130,23 @@ def test_an_admin_edit_above_the_limit_is_a_form_error(admin_client, tenant):
     assert not FleetChange.objects.filter(tenant=tenant).exists()
 
 
+FLEET_NUMBERS = ("desired_count", "max_agents_override")
+
+
 def test_saving_a_tenant_without_fleet_changes_writes_no_audit(admin_client, tenant):
     url = f"/admin/fleet/tenant/{tenant.pk}/change/"
-    response = admin_client.post(url, _tenant_form(tenant, max_backlog="100"))
+    response = admin_client.post(url, tenant_admin_form(tenant, max_backlog="100"))
     assert response.status_code == 302
     tenant.refresh_from_db()
     assert tenant.max_backlog == 100
-    assert not FleetChange.objects.filter(tenant=tenant).exists()
+    # No fleet-number row; the max_backlog change itself is audited (issue 15 item 7).
+    assert not FleetChange.objects.filter(tenant=tenant, field__in=FLEET_NUMBERS).exists()
+    assert list(FleetChange.objects.filter(tenant=tenant).values_list("field", flat=True)) == [
+        "max_backlog"
+    ]
+    # Saving the unchanged form writes nothing at all.
+    assert admin_client.post(url, tenant_admin_form(tenant)).status_code == 302
+    assert FleetChange.objects.filter(tenant=tenant).count() == 1
 
 
 def test_the_storage_quota_override_is_edited_in_the_admin(admin_client, tenant):
@@ -164,15 +154,20 @@ def test_the_storage_quota_override_is_edited_in_the_admin(admin_client, tenant)
     page = admin_client.get(url).content.decode()
     assert 'name="storage_quota_bytes"' in page
     assert "0 / 1073741824 bytes (CLOACINA_TENANT_STORAGE_BYTES)" in page
-    response = admin_client.post(url, _tenant_form(tenant, storage_quota_bytes="5000000"))
+    response = admin_client.post(url, tenant_admin_form(tenant, storage_quota_bytes="5000000"))
     assert response.status_code == 302, response.content.decode()[:3000]
     tenant.refresh_from_db()
     assert tenant.storage_quota_bytes == 5_000_000
-    assert not FleetChange.objects.filter(tenant=tenant).exists()
+    assert not FleetChange.objects.filter(tenant=tenant, field__in=FLEET_NUMBERS).exists()
+    assert list(
+        FleetChange.objects.filter(tenant=tenant).values_list("field", "old_value", "new_value")
+    ) == [("storage_quota_bytes", None, 5_000_000)]
     page = admin_client.get(url).content.decode()
     assert "0 / 5000000 bytes (tenant acme&#x27;s storage_quota_bytes)" in page
     # Emptied: back to the platform default.
-    assert admin_client.post(url, _tenant_form(tenant, storage_quota_bytes="")).status_code == 302
+    assert (
+        admin_client.post(url, tenant_admin_form(tenant, storage_quota_bytes="")).status_code == 302
+    )
     tenant.refresh_from_db()
     assert tenant.storage_quota_bytes is None
 
@@ -203,10 +198,7 @@ def test_adding_a_tenant_seeds_it_like_the_cli(admin_client, db):
             "is_active": "on",
             "max_agents_override": "3",
             "max_backlog": "0",
-            "memberships-TOTAL_FORMS": "0",
-            "memberships-INITIAL_FORMS": "0",
-            "memberships-MIN_NUM_FORMS": "0",
-            "memberships-MAX_NUM_FORMS": "1000",
+            **NO_MEMBERSHIPS,
         },
     )
     assert response.status_code == 302, response.content.decode()[:3000]

@@ -90,6 +90,10 @@ def test_it_starts_labelled_containers_each_with_its_own_key(engine, actuator, t
         host = c.config["HostConfig"]
         assert host["ReadonlyRootfs"] is True and host["CapDrop"] == ["ALL"]
         assert host["SecurityOpt"] == ["no-new-privileges:true"]
+        # the default CPU/memory settings: 2 CPUs, 2Gi hard; 250m, 512Mi requested
+        assert (host["NanoCpus"], host["Memory"]) == (2 * 10**9, 2 * 2**30)
+        assert (host["CpuShares"], host["MemoryReservation"]) == (256, 512 * 2**20)
+        assert host["NetworkMode"] == "default"  # the daemon's default unless configured
         assert c.config["User"] == "10001:10001"
         # the key travels in the environment only, never on the command line
         assert env["CLOACINA_AGENT_API_KEY"] not in json.dumps(c.config["Cmd"])
@@ -185,3 +189,18 @@ def test_disabled_and_deleted_tenants_agents_are_stopped(engine, actuator, tenan
     reconcile_all(actuator)
     assert ApiKey.objects.filter(tenant=tenant, revoked_at__isnull=True).count() == 0
     assert ours.id not in engine.containers
+
+
+def test_the_network_and_resource_settings_reach_every_container(engine, tenant):
+    settings = ControlSettings(
+        server_url="http://127.0.0.1:8000", agent_image="cloacina:test", docker_network="host",
+        agent_cpu_limit="500m", agent_memory_limit="1Gi",
+    )  # fmt: skip
+    actuator = DockerActuator(
+        settings, client_factory=lambda: docker.DockerClient(base_url=engine.base_url)
+    )
+    actuator.reconcile(tenant, 2)
+    for c in engine.containers.values():
+        host = c.config["HostConfig"]
+        assert host["NetworkMode"] == "host"  # agents reach the server on this machine's loopback
+        assert (host["NanoCpus"], host["Memory"]) == (5 * 10**8, 2**30)

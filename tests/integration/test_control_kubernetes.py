@@ -11,6 +11,7 @@ import logging
 import shutil
 import ssl
 import subprocess
+from dataclasses import replace
 
 import pytest
 from kubernetes import client as k8s
@@ -75,7 +76,17 @@ def test_it_creates_the_namespace_secret_policy_and_deployment(api, actuator, te
         "policyTypes": ["Ingress", "Egress"],
         "ingress": [],
         "egress": [
-            {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+            {
+                "to": [
+                    {
+                        "namespaceSelector": {
+                            "matchLabels": {"kubernetes.io/metadata.name": "kube-system"}
+                        },
+                        "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                    }
+                ],
+                "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+            },
             {
                 "to": [
                     {
@@ -185,11 +196,77 @@ def test_no_policy_without_the_servers_coordinates(api, tenant, caplog):
 
 
 def test_the_policy_toggle_turns_it_off(api, tenant):
-    from dataclasses import replace
-
     actuator = make_actuator(api, replace(SETTINGS, network_policy=False))
     actuator.reconcile(tenant, 1)
     assert api.get("networkpolicies", tenant_namespace("acme"), "cloacina-agent") is None
+
+
+def test_dns_egress_goes_to_the_configured_cluster_dns_only(api, tenant):
+    settings = replace(
+        SETTINGS,
+        cluster_dns_namespace="dns-system",
+        cluster_dns_pod_labels="app=coredns, tier=node",
+    )
+    make_actuator(api, settings).reconcile(tenant, 1)
+    egress = api.get("networkpolicies", tenant_namespace("acme"), "cloacina-agent")["spec"][
+        "egress"
+    ]
+    dns = [rule for rule in egress if any(p["port"] == 53 for p in rule["ports"])]
+    # every rule that opens port 53 names its peers: no "53 to anywhere" rule is left
+    assert dns == [
+        {
+            "to": [
+                {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": "dns-system"}
+                    },
+                    "podSelector": {"matchLabels": {"app": "coredns", "tier": "node"}},
+                }
+            ],
+            "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+        }
+    ]
+    assert all(rule.get("to") for rule in egress)
+
+
+def test_a_changed_dns_selector_replaces_the_installed_policy(api, actuator, tenant):
+    actuator.reconcile(tenant, 1)
+    moved = make_actuator(api, replace(SETTINGS, cluster_dns_pod_labels="k8s-app=coredns"))
+    moved.reconcile(tenant, 1)
+    egress = api.get("networkpolicies", tenant_namespace("acme"), "cloacina-agent")["spec"][
+        "egress"
+    ]
+    assert egress[0]["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "coredns"}}
+
+
+def test_turning_the_toggle_off_removes_the_installed_policies(api, actuator, tenant, other_tenant):
+    for t in (tenant, other_tenant):
+        actuator.reconcile(t, 1)
+    ns, other_ns = tenant_namespace("acme"), tenant_namespace("globex")
+    assert api.get("networkpolicies", ns, "cloacina-agent") is not None
+    # something not ours in the same namespace stays
+    api.objects[("networkpolicies", ns, "site-extra")] = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "site-extra", "namespace": ns, "labels": {"team": "ops"}},
+        "spec": {"podSelector": {}},
+    }
+    off = make_actuator(api, replace(SETTINGS, network_policy=False))  # a restart with it off
+    off.reconcile(tenant, 1)
+    assert api.get("networkpolicies", ns, "cloacina-agent") is None
+    assert api.get("networkpolicies", ns, "site-extra") is not None
+    assert api.get("networkpolicies", other_ns, "cloacina-agent") is not None  # not reconciled yet
+    [delete] = [c for c in api.requests if c.method == "DELETE" and "networkpolicies" in c.path]
+    assert delete.path == f"/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies"
+    assert (
+        delete.q("labelSelector") == f"cloacina.managed=true,cloacina.tenant={tenant_label('acme')}"
+    )
+    off.reconcile(tenant, 2)  # once per namespace: no delete on every tick
+    assert len([c for c in api.requests if c.method == "DELETE"]) == 1
+    # a disabled tenant's namespace is cleared too
+    Tenant.objects.filter(pk=other_tenant.pk).update(is_active=False)
+    reconcile_all(off)
+    assert api.get("networkpolicies", other_ns, "cloacina-agent") is None
 
 
 def test_an_idle_tenant_gets_no_namespace(api, actuator, tenant):

@@ -51,6 +51,7 @@ class World:
     b_snapshot: dict = field(default_factory=dict)
     b_build: object = None
     b_pool: object = None
+    b_schedule: object = None
 
     def api(self, role: str) -> Client:
         return Client(HTTP_AUTHORIZATION=f"Bearer {self.keys[role]}")
@@ -68,6 +69,7 @@ class World:
             str(self.b_execution.pk),
             str(self.b_agent.pk),
             str(self.b_build.pk),
+            str(self.b_schedule.pk),
             GLOBEX_AGENT,
         ]
 
@@ -90,6 +92,7 @@ def world(transactional_db) -> World:
         TaskExecution,
         TenantMembership,
     )
+    from fleet.schedules.service import ScheduleSpec, create_schedule
     from tests.support.agents import make_agent
     from tests.support.factories import make_tenant, start
 
@@ -129,6 +132,7 @@ def world(transactional_db) -> World:
             "task": str(uuid.uuid4()),
             "build": str(uuid.uuid4()),
             "pool": "no-such-pool",
+            "schedule": str(uuid.uuid4()),
         },
     )  # fmt: skip
     # B's GPU pool: A may have a pool of the same name, and never sees or moves B's.
@@ -138,6 +142,9 @@ def world(transactional_db) -> World:
         version=b_package.version, target_triple="aarch64-unknown-linux-gnu", state="failed",
         detail="globex build detail", error_kind="invalid",
     )  # fmt: skip
+    world.b_schedule = create_schedule(
+        b, ScheduleSpec(b_package.workflow_name, "*/5 * * * *", context={"owner": "globex"})
+    )
     world.b_snapshot = snapshot_of_b(world)
     return world
 
@@ -174,7 +181,15 @@ def snapshot_of_b(world: World) -> dict:
     """Everything of B an endpoint could change."""
     from agents.models import Agent
     from artifacts.models import BuildJob, WorkflowPackage
-    from fleet.models import AgentPool, DeliveryOutbox, TaskExecution, Tenant, WorkflowExecution
+    from fleet.models import (
+        AgentPool,
+        DeliveryOutbox,
+        Schedule,
+        ScheduleFire,
+        TaskExecution,
+        Tenant,
+        WorkflowExecution,
+    )
 
     b = world.b.pk
     return {
@@ -186,6 +201,8 @@ def snapshot_of_b(world: World) -> dict:
         "agents": list(Agent.objects.filter(tenant=b).order_by("id").values()),
         "outbox": list(DeliveryOutbox.objects.filter(tenant=b).values()),
         "builds": list(BuildJob.objects.filter(tenant=b).values()),
+        "schedules": list(Schedule.objects.filter(tenant=b).values()),
+        "fires": list(ScheduleFire.objects.filter(schedule__tenant=b).values()),
     }
 
 
@@ -216,6 +233,7 @@ def _refused_like_missing(role: str, method: str, template: str, body=None, mult
             "digest": world.b_package.digest,
             "build": world.b_build.pk,
             "pool": world.b_pool.name,
+            "schedule": world.b_schedule.pk,
         }
         missing = {**world.missing, "version": "9.9.9"}
         client = world.api(role)
@@ -438,6 +456,25 @@ def console_pool(action: str):
     return case
 
 
+def console_schedule(template: str, method: str = "POST"):
+    """B's schedule through B's tenant name, and through A's own: refused like a missing one."""
+
+    def case(world: World) -> None:
+        client = world.console()
+        b_id, missing_id = world.b_schedule.pk, world.missing["schedule"]
+        for own, other in ((world.b.name, world.missing["tenant"]), (world.a.name, world.a.name)):
+            answers = [
+                getattr(client, method.lower())(
+                    template.format(name=name, id=i), HTTP_HX_REQUEST="true"
+                )
+                for name, i in ((own, b_id), (other, missing_id))
+            ]
+            same_as_missing(*answers, [b_id, world.b.name], [missing_id, world.missing["tenant"]])
+        b_unchanged(world)
+
+    return case
+
+
 def console_create_pool(world: World) -> None:
     """A's writer creates a pool named like B's: its own, B's unchanged; B's tenant: 404."""
     client = world.console()
@@ -500,6 +537,17 @@ CASES: dict[str, Callable[[World], None]] = {
     "api-v1:cancel_execution": _refused_like_missing(
         "write", "POST", "/executions/{execution}/cancel"
     ),
+    "api-v1:create_schedule": _lists_nothing_of_b(
+        "write", "POST", "/schedules", {"workflow": "etl-demo", "cron": "* * * * *"}
+    ),
+    "api-v1:list_schedules": _lists_nothing_of_b("read", "GET", "/schedules"),
+    "api-v1:get_schedule": _refused_like_missing("read", "GET", "/schedules/{schedule}"),
+    "api-v1:update_schedule": _refused_like_missing(
+        "write", "PATCH", "/schedules/{schedule}", lambda w: {"enabled": False}
+    ),
+    "api-v1:delete_schedule": _refused_like_missing("write", "DELETE", "/schedules/{schedule}"),
+    "api-v1:run_schedule": _refused_like_missing("write", "POST", "/schedules/{schedule}/run"),
+    "api-v1:list_fires": _refused_like_missing("read", "GET", "/schedules/{schedule}/fires"),
     "api-v1:get_fleet": _lists_nothing_of_b("read", "GET", "/fleet"),
     "api-v1:provision": _lists_nothing_of_b("write", "POST", "/fleet/provision"),
     "api-v1:deprovision": _lists_nothing_of_b("write", "POST", "/fleet/deprovision"),
@@ -547,6 +595,11 @@ CASES: dict[str, Callable[[World], None]] = {
     "console:deprovision_pool": console_pool("deprovision"),
     "console:edit_pool": console_pool("edit"),
     "console:delete_pool": console_pool("delete"),
+    "console:schedules": console_tenant("/console/tenants/{name}/schedules/"),
+    "console:schedules_table": console_tenant("/console/tenants/{name}/schedules/partials/table/"),
+    "console:pause_schedule": console_schedule("/console/tenants/{name}/schedules/{id}/pause/"),
+    "console:resume_schedule": console_schedule("/console/tenants/{name}/schedules/{id}/resume/"),
+    "console:run_schedule": console_schedule("/console/tenants/{name}/schedules/{id}/run/"),
     "console:evictions": console_list("/console/evictions/"),
     "console:evictions_table": console_list("/console/evictions/partials/table/"),
     "console:outbox": console_list("/console/outbox/"),

@@ -33,7 +33,7 @@ def f(ctx):
 
 
 def dispatcher_for(tmp_path, workers: int = 2) -> Dispatcher:
-    dispatcher = Dispatcher()
+    dispatcher = Dispatcher(claimer="loop-test")
     dispatcher.register_executor(
         "default", InProcessExecutor(workers=workers, claimer="loop-test", cache_root=tmp_path)
     )

@@ -29,6 +29,8 @@ __all__ = [
     "HX",
     "PASSWORD",
     "with_password",
+    "tenant_admin_form",
+    "NO_MEMBERSHIPS",
 ]
 
 HX = {"HTTP_HX_REQUEST": "true"}  # what htmx sends with every request
@@ -146,3 +148,31 @@ def make_outbox_row(task, agent, state: str = "pending", age_s: float = 0, assig
         updated_at=created,
         delivered_at=created if state != "pending" else None,
     )
+
+
+# The management form of the Tenant admin's (empty) membership inline.
+NO_MEMBERSHIPS = {
+    "memberships-TOTAL_FORMS": "0",
+    "memberships-INITIAL_FORMS": "0",
+    "memberships-MIN_NUM_FORMS": "0",
+    "memberships-MAX_NUM_FORMS": "1000",
+}
+
+
+def tenant_admin_form(tenant, **changes) -> dict:
+    """The Django admin's Tenant change form as posted with ``tenant``'s values, then ``changes``."""
+    data = {
+        "is_active": "on" if tenant.is_active else "",
+        "max_agents_override": ""
+        if tenant.max_agents_override is None
+        else tenant.max_agents_override,
+        "desired_count": tenant.desired_count,
+        "max_backlog": tenant.max_backlog,
+        "storage_quota_bytes": ""
+        if tenant.storage_quota_bytes is None
+        else tenant.storage_quota_bytes,
+        "reason": "",
+        **NO_MEMBERSHIPS,
+    }
+    data.update(changes)
+    return data

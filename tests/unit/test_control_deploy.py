@@ -106,6 +106,7 @@ def test_the_cluster_role_grants_what_the_actuator_calls():
         ("networking.k8s.io", "networkpolicies", "get"),
         ("networking.k8s.io", "networkpolicies", "create"),
         ("networking.k8s.io", "networkpolicies", "update"),
+        ("networking.k8s.io", "networkpolicies", "deletecollection"),
     }  # fmt: skip
     assert grants == needed  # exactly: nothing missing, nothing extra
 
@@ -124,8 +125,19 @@ def test_the_server_pod_is_hardened_and_uses_the_service_account():
 
 def test_the_dockerfile_builds_a_non_root_image_running_serve():
     text = (REPO / "Dockerfile").read_text()
-    assert re.search(r"^FROM python:3\.11-slim$", text, re.M)
+    # The base is a build argument (scripts/build-agent-image passes a local Debian one);
+    # users get python:3.11-slim.
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim$", text, re.M)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
     assert re.search(r"^USER 10001:10001$", text, re.M)
     assert 'ENTRYPOINT ["python", "manage.py"]' in text
     assert 'CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]' in text
     assert "pip install -r requirements.txt" in text
+
+
+def test_the_dockerfile_leaves_the_pip_ca_secret_out_of_the_image():
+    text = (REPO / "Dockerfile").read_text()
+    # a BuildKit secret mount on the pip step only: never COPY'd, never an ENV or ARG
+    assert "--mount=type=secret,id=pip_ca" in text
+    assert "PIP_CERT=/run/secrets/pip_ca" in text
+    assert not re.search(r"^(ENV|ARG|COPY).*pip_ca", text, re.M)

@@ -14,6 +14,8 @@ from kubernetes import client as k8s
 
 from fleet.control.actuators import kubernetes_manifests as m
 from fleet.control.actuators.naming import tenant_label, tenant_namespace
+from fleet.control.actuators.settings import load_control_settings
+from fleet.platform.config import ConfigError
 from tests.support.fakes.kubernetes_api import SETTINGS
 
 MODELS = {
@@ -113,7 +115,7 @@ def test_a_named_pools_objects_match_the_schema_and_never_overlap_the_default_po
     for obj in (
         m.render_secret(ns, label, "clk_x_y", "x", "gpu"),
         dep,
-        m.render_network_policy(ns, label, server, "gpu"),
+        m.render_network_policy(ns, label, server, pool="gpu"),
     ):
         assert schema_round_trip(obj) == obj, obj["kind"]
     assert dep["metadata"]["name"] == "cloacina-agent-gpu"
@@ -132,3 +134,19 @@ def test_a_named_pools_objects_match_the_schema_and_never_overlap_the_default_po
     }
     secret_ref = container["env"][1]["valueFrom"]["secretKeyRef"]
     assert secret_ref["name"] == "cloacina-agent-key-gpu"
+
+
+def test_a_policy_with_dns_but_no_selector_is_a_boot_error(tmp_path):
+    # An empty variable means "unset" (the default applies); config.toml can say "" though.
+    env = {"CLOACINA_HOME": str(tmp_path)}
+    assert load_control_settings(env | {"CLOACINA_CLUSTER_DNS_POD_LABELS": ""}).cluster_dns() == (
+        "kube-system",
+        {"k8s-app": "kube-dns"},
+    )
+    (tmp_path / "config.toml").write_text('[server]\ncluster_dns_pod_labels = ""\n')
+    with pytest.raises(ConfigError, match="CLOACINA_CLUSTER_DNS_POD_LABELS"):
+        load_control_settings(env)
+    off = load_control_settings(env | {"CLOACINA_FLEET_NETWORK_POLICY": "false"})
+    assert off.network_policy is False  # no policy, no DNS selector needed
+    with pytest.raises(ConfigError, match="k=v pairs"):
+        load_control_settings(env | {"CLOACINA_CLUSTER_DNS_POD_LABELS": "kube-dns"})

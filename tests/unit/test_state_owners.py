@@ -6,6 +6,12 @@
 * ``in_flight`` is written (``in_flight =`` / ``+`` / ``-`` in SQL, or an ORM
   ``update(in_flight=…)``) only by the slots owner.
 
+* a tenant's limits (``desired_count``, ``max_agents_override``, ``max_backlog``,
+  ``is_active``, ``storage_quota_bytes``) — only the control plane's limits module
+  (fleet/control/limits.py), plus the autoscaler's guarded step and ``createtenant``'s
+  seed, which audit through it; ``FleetChange`` rows are written only by limits.py and
+  ``createtenant`` (issue 15 item 7: every limit change is audited, whoever makes it).
+
 Strings are read with ``ast`` (comments never count); docstrings are prose, not SQL, and
 the models' ``db_table`` declarations and migrations are where the tables are defined.
 Everyone else reads through the ORM, a function of an owner, or the fragments an owner
@@ -74,6 +80,15 @@ def _at(line: int, text: str, start: int) -> int:
     return line + text.count("\n", 0, start)
 
 
+def _sql_hits(path: str, tree: ast.Module, pattern: re.Pattern[str]) -> list[str]:
+    """``path:line: 'match'`` for every match of ``pattern`` in the module's strings."""
+    return [
+        f"{path}:{_at(line, text, match.start())}: {match.group(0)!r}"
+        for line, text in _strings(tree)
+        for match in pattern.finditer(text)
+    ]
+
+
 def _slot_keywords(tree: ast.Module) -> Iterator[int]:
     """Lines of ORM writes of the slot counter: ``….update(in_flight=…)``."""
     for node in ast.walk(tree):
@@ -84,6 +99,76 @@ def _slot_keywords(tree: ast.Module) -> Iterator[int]:
         ):
             if any(k.arg == "in_flight" for k in node.keywords):
                 yield node.lineno
+
+
+LIMITS_OWNER = "fleet/control/limits.py"
+LIMIT_WRITERS = {
+    LIMITS_OWNER,
+    "fleet/control/autoscaler.py",
+    "fleet/management/commands/createtenant.py",
+}
+AUDIT_WRITERS = {LIMITS_OWNER, "fleet/management/commands/createtenant.py"}
+LIMIT_COLUMNS = {
+    "desired_count",
+    "max_agents_override",
+    "max_backlog",
+    "is_active",
+    "storage_quota_bytes",
+}
+TENANT_UPDATE = re.compile(r"\bUPDATE\s+fleet_tenant\b", re.IGNORECASE)
+
+
+def _string_items(node: ast.AST) -> set[str]:
+    """The string constants of a list/tuple/set literal (``update_fields=[...]``)."""
+    if isinstance(node, ast.List | ast.Tuple | ast.Set):
+        return {e.value for e in node.elts if isinstance(e, ast.Constant)}
+    return set()
+
+
+def _limit_writes(tree: ast.Module) -> Iterator[tuple[int, str]]:
+    """ORM writes of a limit column: ``update(col=…)`` or ``save(update_fields=[col])``."""
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if node.func.attr in {"update", "update_or_create"}:
+            for k in node.keywords:
+                if k.arg in LIMIT_COLUMNS:
+                    yield node.lineno, f"update({k.arg}=…)"
+        if node.func.attr == "save":
+            for k in node.keywords:
+                if k.arg == "update_fields" and _string_items(k.value) & LIMIT_COLUMNS:
+                    yield node.lineno, "save(update_fields=[…limit…])"
+
+
+def _audit_writes(tree: ast.Module) -> Iterator[int]:
+    """Lines that make FleetChange rows: ``FleetChange(…)`` or ``FleetChange.objects.create``."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "FleetChange":
+            yield node.lineno
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr in {"create", "bulk_create", "get_or_create", "update_or_create"}
+            and isinstance(func.value, ast.Attribute)
+            and isinstance(func.value.value, ast.Name)
+            and func.value.value.id == "FleetChange"
+        ):
+            yield node.lineno
+
+
+def limit_write_violations() -> list[str]:
+    found = []
+    for path, tree in _sources():
+        if path in LIMIT_WRITERS:
+            continue
+        found += _sql_hits(path, tree, TENANT_UPDATE)
+        found += [f"{path}:{line}: {what}" for line, what in _limit_writes(tree)]
+    for path, tree in _sources():
+        if path not in AUDIT_WRITERS:
+            found += [f"{path}:{line}: a FleetChange row" for line in _audit_writes(tree)]
+    return found
 
 
 def table_violations() -> list[str]:
@@ -101,9 +186,7 @@ def slot_write_violations() -> list[str]:
     for path, tree in _sources():
         if path == SLOTS_OWNER:
             continue
-        for line, text in _strings(tree):
-            for match in SLOT_WRITE.finditer(text):
-                found.append(f"{path}:{_at(line, text, match.start())}: {match.group(0)!r}")
+        found += _sql_hits(path, tree, SLOT_WRITE)
         found += [f"{path}:{line}: update(in_flight=…)" for line in _slot_keywords(tree)]
     return found
 
@@ -133,3 +216,23 @@ def test_the_scan_sees_the_owners_own_sql():
     }
     assert "delivery_outbox" in owned[SLOTS_OWNER]
     assert "agents_agent" in owned[LIFECYCLE_OWNER]
+
+
+def test_only_the_limits_owner_writes_a_tenants_limits_and_their_audit():
+    violations = limit_write_violations()
+    assert not violations, (
+        f"{len(violations)} write(s) of a tenant's limits or of the audit outside "
+        f"{LIMITS_OWNER} — call limits.provision/deprovision/set_fleet_overrides/"
+        "set_tenant_limits, which audit every change:\n" + "\n".join(violations)
+    )
+
+
+def test_the_limit_scan_sees_the_owners_own_writes():
+    # Guards the scanner: the owners' own writes are what it would flag elsewhere.
+    trees = dict(_sources())
+    limits_tree = trees[LIMITS_OWNER]
+    assert any(TENANT_UPDATE.search(text) for _, text in _strings(limits_tree))
+    assert [what for _, what in _limit_writes(limits_tree)]
+    assert list(_audit_writes(limits_tree))
+    assert list(_audit_writes(trees["fleet/management/commands/createtenant.py"]))
+    assert [what for _, what in _limit_writes(ast.parse("Tenant.objects.update(max_backlog=1)"))]

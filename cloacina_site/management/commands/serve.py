@@ -25,6 +25,7 @@ from artifacts.builds.runner import BuildRunner
 from cloacina_site.daphne_limits import apply_daphne_limits
 from cloacina_site.tls import PLAINTEXT_WARNING, ServerTLS, daphne_endpoint, server_tls
 from cloacina_site.web_security import apply_tls_settings
+from fleet.api import metrics as executor_metrics
 from fleet.control import jobs as control
 from fleet.control import limits, substrate
 from fleet.engine import leader, recovery, server_registry
@@ -37,6 +38,7 @@ from fleet.executors.registry import build_dispatcher
 from fleet.platform.config import Config, ConfigError, apply_overrides, parse_flag
 from fleet.platform.isolation import current_warning
 from fleet.platform.schema import migrate_with_lock
+from fleet.schedules import firing as schedule_firing
 
 log = logging.getLogger("cloacina.serve")
 
@@ -55,7 +57,7 @@ class Command(BaseCommand):
             "--default-executor",
             dest="default_executor",
             default=None,
-            help="executor key every task goes to (default | fleet)",
+            help="executor key every task goes to (default | fleet | a key of [executors])",
         )
         parser.add_argument(
             "--actuator", default=None, help=f"fleet actuator: {' | '.join(substrate.ACTUATORS)}"
@@ -92,8 +94,9 @@ class Command(BaseCommand):
         instance_id = server_registry.new_instance_id()
         try:
             dispatcher = build_dispatcher(config, claimer=instance_id)
-        except (ExecutorNotFound, TaskUserError) as exc:
+        except (ExecutorNotFound, TaskUserError, ConfigError) as exc:
             raise CommandError(str(exc), returncode=EXIT_CONFIG) from None
+        executor_metrics.watch_executors(dispatcher)  # every registered one, on /metrics
         try:
             # The actuator's substrate guard: a missing Docker daemon, cluster, … stops the boot.
             control.build_actuator(config)
@@ -262,6 +265,7 @@ class ServeProcess:
             ),
             *recovery.recovery_jobs(),
             *control.control_plane_jobs(self.config),
+            *schedule_firing.schedule_jobs(self.config.schedule_tick_s),
             *(self.builds.periodic_jobs() if self.builds is not None else []),
             *executor_jobs,
         ]

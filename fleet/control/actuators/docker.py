@@ -262,8 +262,9 @@ class DockerActuator(Actuator):
             cap_drop=["ALL"],
             security_opt=["no-new-privileges:true"],
             stop_signal="SIGTERM",
+            **s.container_resources(),
         )
-        if s.docker_network:
+        if s.docker_network:  # e.g. "host": agents reach a `serve` on this machine's 127.0.0.1
             kwargs["network"] = s.docker_network
         kwargs.update(container_resources(spec))
         try:

@@ -78,6 +78,7 @@ class KubernetesActuator(Actuator):
         self.net = k8s.NetworkingV1Api(api_client)
         self.own_namespace = own_namespace
         self._policy_warned: set[str] = set()
+        self._policies_removed: set[str] = set()  # namespaces cleared with the toggle off
 
     def describe(self) -> str:
         return (
@@ -239,6 +240,8 @@ class KubernetesActuator(Actuator):
             except ApiException as exc:
                 if not _missing(exc):
                     raise
+        if not self.settings.network_policy:
+            self._remove_network_policies(ns, label)  # a disabled tenant's too
         revoke_keys(
             set(
                 ApiKey.objects.filter(
@@ -297,6 +300,7 @@ class KubernetesActuator(Actuator):
 
     def _ensure_network_policy(self, ns: str, label: str, pool: str = DEFAULT_POOL) -> None:
         if not self.settings.network_policy:
+            self._remove_network_policies(ns, label)
             return
         server = m.server_coordinates(self.settings, self.own_namespace)
         if server is None:
@@ -309,7 +313,7 @@ class KubernetesActuator(Actuator):
                     ns,
                 )
             return
-        body = m.render_network_policy(ns, label, server, pool)
+        body = m.render_network_policy(ns, label, server, self.settings.cluster_dns(), pool=pool)
         name = m.deployment_name(pool)
         try:
             existing = self.net.read_namespaced_network_policy(name, ns)
@@ -320,6 +324,23 @@ class KubernetesActuator(Actuator):
             return
         if self.api_client.sanitize_for_serialization(existing.spec) != body["spec"]:
             self.net.replace_namespaced_network_policy(name, ns, body, field_validation=STRICT)
+
+    def _remove_network_policies(self, ns: str, label: str) -> None:
+        """The toggle is off: delete the policies an earlier run installed (once per namespace).
+
+        Label-selected, so it removes exactly what this actuator made, under any name; the
+        setting is read at boot, so one successful delete per namespace per process suffices.
+        """
+        if ns in self._policies_removed:
+            return
+        try:
+            self.net.delete_collection_namespaced_network_policy(
+                ns, label_selector=f"{m.MANAGED_LABEL}=true,{m.TENANT_LABEL}={label}"
+            )
+        except ApiException as exc:
+            if not _missing(exc):
+                raise
+        self._policies_removed.add(ns)
 
 
 def secret_token(secret_body: dict) -> str:

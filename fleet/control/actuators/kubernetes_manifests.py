@@ -204,14 +204,29 @@ def server_coordinates(
     return namespace, labels, port
 
 
+def _pods_in(namespace: str, labels: dict[str, str]) -> dict:
+    """A NetworkPolicy peer: the pods with ``labels`` in the namespace named ``namespace``."""
+    return {
+        # Kubernetes labels every namespace with its own name (since 1.21).
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        "podSelector": {"matchLabels": dict(labels)},
+    }
+
+
 def render_network_policy(
     namespace: str,
     label: str,
     server: tuple[str, dict[str, str], int],
+    dns: tuple[str, dict[str, str]] | None = None,
     pool: str = DEFAULT_POOL,
 ) -> dict:
-    """Deny all ingress; egress only to DNS (53 UDP+TCP) and the server pods on the server
-    port.  One per pool (its pods' app label), named like the pool's Deployment."""
+    """Deny all ingress; egress only to the cluster DNS pods (53 UDP+TCP) and the server pods.
+
+    ``dns`` is (namespace, pod labels) of the cluster DNS, by default kube-system's
+    ``k8s-app=kube-dns`` pods: port 53 anywhere else would be an open tunnel out.  One
+    policy per pool (its pods' app label), named like the pool's Deployment.
+    """
+    dns_ns, dns_labels = dns or ControlSettings().cluster_dns()
     server_ns, server_labels, server_port = server
     name = deployment_name(pool)
     return {
@@ -227,16 +242,12 @@ def render_network_policy(
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [],
             "egress": [
-                {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
                 {
-                    "to": [
-                        {
-                            "namespaceSelector": {
-                                "matchLabels": {"kubernetes.io/metadata.name": server_ns}
-                            },
-                            "podSelector": {"matchLabels": dict(server_labels)},
-                        }
-                    ],
+                    "to": [_pods_in(dns_ns, dns_labels)],
+                    "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+                },
+                {
+                    "to": [_pods_in(server_ns, server_labels)],
                     "ports": [{"protocol": "TCP", "port": server_port}],
                 },
             ],

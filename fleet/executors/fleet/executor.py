@@ -66,9 +66,13 @@ CAPACITY_PROBE_S = 0.1  # how stale has_capacity's view of free agent slots may 
 PRUNE_INTERVAL_S = 60.0
 PLACE_BATCH = 128  # most tasks placed in one transaction
 
+# Free slots, and slots in all (the executor's capacity on /metrics), on the agents that
+# can take work now: one probe answers both.
 _FREE_SLOTS = f"""
-SELECT coalesce(sum({ledger.free_slots("a")}), 0) FROM {ledger.AGENTS} a
-WHERE a.state = 'live' AND a.connected_to <> '' AND {ledger.has_free_slot("a")}
+SELECT coalesce(sum({ledger.free_slots("a")}) FILTER (WHERE {ledger.has_free_slot("a")}), 0),
+       coalesce(sum(a.max_concurrency), 0)
+FROM {ledger.AGENTS} a
+WHERE a.state = 'live' AND a.connected_to <> ''
   AND a.last_heartbeat > now() - make_interval(secs => %s)
 """
 
@@ -84,6 +88,7 @@ class CapacityEstimate:
         self.probed: int | None = None
         self.delta = 0
         self.claiming = 0
+        self.total = 0  # slots in all on those agents, at the last probe (for metrics)
 
     def available(self) -> int:
         if self.probed is None:
@@ -114,6 +119,7 @@ class FleetExecutor(TaskExecutor):
         self._grace_until = 0.0
         self._active = 0
         self._stats = {"completed": 0, "failed": 0, "requeued": 0, "dispatched": 0}
+        self._run_seconds = 0.0  # placement to outcome, summed over the finished runs
 
     # -- lifecycle ------------------------------------------------------------------
     async def start(self) -> None:
@@ -176,8 +182,9 @@ class FleetExecutor(TaskExecutor):
         before = self.capacity.delta
         was_available = self.capacity.available()
         cursor = await conn.execute(_FREE_SLOTS, [self.config.liveness_window_s])
-        (free,) = await cursor.fetchone()
+        free, total = await cursor.fetchone()
         self.capacity.probed = int(free)
+        self.capacity.total = int(total)
         self.capacity.delta -= before
         if self.capacity.available() > max(was_available, 0):
             self.capacity_freed()  # new agents, or slots freed by another process
@@ -187,11 +194,16 @@ class FleetExecutor(TaskExecutor):
         return self.capacity.available() > 0
 
     def metrics(self) -> ExecutorMetrics:
+        """This process's runs (active: placed and awaiting their outcome; executed, failed,
+        their mean time from placement to outcome) and the fleet's capacity: the slots of
+        the live, connected agents at the last capacity probe (no query per scrape)."""
+        executed = self._stats["completed"] + self._stats["failed"]
         return ExecutorMetrics(
             active_tasks=self._active,
-            max_concurrent=max(self.capacity.available(), 0) + self._active,
-            total_executed=self._stats["completed"] + self._stats["failed"],
+            max_concurrent=self.capacity.total,
+            total_executed=executed,
             total_failed=self._stats["failed"],
+            avg_duration_ms=self._run_seconds / executed * 1000.0 if executed else 0.0,
             extra={
                 "requeued": self._stats["requeued"],
                 "dispatched": self._stats["dispatched"],
@@ -237,11 +249,14 @@ class FleetExecutor(TaskExecutor):
             self._active -= 1
             self.capacity.delta += 1
             self.capacity_freed()
+        duration_s = time.monotonic() - started
         if status == ExecutionStatus.COMPLETED:
             self._stats["completed"] += 1
-        elif status == ExecutionStatus.FAILED:
-            self._stats["failed"] += 1
-        return ExecutionResult(task_execution_id, status, duration_s=time.monotonic() - started)
+        elif status in (ExecutionStatus.FAILED, ExecutionStatus.RETRY):
+            self._stats["failed"] += 1  # a failed attempt, retried or not
+        if status in (ExecutionStatus.COMPLETED, ExecutionStatus.FAILED, ExecutionStatus.RETRY):
+            self._run_seconds += duration_s
+        return ExecutionResult(task_execution_id, status, duration_s=duration_s)
 
     async def _place(self, task_execution_id: uuid.UUID) -> Placed | NoAgent | NotClaimed:
         if self._placer is None:  # not started (tests driving execute directly)

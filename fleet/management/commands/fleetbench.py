@@ -1,8 +1,10 @@
-"""`manage.py fleetbench [--agents N] [--tasks N] [--executor default|fleet]`.
+"""`manage.py fleetbench [--agents N] [--tasks N] [--executor default|fleet] [--schedules N]`.
 
 Runs a real server against a database of its own (``cloacina_bench``, flushed
 on every run), submits no-op tasks over the REST API and prints throughput and
-Ready→started latency percentiles measured from the database rows.
+Ready→started latency percentiles measured from the database rows.  ``--schedules N``
+instead makes N cron schedules due in the same second and prints how long the server
+took to start them all (fleet/bench/schedules.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from fleet.bench.database import use_bench_database
 from fleet.bench.default import run_default_bench
+from fleet.bench.schedules import run_schedule_bench
 from fleet.platform.config import get_config
 
 
@@ -36,6 +39,12 @@ class Command(BaseCommand):
             default=300.0,
             help="tasks/s offered in the paced phase (default executor; 0 skips it)",
         )
+        parser.add_argument(
+            "--schedules",
+            type=int,
+            default=0,
+            help="instead: N cron schedules due in one second; time until all started",
+        )
 
     def handle(self, *args, **options) -> None:
         for name in ("tasks", "width", "agents"):
@@ -45,11 +54,15 @@ class Command(BaseCommand):
             raise CommandError("--idle-samples must be >= 0")
         if options["paced_rate"] < 0:
             raise CommandError(f"--paced-rate must be >= 0, got {options['paced_rate']:g}")
+        if options["schedules"] < 0:
+            raise CommandError(f"--schedules must be >= 0, got {options['schedules']}")
         workers = options["workers"] or get_config().worker_processes
         url = use_bench_database()
         logging.getLogger("httpx").setLevel(logging.WARNING)
         self.stderr.write(f"fleetbench: using database {url.split('?')[0]} (flushed)")
-        if options["executor"] == "fleet":
+        if options["schedules"]:
+            result = run_schedule_bench(url, options["schedules"], workers)
+        elif options["executor"] == "fleet":
             result = self._fleet(url, options, workers)
         else:
             result = run_default_bench(

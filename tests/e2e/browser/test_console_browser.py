@@ -58,6 +58,32 @@ def test_provision_from_the_overview_updates_without_a_reload(
     ]
 
 
+def test_a_reason_typed_on_the_tenant_page_survives_polling_and_is_audited(
+    page, live_server, writer_user, tenant
+):
+    login(page, live_server, with_password(writer_user).username, PASSWORD)
+    page.goto(f"{live_server.url}/console/tenants/acme/")
+    _no_reload_marker(page)
+    reason = page.locator("#scale-reason-acme")
+    reason.fill("load test at 9")
+    # Several polls of the fleet card go by (0.5 s here); the text being typed stays.
+    with page.expect_response(lambda r: "/partials/fleet/" in r.url):
+        pass
+    with page.expect_response(lambda r: "/partials/fleet/" in r.url):
+        pass
+    expect(reason).to_have_value("load test at 9")
+    reason.press("Enter")  # the form's default button is disabled: Enter never scales
+    page.locator("#tenant-fleet button[name=provision]").click()
+    expect(page.locator("#flash")).to_contain_text("acme: desired_count 0 → 1")
+    expect(page.locator("#tenant-changes")).to_contain_text(
+        "manual: load test at 9", timeout=LIVE_UPDATE_S * 1000
+    )
+    _assert_not_reloaded(page)
+    assert list(FleetChange.objects.values_list("new_value", "actor", "note")) == [
+        (1, "console:wendy", "load test at 9")
+    ]
+
+
 def test_a_change_made_elsewhere_shows_up_live(page, live_server, admin_user, tenant):
     login(page, live_server, with_password(admin_user).username, PASSWORD)
     _no_reload_marker(page)

@@ -71,9 +71,40 @@ def test_the_console_works_under_the_policy(watched, live_server, admin_user, te
     page.locator("#tenant-row-acme button[name=provision]").click()  # an htmx POST
     expect(desired).to_have_text("1", timeout=5000)  # and the live partial it refreshes
     expect(page.locator("#flash")).to_contain_text("desired_count 0 → 1")
-    for path in ("executions/", "evictions/", "outbox/", "tenants/acme/"):
+    for path in (
+        "executions/",
+        "evictions/",
+        "outbox/",
+        "tenants/acme/",
+        "tenants/acme/schedules/",
+    ):
         _goto(page, f"{live_server.url}/console/{path}")
     page.wait_for_timeout(1200)  # a couple of live polls on the last page
+    _clean(page)
+
+
+def test_the_schedules_page_pauses_and_runs_under_the_policy(
+    watched, live_server, admin_user, tenant
+):
+    from fleet.models import ScheduleFire
+    from fleet.schedules.service import ScheduleSpec, create_schedule
+    from tests.support.factories import make_package
+
+    make_package(
+        tenant, [{"id": "a", "function": "demo.steps:a"}], "def a(context):\n    return None\n"
+    )
+    schedule = create_schedule(tenant, ScheduleSpec("demo", "0 6 * * *", timezone="Asia/Tokyo"))
+    page = watched
+    _goto(page, f"{live_server.url}/console/login/")
+    login(page, live_server, with_password(admin_user).username, PASSWORD)
+    _goto(page, f"{live_server.url}/console/tenants/acme/schedules/")
+    expect(page.locator("#schedules")).to_contain_text("06:00:00 JST")
+    page.get_by_role("button", name=f"run schedule {str(schedule.pk)[:8]} now").click()
+    expect(page.locator("#flash")).to_contain_text("manual run")
+    expect(page.locator("#schedules")).to_contain_text("manual", timeout=5000)
+    page.get_by_role("button", name=f"pause schedule {str(schedule.pk)[:8]}").click()
+    expect(page.locator("#schedules")).to_contain_text("paused", timeout=5000)
+    assert ScheduleFire.objects.filter(schedule=schedule, outcome="manual").count() == 1
     _clean(page)
 
 

@@ -1,7 +1,8 @@
 """A fake Kubernetes API server: the paths and object shapes the `kubernetes` client calls.
 
 Namespaces, v1 Secrets and Pods, apps/v1 Deployments (incl. the scale
-subresource) and networking.k8s.io/v1 NetworkPolicies.  Namespaced objects
+subresource) and networking.k8s.io/v1 NetworkPolicies (incl. a label-selected
+deletecollection).  Namespaced objects
 need their namespace to exist (404 otherwise), names are unique (409), and a
 Deployment's pods are synthesised from its replicas.  Pods are not ready
 until the test says so (``set_ready``), like a slow cluster.
@@ -145,6 +146,10 @@ class FakeKubernetesApi(FakeHttpServer):
                 return Response(body=self._list(list_kind, api_version, items))
             if method == "POST":
                 return Response(201, self._create(kind, kind_name, api_version, ns, body))
+            if method == "DELETE":
+                return Response(
+                    body=self._delete_collection(kind, list_kind, api_version, ns, selector)
+                )
         key = (kind, ns, name)
         current = self.objects.get(key)
         if current is None:
@@ -210,6 +215,18 @@ class FakeKubernetesApi(FakeHttpServer):
             obj["status"] = {"observedGeneration": 1, "replicas": obj["spec"]["replicas"]}
         self.objects[(kind, ns, name)] = obj
         return obj
+
+    def _delete_collection(
+        self, kind: str, list_kind: str, api_version: str, ns: str, selector: str | None
+    ) -> dict:
+        """deletecollection: removes the matching objects and answers with them, as a list
+        (like the real API server; a namespace that does not exist simply has none)."""
+        doomed = [
+            key
+            for key, obj in self.objects.items()
+            if key[:2] == (kind, ns) and _matches(obj["metadata"].get("labels") or {}, selector)
+        ]
+        return self._list(list_kind, api_version, [self.objects.pop(key) for key in doomed])
 
     def _replace(self, kind: str, current: dict, body: dict) -> dict:
         obj = copy.deepcopy(body)

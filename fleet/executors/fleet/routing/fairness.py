@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from django.db import connection
 
+from artifacts.store.queries import active_package
 from fleet.models import TaskStatus, Tenant
 from fleet.platform.config import get_config
 
@@ -48,3 +49,12 @@ def backlog_refusal(tenant: Tenant, adding: int) -> str:
         f"tenant {tenant.name!r} has {current} unfinished task(s); this execution adds "
         f"{adding}, over {source} of {limit}: retry later"
     )
+
+
+def start_refusal(tenant: Tenant, workflow: str) -> str:
+    """Why starting an execution of ``workflow`` (the tenant's active package) must be refused
+    now ('' when it fits or the tenant has no limit): the API's 429, a schedule's run now."""
+    if not max_backlog(tenant)[0]:
+        return ""
+    package = active_package(tenant, workflow)
+    return backlog_refusal(tenant, len(package.task_names) if package else 0)

@@ -23,7 +23,7 @@ def give_every_tenant_a_default_pool(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("fleet", "0010_fleetchange_note"),
+        ("fleet", "0012_fleetchange_audits_every_limit"),
     ]
 
     operations = [
