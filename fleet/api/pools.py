@@ -43,13 +43,13 @@ def _quantity(pattern: str) -> dict:
 class PoolLabelsIn(Schema):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
 
-    tags: list[str] | None = Field(
-        None,
+    tags: list[str] = Field(
+        [],
         description="runagent --tags of its agents (pool:* is reserved)",
         json_schema_extra=_labels("^(?!pool:)" + pools.LABEL_PATTERN[1:]),
     )
-    capabilities: list[str] | None = Field(
-        None, description="runagent --capabilities", json_schema_extra=_labels(pools.LABEL_PATTERN)
+    capabilities: list[str] = Field(
+        [], description="runagent --capabilities", json_schema_extra=_labels(pools.LABEL_PATTERN)
     )
     max_concurrency: int | None = Field(
         None,
