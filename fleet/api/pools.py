@@ -7,10 +7,12 @@ effective limit (409 naming it), exactly like CONTRACT.md's ``/fleet/provision``
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from django.http import HttpRequest
 from ninja import Field, Router, Schema
 from ninja.responses import Status
-from pydantic import ConfigDict
+from pydantic import BeforeValidator, ConfigDict
 
 from fleet.api.fleet_status import ERRORS, actor_of
 from fleet.control import pools
@@ -40,6 +42,16 @@ def _quantity(pattern: str) -> dict:
     }
 
 
+def _whole_number(value: object) -> object:
+    """JSON has one number type: 2.0 is the integer 2 (JSON Schema agrees); true or "2" is not."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
+
+
 class PoolLabelsIn(Schema):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
 
@@ -51,7 +63,7 @@ class PoolLabelsIn(Schema):
     capabilities: list[str] = Field(
         [], description="runagent --capabilities", json_schema_extra=_labels(pools.LABEL_PATTERN)
     )
-    max_concurrency: int | None = Field(
+    max_concurrency: WholeNumber | None = Field(
         None,
         strict=True,
         description="slots per agent; null: CLOACINA_AGENT_MAX_CONCURRENCY",
@@ -72,7 +84,7 @@ class PoolLabelsIn(Schema):
         description="memory per agent (docker, kubernetes), e.g. 2Gi; empty or null: default",
         json_schema_extra=_quantity(pools.MEMORY_PATTERN),
     )
-    gpu: int = Field(
+    gpu: WholeNumber = Field(
         0,
         strict=True,
         description="GPUs per agent (docker, kubernetes)",

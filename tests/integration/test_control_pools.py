@@ -415,3 +415,13 @@ def test_without_an_actuator_an_idle_pool_does_not_hold_work(tenant):
     routed_package(tenant, tags=["gpu"])
     result, task = place_root(tenant)
     assert isinstance(result, Unroutable) and task.error_type == "NoMatchingAgent"
+
+
+@pytest.mark.parametrize(
+    ("value", "status", "stored"), [(2.0, 200, 2), (True, 422, 0), ("2", 422, 0), (2.5, 422, 0)]
+)
+def test_numbers_are_json_numbers(client, tenant, write_key, value, status, stored):
+    gpu_pool(client, write_key, gpu=0)
+    res = patch(client, "/gpu", write_key, {"gpu": value})
+    assert res.status_code == status, res.content
+    assert AgentPool.objects.get(tenant=tenant, name="gpu").gpu == stored
