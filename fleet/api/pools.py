@@ -14,7 +14,7 @@ from ninja import Field, Router, Schema
 from ninja.responses import Status
 from pydantic import BeforeValidator, ConfigDict
 
-from fleet.api.fleet_status import ERRORS, actor_of
+from fleet.api.fleet_status import ERRORS, REASON_BODY, REASON_FIELD, actor_of, reason_of
 from fleet.control import pools
 from fleet.executors.fleet import roster
 from fleet.models.pools import POOL_NAME_PATTERN
@@ -96,6 +96,7 @@ class PoolCreateIn(PoolLabelsIn):
     name: str = Field(
         ..., description="unique in the tenant", json_schema_extra={"pattern": POOL_NAME_PATTERN}
     )
+    reason: str = REASON_FIELD
 
 
 class PoolOut(Schema):
@@ -138,7 +139,7 @@ def _out(state: pools.PoolState) -> dict:
 
 def _given(body: PoolLabelsIn) -> dict:
     """The label fields the body names (an explicit null clears max_concurrency/cpu/memory)."""
-    given = body.model_fields_set - {"name"}
+    given = body.model_fields_set - {"name", "reason"}
     return {name: getattr(body, name) for name in given}
 
 
@@ -152,7 +153,9 @@ def list_pools(request: HttpRequest):
 @router.post("/fleet/pools", auth=write_auth, response={201: PoolOut, **ERRORS})
 def create_pool(request: HttpRequest, body: PoolCreateIn):
     """A new named pool with desired_count 0 (409 when the name is taken)."""
-    pool = pools.create_pool(request.tenant, actor_of(request), body.name, _given(body))
+    pool = pools.create_pool(
+        request.tenant, actor_of(request), body.name, _given(body), body.reason
+    )
     return Status(201, _out(pools.pool_state(request.tenant, pool.name)))
 
 
@@ -168,22 +171,38 @@ def update_pool(request: HttpRequest, pool: str, body: PoolLabelsIn):
     return _out(pools.pool_state(request.tenant, pool))
 
 
-@router.delete("/fleet/pools/{pool}", auth=write_auth, response={204: None, **ERRORS})
+@router.delete(
+    "/fleet/pools/{pool}",
+    auth=write_auth,
+    response={204: None, **ERRORS},
+    openapi_extra=REASON_BODY,
+)
 def delete_pool(request: HttpRequest, pool: str):
-    """Delete a named pool and stop its agents (409 for ``default``)."""
-    pools.delete_pool(request.tenant, pool, actor_of(request))
+    """Delete a named pool and stop its agents (409 for ``default``); optional ``reason``."""
+    pools.delete_pool(request.tenant, pool, actor_of(request), reason_of(request))
     return Status(204, None)
 
 
-@router.post("/fleet/pools/{pool}/provision", auth=write_auth, response={200: PoolOut, **ERRORS})
+@router.post(
+    "/fleet/pools/{pool}/provision",
+    auth=write_auth,
+    response={200: PoolOut, **ERRORS},
+    openapi_extra=REASON_BODY,
+)
 def provision_pool(request: HttpRequest, pool: str):
-    """The pool's desired_count + 1, the tenant total within the effective limit (409)."""
-    pools.provision_pool(request.tenant, pool, actor_of(request))
+    """The pool's desired_count + 1, the tenant total within the effective limit (409);
+    optional ``reason``."""
+    pools.provision_pool(request.tenant, pool, actor_of(request), reason_of(request))
     return _out(pools.pool_state(request.tenant, pool))
 
 
-@router.post("/fleet/pools/{pool}/deprovision", auth=write_auth, response={200: PoolOut, **ERRORS})
+@router.post(
+    "/fleet/pools/{pool}/deprovision",
+    auth=write_auth,
+    response={200: PoolOut, **ERRORS},
+    openapi_extra=REASON_BODY,
+)
 def deprovision_pool(request: HttpRequest, pool: str):
-    """The pool's desired_count − 1, down to 0 (409 at 0)."""
-    pools.deprovision_pool(request.tenant, pool, actor_of(request))
+    """The pool's desired_count − 1, down to 0 (409 at 0); optional ``reason``."""
+    pools.deprovision_pool(request.tenant, pool, actor_of(request), reason_of(request))
     return _out(pools.pool_state(request.tenant, pool))

@@ -46,7 +46,9 @@ def _form_labels(request: HttpRequest) -> dict[str, Any]:
 def _step(request: HttpRequest, name: str, pool: str, delta: int) -> HttpResponse:
     tenant = get_rw_tenant_for_user(request, name)
     try:
-        count = pools.step_pool(tenant, pool, delta, actor_of(request))
+        count = pools.step_pool(
+            tenant, pool, delta, actor_of(request), reason=request.POST.get("reason", "")
+        )
     except pools.FleetLimitError as exc:
         raise _refused(tenant, exc) from None
     return action_done(
@@ -71,7 +73,10 @@ def create_pool(request: HttpRequest, name: str) -> HttpResponse:
     tenant = get_rw_tenant_for_user(request, name)
     pool_name = request.POST.get("name", "").strip()
     try:
-        pools.create_pool(tenant, actor_of(request), pool_name, _form_labels(request))
+        pools.create_pool(
+            tenant, actor_of(request), pool_name, _form_labels(request),
+            request.POST.get("reason", ""),
+        )  # fmt: skip
     except pools.FleetLimitError as exc:
         raise _refused(tenant, exc) from None
     return action_done(
@@ -93,7 +98,7 @@ def edit_pool(request: HttpRequest, name: str, pool: str) -> HttpResponse:
 def delete_pool(request: HttpRequest, name: str, pool: str) -> HttpResponse:
     tenant = get_rw_tenant_for_user(request, name)
     try:
-        pools.delete_pool(tenant, pool, actor_of(request))
+        pools.delete_pool(tenant, pool, actor_of(request), request.POST.get("reason", ""))
     except pools.FleetLimitError as exc:
         raise _refused(tenant, exc) from None
     return action_done(request, f"{tenant.name}: pool {pool} deleted", back_url(request, tenant))

@@ -180,8 +180,16 @@ def pool_state(tenant: Tenant, name: str) -> PoolState:
 
 
 # -- changing labels -----------------------------------------------------------------
-def create_pool(tenant: Tenant, actor: str, name: object, fields: dict[str, Any]) -> AgentPool:
-    """A new named pool with desired_count 0 (409 when the name is taken)."""
+def _note(what: str, reason: str) -> str:
+    return "; ".join(filter(None, (what, reason)))
+
+
+def create_pool(
+    tenant: Tenant, actor: str, name: object, fields: dict[str, Any], reason: str = ""
+) -> AgentPool:
+    """A new named pool with desired_count 0 (409 when the name is taken); ``reason``, the
+    person's words, goes into the audit row's note."""
+    reason = limits.check_reason(reason)
     name = check_name(name)
     labels = check_labels(fields)
     ensure_default_pool(tenant)
@@ -194,7 +202,7 @@ def create_pool(tenant: Tenant, actor: str, name: object, fields: dict[str, Any]
             pool = AgentPool.objects.create(tenant=tenant, name=name, **labels)
             limits.record_change(
                 tenant.pk, limits.pool_field(name), None, 0, ChangeReason.MANUAL, actor,
-                note="pool created",
+                note=_note("pool created", reason),
             )  # fmt: skip
     except IntegrityError:  # created concurrently under the same name
         raise FleetLimitError(ErrorKind.CONFLICT, f"pool {name!r} already exists") from None
@@ -213,8 +221,9 @@ def update_pool(tenant: Tenant, name: str, fields: dict[str, Any]) -> AgentPool:
     return pool
 
 
-def delete_pool(tenant: Tenant, name: str, actor: str) -> None:
+def delete_pool(tenant: Tenant, name: str, actor: str, reason: str = "") -> None:
     """Delete a named pool; its agents go with it (the tenant total drops by its count)."""
+    reason = limits.check_reason(reason)
     if name == DEFAULT_POOL:
         raise FleetLimitError(ErrorKind.CONFLICT, "the default pool cannot be deleted")
     pool = get_pool(tenant, name)
@@ -226,11 +235,12 @@ def delete_pool(tenant: Tenant, name: str, actor: str) -> None:
         count = locked.desired_count
         if count:
             limits.move_pool_count(
-                tenant.pk, None, -count, actor, ChangeReason.MANUAL, f"pool {name!r} deleted"
-            )
+                tenant.pk, None, -count, actor, ChangeReason.MANUAL,
+                _note(f"pool {name!r} deleted", reason),
+            )  # fmt: skip
         limits.record_change(
             tenant.pk, limits.pool_field(name), count, None, ChangeReason.MANUAL, actor,
-            note="pool deleted",
+            note=_note("pool deleted", reason),
         )  # fmt: skip
         locked.delete()
 
@@ -250,21 +260,24 @@ def step_pool(
     name: str,
     delta: int,
     actor: str,
-    reason: str = ChangeReason.MANUAL,
+    kind: str = ChangeReason.MANUAL,
     expect: int | None = None,
+    reason: str = "",
 ) -> int:
     """A pool's desired_count ± 1 within its bounds; returns the pool's new count.
 
     Up: the tenant total (all pools) must stay within the effective limit.  Down: the pool
     must have an agent to give up.  The default pool moves the tenant total alone
     (CONTRACT.md's provision/deprovision).  ``expect``: the pool's count the caller saw
-    (the autoscaler's compare-and-set): a conflict when it moved meanwhile.
+    (the autoscaler's compare-and-set): a conflict when it moved meanwhile.  ``kind`` is the
+    audit's reason (manual, autoscaler), ``reason`` the person's words (the audit's note).
     """
     if delta not in (1, -1):
         raise ValueError(f"a pool moves by one agent at a time, not {delta}")
-    if name == DEFAULT_POOL and reason == ChangeReason.MANUAL and expect is None:
+    reason = limits.check_reason(reason)
+    if name == DEFAULT_POOL and kind == ChangeReason.MANUAL and expect is None:
         # Exactly CONTRACT.md's /fleet/provision and /fleet/deprovision (their messages too).
-        (limits.provision if delta > 0 else limits.deprovision)(tenant, actor)
+        (limits.provision if delta > 0 else limits.deprovision)(tenant, actor, reason)
         return pool_state(tenant, DEFAULT_POOL).desired_count
     pool = get_pool(tenant, name)
     with transaction.atomic():
@@ -294,15 +307,15 @@ def step_pool(
                 f"pool {name!r} desired_count is already 0; there is nothing to deprovision",
             )
         limits.move_pool_count(
-            tenant.pk, None if locked.is_default else locked.pk, delta, actor, reason
+            tenant.pk, None if locked.is_default else locked.pk, delta, actor, kind, reason
         )
         tenant.desired_count = current.desired_count + delta
         return count + delta
 
 
-def provision_pool(tenant: Tenant, name: str, actor: str) -> int:
-    return step_pool(tenant, name, +1, actor)
+def provision_pool(tenant: Tenant, name: str, actor: str, reason: str = "") -> int:
+    return step_pool(tenant, name, +1, actor, reason=reason)
 
 
-def deprovision_pool(tenant: Tenant, name: str, actor: str) -> int:
-    return step_pool(tenant, name, -1, actor)
+def deprovision_pool(tenant: Tenant, name: str, actor: str, reason: str = "") -> int:
+    return step_pool(tenant, name, -1, actor, reason=reason)

@@ -109,3 +109,13 @@ def test_the_admin_lists_creates_and_steps_pools_through_the_control_plane(admin
     assert (gpu.desired_count, tenant.desired_count) == (1, 1)
     change = FleetChange.objects.filter(tenant=tenant, field="pool:gpu").latest("id")
     assert change.actor == "admin:root" and change.new_value == 1
+
+
+def test_a_console_reason_lands_in_the_audit_note(writer_client, tenant):
+    pools.create_pool(tenant, "t", "gpu", {})
+    res = writer_client.post(
+        "/console/tenants/acme/pools/gpu/provision/", {"reason": "batch tonight"}, **HX
+    )
+    assert res.status_code == 204
+    change = FleetChange.objects.filter(tenant=tenant, field="pool:gpu").latest("id")
+    assert (change.new_value, change.note, change.actor) == (1, "batch tonight", "console:wendy")

@@ -425,3 +425,17 @@ def test_numbers_are_json_numbers(client, tenant, write_key, value, status, stor
     res = patch(client, "/gpu", write_key, {"gpu": value})
     assert res.status_code == status, res.content
     assert AgentPool.objects.get(tenant=tenant, name="gpu").gpu == stored
+
+
+def test_a_reason_given_lands_in_the_audit_note(client, tenant, write_key):
+    res = post(client, "", write_key, {"name": "gpu", "reason": "new GPU nodes"})
+    assert res.status_code == 201, res.content
+    res = post(client, "/gpu/provision", write_key, {"reason": "training run"})
+    assert res.status_code == 200, res.content
+    notes = dict(
+        FleetChange.objects.filter(tenant=tenant, field="pool:gpu").values_list("new_value", "note")
+    )
+    assert notes == {0: "pool created; new GPU nodes", 1: "training run"}
+    res = post(client, "/gpu/deprovision", write_key, {"reason": "x" * 1000})
+    assert res.status_code == 422
+    assert AgentPool.objects.get(tenant=tenant, name="gpu").desired_count == 1
