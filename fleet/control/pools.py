@@ -12,6 +12,7 @@ updates, so concurrent calls serialise on it and none is lost), and every change
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,17 +21,22 @@ from django.db.models import Sum
 
 from agents.models import Agent, AgentState
 from fleet.control import limits
+from fleet.control.actuators import settings
 from fleet.executors.fleet import roster
 from fleet.executors.fleet.routing.pool_match import pool_of_tags, tenant_pools
 from fleet.models import DEFAULT_POOL, AgentPool, ChangeReason, Tenant
 from fleet.models.pools import POOL_NAME_PATTERN, POOL_TAG_PREFIX
-from fleet.platform.config import get_config
+from fleet.platform.config import ConfigError, get_config
 from fleet.platform.errors import ErrorKind
 
 FleetLimitError = limits.FleetLimitError
-# Kubernetes quantities, as `kubectl` writes them ("500m", "1.5", "512Mi", "2G").
-CPU_PATTERN = r"^[0-9]+(\.[0-9]+)?m?$"
-MEMORY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$"
+# Kubernetes quantities, as `kubectl` writes them ("500m", "1.5", "512Mi", "2G"), more than
+# zero and small enough for their columns; settings.cpu_millis / memory_bytes read them.
+CPU_PATTERN = r"^(?:[1-9][0-9]{0,6}m|(?!0+(?:\.0+)?$)[0-9]{1,4}(?:\.[0-9]{1,3})?)$"
+MEMORY_PATTERN = (
+    r"^(?!0+(?:\.0+)?(?:Ki|Mi|Gi|Ti|k|M|G|T)?$)"
+    r"(?:[0-9]{1,12}|[0-9]{1,6}(?:\.[0-9]{1,3})?(?:Ki|Mi|Gi|Ti|k|M|G|T))$"
+)
 QUANTITY_MAX_CHARS = 16  # the cpu / memory columns
 # A tag or capability: what `runagent --tags a,b` can carry intact (no comma, no control
 # character, nothing stripped at either end).  The API publishes it as the items' pattern.
@@ -102,6 +108,16 @@ def _check_int(field: str, value: object, low: int, high: int, nullable: bool) -
     return value
 
 
+def _readable(field: str, value: str, read: Callable[[str, str], int]) -> str:
+    """``value`` if the actuators can read it (what the docker actuator converts), else 422."""
+    if value:
+        try:
+            read(field, value)
+        except ConfigError as exc:
+            raise _invalid(str(exc)) from None
+    return value
+
+
 def check_labels(fields: dict[str, Any]) -> dict[str, Any]:
     """The pool label fields given, validated and normalised (a 422 names the bad one)."""
     unknown = sorted(set(fields) - set(LABEL_FIELDS))
@@ -116,9 +132,13 @@ def check_labels(fields: dict[str, Any]) -> dict[str, Any]:
         elif field == "gpu":
             checked[field] = _check_int(field, value, 0, GPU_MAX, nullable=False)
         elif field == "cpu":
-            checked[field] = _check_pattern(field, value, CPU_PATTERN, "500m")
+            checked[field] = _readable(
+                field, _check_pattern(field, value, CPU_PATTERN, "500m"), settings.cpu_millis
+            )
         else:
-            checked[field] = _check_pattern(field, value, MEMORY_PATTERN, "2Gi")
+            checked[field] = _readable(
+                field, _check_pattern(field, value, MEMORY_PATTERN, "2Gi"), settings.memory_bytes
+            )
     return checked
 
 

@@ -158,6 +158,8 @@ def test_it_updates_a_pools_labels(client, tenant, write_key):
         ({"name": "p", "capabilities": [" x"]}, "surrounding spaces"),
         ({"name": "p", "memory": "1" * 17}, "memory must be a Kubernetes quantity"),
         ({"name": "p", "cpu": "1\n"}, "cpu must be a Kubernetes quantity"),
+        ({"name": "p", "cpu": "0"}, "cpu must be a Kubernetes quantity"),
+        ({"name": "p", "memory": "0Gi"}, "memory must be a Kubernetes quantity"),
     ],
 )
 def test_bad_pool_input_is_a_422_naming_it_and_changes_nothing(

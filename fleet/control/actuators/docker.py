@@ -19,7 +19,6 @@ blocks a tick for the length of a drain.
 from __future__ import annotations
 
 import logging
-import re
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -36,7 +35,13 @@ from fleet.control.actuators.base import (
     pool_specs,
     revoke_keys,
 )
-from fleet.control.actuators.settings import ControlSettings
+from fleet.control.actuators.settings import (
+    CPU_SHARES_PER_CORE,
+    MIN_CPU_SHARES,
+    ControlSettings,
+    cpu_millis,
+    memory_bytes,
+)
 from fleet.executors.fleet import lifecycle
 from fleet.models import DEFAULT_POOL, Tenant
 
@@ -68,25 +73,17 @@ class Box:
         return self.state in ("created", "running", "restarting")
 
 
-_CPU = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m?)$")
-_MEMORY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
-_MEMORY_UNITS = {
-    None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
-}  # fmt: skip
-
-
-def container_resources(spec: PoolSpec) -> dict:
-    """The ``containers.run`` arguments for a pool's CPU, memory and GPUs (Kubernetes
-    quantities, as the pool stores them); nothing for what the pool leaves unset."""
-    kwargs: dict = {}
-    cpu = _CPU.match(spec.cpu or "")
-    if cpu:
-        cores = float(cpu.group(1)) / (1000 if cpu.group(2) else 1)
-        kwargs["nano_cpus"] = int(cores * 1e9)
-    memory = _MEMORY.match(spec.memory or "")
-    if memory:
-        kwargs["mem_limit"] = int(float(memory.group(1)) * _MEMORY_UNITS[memory.group(2)])
+def container_resources(spec: PoolSpec, s: ControlSettings) -> dict:
+    """The ``containers.run`` resource arguments of one agent of ``spec``'s pool: the
+    platform's (:meth:`ControlSettings.container_resources`), with the pool's CPU and memory
+    where it sets them (request = limit: a pool says what each agent gets) and its GPUs."""
+    kwargs: dict = s.container_resources()
+    if spec.cpu:
+        millis = cpu_millis("pool cpu", spec.cpu)
+        kwargs["nano_cpus"] = millis * 10**6
+        kwargs["cpu_shares"] = max(MIN_CPU_SHARES, millis * CPU_SHARES_PER_CORE // 1000)
+    if spec.memory:
+        kwargs["mem_limit"] = kwargs["mem_reservation"] = memory_bytes("pool memory", spec.memory)
     if spec.gpu:
         import docker  # lazy: the Docker SDK is optional, needed only by this actuator
 
@@ -262,11 +259,10 @@ class DockerActuator(Actuator):
             cap_drop=["ALL"],
             security_opt=["no-new-privileges:true"],
             stop_signal="SIGTERM",
-            **s.container_resources(),
+            **container_resources(spec, s),
         )
         if s.docker_network:  # e.g. "host": agents reach a `serve` on this machine's 127.0.0.1
             kwargs["network"] = s.docker_network
-        kwargs.update(container_resources(spec))
         try:
             container = self.client.containers.run(**kwargs)
         except Exception:
