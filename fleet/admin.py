@@ -20,10 +20,12 @@ from django.db import transaction
 from django.http import HttpRequest
 
 from artifacts.store import quota
-from fleet.control import limits
+from fleet.control import limits, pools
 from fleet.executors.fleet.lifecycle import revoke_key
 from fleet.management.commands.createtenant import TENANT_NAME, create_tenant
 from fleet.models import (
+    DEFAULT_POOL,
+    AgentPool,
     ApiKey,
     AutoscaleDecision,
     DeliveryOutbox,
@@ -285,6 +287,94 @@ class AutoscaleDecisionAdmin(ReadOnlyAdmin):
         "reason",
     ]
     list_filter = ["decision", "tenant"]
+
+
+class AgentPoolAdminForm(forms.ModelForm):
+    """Labels validated by the control plane's own rules (the same 422 messages as the API)."""
+
+    class Meta:
+        model = AgentPool
+        fields = [
+            "tenant",
+            "name",
+            "tags",
+            "capabilities",
+            "max_concurrency",
+            "cpu",
+            "memory",
+            "gpu",
+        ]
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        if self.errors:
+            return cleaned
+        try:
+            if not self.instance.pk:
+                pools.check_name(cleaned.get("name"))
+            labels = {f: cleaned.get(f) for f in pools.LABEL_FIELDS if f in cleaned}
+            cleaned.update(pools.check_labels(labels))
+        except pools.FleetLimitError as exc:
+            raise forms.ValidationError(exc.detail) from None
+        return cleaned
+
+
+@admin.register(AgentPool)
+class AgentPoolAdmin(admin.ModelAdmin):
+    """A tenant's agent pools; counts move one agent at a time through the control plane."""
+
+    form = AgentPoolAdminForm
+    list_display = ["tenant", "name", "pool_desired_count", "tags", "capabilities",
+                    "max_concurrency", "cpu", "memory", "gpu"]  # fmt: skip
+    list_filter = ["tenant"]
+    search_fields = ["name", "tenant__name"]
+    actions = ["provision_one", "deprovision_one"]
+
+    @admin.display(description="desired_count")
+    def pool_desired_count(self, obj: AgentPool) -> int:
+        return pools.pool_state(obj.tenant, obj.name).desired_count
+
+    def get_readonly_fields(self, request: HttpRequest, obj=None):
+        return ["tenant", "name"] if obj is not None else []
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return obj is None or not obj.is_default
+
+    def save_model(self, request: HttpRequest, obj: AgentPool, form, change: bool) -> None:
+        labels = {f: form.cleaned_data[f] for f in pools.LABEL_FIELDS if f in form.cleaned_data}
+        if change:
+            saved = pools.update_pool(obj.tenant, obj.name, labels)
+        else:
+            saved = pools.create_pool(obj.tenant, admin_actor(request), obj.name, labels)
+        obj.pk = saved.pk
+
+    def delete_model(self, request: HttpRequest, obj: AgentPool) -> None:
+        pools.delete_pool(obj.tenant, obj.name, admin_actor(request))
+
+    def delete_queryset(self, request: HttpRequest, queryset) -> None:
+        for pool in queryset.exclude(name=DEFAULT_POOL):
+            pools.delete_pool(pool.tenant, pool.name, admin_actor(request))
+
+    def _step(self, request: HttpRequest, queryset, delta: int) -> None:
+        for pool in queryset.select_related("tenant"):
+            try:
+                count = pools.step_pool(pool.tenant, pool.name, delta, admin_actor(request))
+            except pools.FleetLimitError as exc:
+                self.message_user(
+                    request, f"{pool.tenant}/{pool.name}: {exc.detail}", messages.ERROR
+                )
+                continue
+            self.message_user(
+                request, f"{pool.tenant}/{pool.name}: desired_count {count - delta} → {count}"
+            )
+
+    @admin.action(description="Provision one agent in the selected pools")
+    def provision_one(self, request: HttpRequest, queryset) -> None:
+        self._step(request, queryset, +1)
+
+    @admin.action(description="Deprovision one agent from the selected pools")
+    def deprovision_one(self, request: HttpRequest, queryset) -> None:
+        self._step(request, queryset, -1)
 
 
 @admin.register(Schedule)

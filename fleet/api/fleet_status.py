@@ -148,6 +148,7 @@ class ChangeOut(Schema):
 
 class DecisionOut(Schema):
     at: datetime
+    pool: str = Field(description="the agent pool it scaled (docs/control-plane.md)")
     decision: str
     utilization: float | None
     backlog: int

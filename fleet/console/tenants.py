@@ -26,7 +26,7 @@ from fleet.console.access import (
 )
 from fleet.console.fleet_rows import tenant_rows
 from fleet.console.responses import ConsoleError, action_done, console_view
-from fleet.control import limits
+from fleet.control import limits, pools
 from fleet.executors.fleet.routing import health, phases
 from fleet.executors.fleet.state import breaker
 from fleet.models import AutoscaleDecision, FleetChange, Tenant
@@ -119,6 +119,12 @@ def _changes_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict
     return {"changes": FleetChange.objects.filter(tenant=tenant)[:CHANGES_SHOWN]}
 
 
+def _pools_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict:
+    states = pools.list_pools(tenant)
+    limit = limits.effective_limit(tenant)
+    return {"pools": states, "pools_at_limit": tenant.desired_count >= limit, "limit": limit}
+
+
 def _builds_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict:
     builds = build_jobs.recent_jobs(tenant, BUILDS_SHOWN)
     return {"builds": builds, "builds_active": any(b.active for b in builds)}
@@ -128,6 +134,7 @@ def _builds_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict:
 PARTIALS = {
     "fleet": ("console/partials/tenant_fleet.html", _fleet_part),
     "agents": ("console/partials/tenant_roster.html", _roster_part),
+    "pools": ("console/partials/tenant_pools.html", _pools_part),
     "decisions": ("console/partials/tenant_decisions.html", _decisions_part),
     "changes": ("console/partials/tenant_changes.html", _changes_part),
     "builds": ("console/partials/tenant_builds.html", _builds_part),

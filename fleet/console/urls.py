@@ -7,6 +7,7 @@ from fleet.console import (
     executions,
     outbox,
     overview,
+    pools,
     schedules,
     tenants,
 )
@@ -25,6 +26,19 @@ urlpatterns = [
     path(
         "tenants/<str:name>/agents/<uuid:agent_id>/drain/", agents.drain_agent, name="drain_agent"
     ),
+    path("tenants/<str:name>/pools/", pools.create_pool, name="create_pool"),
+    path(
+        "tenants/<str:name>/pools/<slug:pool>/provision/",
+        pools.provision_pool,
+        name="provision_pool",
+    ),
+    path(
+        "tenants/<str:name>/pools/<slug:pool>/deprovision/",
+        pools.deprovision_pool,
+        name="deprovision_pool",
+    ),
+    path("tenants/<str:name>/pools/<slug:pool>/edit/", pools.edit_pool, name="edit_pool"),
+    path("tenants/<str:name>/pools/<slug:pool>/delete/", pools.delete_pool, name="delete_pool"),
     path("tenants/<str:name>/schedules/", schedules.schedules, name="schedules"),
     path(
         "tenants/<str:name>/schedules/partials/table/",

@@ -167,7 +167,93 @@ def clamp_to_limits(
                     note=cause,
                 )
             )
+        changes += fit_pools_to_totals(SYSTEM_ACTOR, at)
         return changes
+
+
+def fit_pools_to_totals(
+    actor: str, at: datetime | None = None, tenant_id: int | None = None
+) -> list[FleetChange]:
+    """Lower named pools whose counts add up to more than their tenant's desired_count.
+
+    The tenant total bounds the pools (the default pool holds the remainder), so when the
+    total drops, the default pool gives up its agents first (nothing to write: its count is
+    the remainder) and then the named pools, **newest pool first**, each down to 0 before
+    the next is touched: deterministic, and the pools an operator set up first keep their
+    agents longest.  Each lowered pool gets a ``clamp`` audit row (field ``pool:<name>``).
+    Runs in the caller's transaction when there is one; ``tenant_id`` limits it to one tenant.
+    """
+    at = at or timezone.now()
+    with transaction.atomic(), connection.cursor() as cursor:
+        # Lock the tenant rows first (every pool writer does, so the order never deadlocks).
+        cursor.execute(
+            f"""
+            SELECT id, desired_count FROM fleet_tenant
+            WHERE (%s::bigint IS NULL OR id = %s) AND desired_count < {NAMED_POOLS_TOTAL_SQL}
+            ORDER BY id FOR UPDATE
+            """,
+            [tenant_id, tenant_id],
+        )
+        over = cursor.fetchall()
+        changes = []
+        for tid, total in over:
+            cursor.execute(
+                "SELECT id, name, desired_count FROM fleet_agentpool "
+                "WHERE tenant_id = %s AND desired_count > 0 ORDER BY id DESC",
+                [tid],
+            )
+            pools = cursor.fetchall()
+            excess = sum(count for _pk, _name, count in pools) - total
+            for pk, name, count in pools:
+                if excess <= 0:
+                    break
+                new = count - min(count, excess)
+                excess -= count - new
+                cursor.execute(
+                    "UPDATE fleet_agentpool SET desired_count = %s WHERE id = %s", [new, pk]
+                )
+                note = f"the tenant's desired_count dropped to {total}: pools shrink newest first"
+                log.warning(
+                    "tenant %s: pool %s desired_count %d clamped to %d", tid, name, count, new
+                )
+                changes.append(
+                    record_change(
+                        tid, pool_field(name), count, new, ChangeReason.CLAMP, actor, at, note=note
+                    )
+                )
+        return changes
+
+
+def move_pool_count(
+    tenant_id: int, pool_id: int | None, delta: int, actor: str, reason: str, note: str = ""
+) -> int:
+    """Tenant total (and named pool ``pool_id``'s count) += ``delta``, audited; returns the
+    new total.  No bound is checked here: the caller (:mod:`fleet.control.pools`) holds the
+    tenant row lock and checked the limit and the pool's count under it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE fleet_tenant SET desired_count = desired_count + %s WHERE id = %s "
+            "RETURNING desired_count",
+            [delta, tenant_id],
+        )
+        total = cursor.fetchone()[0]
+        record_change(tenant_id, "desired_count", total - delta, total, reason, actor, note=note)
+        if pool_id is not None:
+            cursor.execute(
+                "UPDATE fleet_agentpool SET desired_count = desired_count + %s WHERE id = %s "
+                "RETURNING name, desired_count",
+                [delta, pool_id],
+            )
+            name, count = cursor.fetchone()
+            record_change(
+                tenant_id, pool_field(name), count - delta, count, reason, actor, note=note
+            )
+    return total
+
+
+def pool_field(name: str) -> str:
+    """The audit trail's ``field`` for a named pool's desired_count."""
+    return f"pool:{name}"
 
 
 def _clamp_cause(override: int | None, limit: int) -> str:
@@ -181,8 +267,11 @@ def _step(tenant: Tenant, actor: str, delta: int, reason: str = "") -> int:
     """desired_count += delta in one statement, guarded by the bound; audit in the same txn."""
     reason = check_reason(reason)
     default_max = get_config().default_max_agents
+    # Deprovisioning acts on the default pool: it holds what the named pools do not.
     bound_sql = (
-        "desired_count < COALESCE(max_agents_override, %s)" if delta > 0 else "desired_count > 0"
+        "desired_count < COALESCE(max_agents_override, %s)"
+        if delta > 0
+        else f"desired_count > {NAMED_POOLS_TOTAL_SQL}"
     )
     params = [delta, tenant.pk] + ([default_max] if delta > 0 else [])
     with transaction.atomic(), connection.cursor() as cursor:
@@ -208,6 +297,14 @@ def _step(tenant: Tenant, actor: str, delta: int, reason: str = "") -> int:
     raise _refusal(tenant.pk, delta, default_max)
 
 
+# What a tenant's named pools hold together (the default pool holds the rest of desired_count);
+# correlated on the ``fleet_tenant`` row of the statement it is part of.
+NAMED_POOLS_TOTAL_SQL = (
+    "(SELECT COALESCE(SUM(p.desired_count), 0) FROM fleet_agentpool p "
+    "WHERE p.tenant_id = fleet_tenant.id)"
+)
+
+
 def _refusal(tenant_id: int, delta: int, default_max: int) -> FleetLimitError:
     """Why the guarded UPDATE matched no row, as the error the caller sees."""
     current = Tenant.objects.filter(pk=tenant_id).first()
@@ -221,6 +318,12 @@ def _refusal(tenant_id: int, delta: int, default_max: int) -> FleetLimitError:
             ErrorKind.CONFLICT,
             f"desired_count is already at the effective limit ({limit}); "
             "only a platform admin can raise the limit",
+        )
+    if current.desired_count > 0:
+        return FleetLimitError(
+            ErrorKind.CONFLICT,
+            f"the default pool has no agent to deprovision: named pools hold all "
+            f"{current.desired_count} of desired_count; deprovision one of those pools instead",
         )
     return FleetLimitError(
         ErrorKind.CONFLICT, "desired_count is already 0; there is nothing to deprovision"
@@ -325,6 +428,7 @@ def set_fleet_overrides(
                 now,
                 note=_with_reason(desired_note, reason),
             )
+            fit_pools_to_totals(actor, now, current.pk)
     tenant.max_agents_override = current.max_agents_override
     tenant.desired_count = current.desired_count
     return current

@@ -1,7 +1,8 @@
 """Reconcile actual → desired for every tenant through the configured actuator.
 
-Active tenants get ``reconcile(tenant, desired_count)``, never more than the
-tenant's effective limit (a count above it is clamped first); a disabled tenant's
+Active tenants get ``reconcile(tenant, pools)``: each agent pool's count and labels
+(:func:`desired_pools`), never more than the tenant's effective limit in total (a count
+above it is clamped first); a disabled tenant's
 agents are stopped; so are the agents of a tenant that no longer exists
 (found through the labels the actuator still manages).  One tenant's failure
 is logged and never stops the others.
@@ -11,13 +12,32 @@ from __future__ import annotations
 
 import logging
 
-from fleet.control.actuators.base import Actuator, ReconcileResult
+from fleet.control.actuators.base import Actuator, PoolSpec, ReconcileResult
 from fleet.control.actuators.naming import tenant_label
 from fleet.control.limits import clamp_to_limits
+from fleet.executors.fleet.routing import pool_match
 from fleet.models import Tenant
 from fleet.platform.config import get_config
 
 log = logging.getLogger(__name__)
+
+
+def desired_pools(tenant: Tenant, default_max: int) -> list[PoolSpec]:
+    """Each pool's count and labels for the actuator: default first, then named pools.
+
+    The clamp at the start of the pass already holds; the min()s keep a count raised since
+    then (by a writer that ignored the limit) from ever reaching the substrate: the total
+    never exceeds the limit, and named pools never take more than the total (newest pool
+    first gives way, as a clamp would)."""
+    total = min(tenant.desired_count, tenant.effective_limit(default_max))
+    pools = pool_match.tenant_pools(tenant.pk)
+    left = total
+    named: list[PoolSpec] = []
+    for pool in pools[1:]:
+        take = min(pool.desired_count, left)
+        named.append(PoolSpec.of(pool, take))
+        left -= take
+    return [PoolSpec.of(pools[0], left), *named]
 
 
 def reconcile_all(actuator: Actuator, default_max: int | None = None) -> list[ReconcileResult]:
@@ -33,10 +53,7 @@ def reconcile_all(actuator: Actuator, default_max: int | None = None) -> list[Re
         known.add(label)
         try:
             if tenant.is_active:
-                # The clamp above already holds; min() keeps a count raised since then (by a
-                # writer that ignored the limit) from ever reaching the substrate.
-                desired = min(tenant.desired_count, tenant.effective_limit(default_max))
-                result = actuator.reconcile(tenant, desired)
+                result = actuator.reconcile(tenant, desired_pools(tenant, default_max))
                 results.append(result)
                 if result.changed:
                     log.info(

@@ -11,6 +11,7 @@ from fleet.models.executions import (
     WorkflowExecution,
     WorkflowStatus,
 )
+from fleet.models.pools import DEFAULT_POOL, AgentPool
 from fleet.models.routing import AffinityBinding, AgentEventCount, BindingKind
 from fleet.models.schedules import (
     Catchup,
@@ -25,6 +26,8 @@ from fleet.platform.tenancy import ApiKey, Role, Tenant, TenantMembership
 
 __all__ = [
     "AffinityBinding",
+    "AgentPool",
+    "DEFAULT_POOL",
     "AgentEventCount",
     "BindingKind",
     "Catchup",

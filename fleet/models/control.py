@@ -58,6 +58,7 @@ class AutoscaleDecision(models.Model):
     tenant = models.ForeignKey(
         "fleet.Tenant", on_delete=models.CASCADE, related_name="autoscale_decisions"
     )
+    pool = models.CharField(max_length=24, default="default")  # the agent pool it scaled
     at = models.DateTimeField(default=timezone.now)
     utilization = models.FloatField(null=True, blank=True)
     backlog = models.PositiveIntegerField(default=0)

@@ -19,7 +19,7 @@ from fleet.models import (
     WorkflowExecution,
 )
 from tests.support.agents import live_agents, seq_of
-from tests.support.factories import make_package
+from tests.support.factories import NOOP_SOURCE, make_package
 from tests.support.processes import Processes, control_env, diagnostics
 from tests.support.server_api import Api
 from tests.support.waiting import wait_until
@@ -216,3 +216,58 @@ def test_the_autoscaler_scales_up_under_load_and_down_when_idle(procs, acme):
     )
     assert downs == [(3, 2), (2, 1), (1, 0)]
     assert not Eviction.objects.filter(tenant=tenant).exists()  # drained, never killed
+
+
+def test_a_gpu_pool_starts_agents_with_its_labels_that_run_the_gpu_work(procs, acme):
+    """GPU work waits (it does not fail) while no GPU agent lives, then runs on the agent
+    the process actuator starts for the GPU pool with that pool's labels."""
+    tenant, key = acme
+    tasks = [
+        {"id": "cpu", "function": "demo.steps:a"},
+        {"id": "gpu", "function": "demo.steps:b", "tags": ["gpu"], "capability": "cuda"},
+    ]
+    make_package(tenant, tasks, NOOP_SOURCE)
+    serve = procs.serve(env=control_env(procs))
+    api, logs = Api(serve, key), diagnostics(procs, serve)
+    res = api.post(
+        "/fleet/pools",
+        {"name": "gpu", "tags": ["gpu"], "capabilities": ["cuda"], "max_concurrency": 1},
+    )
+    assert res.status_code == 201, res.text
+    assert api.post("/fleet/provision").json()["desired_count"] == 1  # the default pool: CPU
+    [cpu_agent] = wait_until(lambda: live_agents(tenant), what="the CPU agent", logs=logs)
+    assert cpu_agent.tags == [] and cpu_agent.max_concurrency == 2
+    execution_id = api.start("demo", {})
+    waiting = wait_until(
+        lambda: (
+            TaskExecution.objects.filter(
+                workflow_execution_id=execution_id, task_name="gpu", status="Ready"
+            )
+            .exclude(wait_reason="")
+            .first()
+        ),
+        what="the GPU task to wait for the GPU pool",
+        logs=logs,
+    )
+    assert "pool 'gpu' can run it and can be scaled up" in waiting.wait_reason
+    res = api.post("/fleet/pools/gpu/provision")
+    assert res.status_code == 200 and res.json()["desired_count"] == 1, res.text
+    gpu_agent = wait_until(
+        lambda: Agent.objects.filter(tenant=tenant, state="live", tags__contains=["gpu"]).first(),
+        what="the GPU pool's agent to register",
+        logs=logs,
+    )
+    assert sorted(gpu_agent.tags) == ["gpu", "pool:gpu"]
+    assert gpu_agent.capabilities == ["cuda"] and gpu_agent.max_concurrency == 1
+    assert "-gpu-" in gpu_agent.name and gpu_agent.managed_by in ("", "process")
+    execution = wait_until(
+        lambda: WorkflowExecution.objects.filter(pk=execution_id, status="Completed").first(),
+        what="the execution to complete",
+        logs=logs,
+    )
+    by_name = {t.task_name: t for t in TaskExecution.objects.filter(workflow_execution=execution)}
+    assert by_name["gpu"].agent_id == gpu_agent.pk
+    assert by_name["gpu"].error_type == ""
+    pools = {p["name"]: p for p in api.get("/fleet/pools").json()["pools"]}
+    assert (pools["default"]["desired_count"], pools["gpu"]["desired_count"]) == (1, 1)
+    assert pools["gpu"]["agents_live"] == 1

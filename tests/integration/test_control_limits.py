@@ -240,9 +240,10 @@ class RecordingActuator(NoopActuator):
     def __init__(self) -> None:
         self.asked: dict[str, list[int]] = {}
 
-    def reconcile(self, tenant: Tenant, desired: int) -> ReconcileResult:
-        self.asked.setdefault(tenant.name, []).append(desired)
-        return super().reconcile(tenant, desired)
+    def reconcile(self, tenant: Tenant, desired) -> ReconcileResult:
+        result = super().reconcile(tenant, desired)
+        self.asked.setdefault(tenant.name, []).append(result.desired)  # all pools together
+        return result
 
 
 def test_the_reconciler_never_asks_for_more_than_the_limit(tenant, other_tenant, lowered_default):

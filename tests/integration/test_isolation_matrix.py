@@ -50,6 +50,7 @@ class World:
     missing: dict = field(default_factory=dict)
     b_snapshot: dict = field(default_factory=dict)
     b_build: object = None
+    b_pool: object = None
     b_schedule: object = None
 
     def api(self, role: str) -> Client:
@@ -84,6 +85,7 @@ def world(transactional_db) -> World:
     from fleet.engine.claims import claim_task
     from fleet.executors.fleet import roster
     from fleet.models import (
+        AgentPool,
         ApiKey,
         DeliveryOutbox,
         Eviction,
@@ -129,9 +131,12 @@ def world(transactional_db) -> World:
             "outbox": 2_000_000_000,
             "task": str(uuid.uuid4()),
             "build": str(uuid.uuid4()),
+            "pool": "no-such-pool",
             "schedule": str(uuid.uuid4()),
         },
     )  # fmt: skip
+    # B's GPU pool: A may have a pool of the same name, and never sees or moves B's.
+    world.b_pool = AgentPool.objects.create(tenant=b, name="gpu", tags=["gpu"], desired_count=0)
     world.b_build = BuildJob.objects.create(
         id=uuid.uuid4(), tenant=b, package=b_package, package_name=b_package.name,
         version=b_package.version, target_triple="aarch64-unknown-linux-gnu", state="failed",
@@ -177,6 +182,7 @@ def snapshot_of_b(world: World) -> dict:
     from agents.models import Agent
     from artifacts.models import BuildJob, WorkflowPackage
     from fleet.models import (
+        AgentPool,
         DeliveryOutbox,
         Schedule,
         ScheduleFire,
@@ -187,6 +193,7 @@ def snapshot_of_b(world: World) -> dict:
 
     b = world.b.pk
     return {
+        "pools": list(AgentPool.objects.filter(tenant=b).order_by("id").values()),
         "tenant": list(Tenant.objects.filter(pk=b).values()),
         "packages": list(WorkflowPackage.objects.filter(tenant=b).values()),
         "executions": list(WorkflowExecution.objects.filter(tenant=b).values()),
@@ -225,6 +232,7 @@ def _refused_like_missing(role: str, method: str, template: str, body=None, mult
             "agent": world.b_agent.pk,
             "digest": world.b_package.digest,
             "build": world.b_build.pk,
+            "pool": world.b_pool.name,
             "schedule": world.b_schedule.pk,
         }
         missing = {**world.missing, "version": "9.9.9"}
@@ -426,6 +434,28 @@ def console_tenant(template: str, method: str = "GET"):
     return case
 
 
+def console_pool(action: str):
+    """A's console writer acting on B's pool: under B's tenant name, or under A's own name
+    with B's pool name — refused (or not found) exactly like a pool that does not exist."""
+
+    def case(world: World) -> None:
+        client = world.console()
+        missing_tenant, missing_pool = world.missing["tenant"], world.missing["pool"]
+        pool = world.b_pool.name
+        for (name, p), (m_name, m_pool) in (
+            ((world.b.name, pool), (missing_tenant, missing_pool)),
+            ((world.a.name, pool), (world.a.name, missing_pool)),
+        ):
+            answers = [
+                client.post(f"/console/tenants/{n}/pools/{q}/{action}/", HTTP_HX_REQUEST="true")
+                for n, q in ((name, p), (m_name, m_pool))
+            ]
+            same_as_missing(*answers, [name, p], [m_name, m_pool])
+        b_unchanged(world)
+
+    return case
+
+
 def console_schedule(template: str, method: str = "POST"):
     """B's schedule through B's tenant name, and through A's own: refused like a missing one."""
 
@@ -443,6 +473,22 @@ def console_schedule(template: str, method: str = "POST"):
         b_unchanged(world)
 
     return case
+
+
+def console_create_pool(world: World) -> None:
+    """A's writer creates a pool named like B's: its own, B's unchanged; B's tenant: 404."""
+    client = world.console()
+    answers = [
+        client.post(f"/console/tenants/{n}/pools/", {"name": "x"}, HTTP_HX_REQUEST="true")
+        for n in (world.b.name, world.missing["tenant"])
+    ]
+    same_as_missing(*answers, [world.b.name], [world.missing["tenant"]])
+    response = client.post(
+        f"/console/tenants/{world.a.name}/pools/", {"name": world.b_pool.name},
+        HTTP_HX_REQUEST="true",
+    )  # fmt: skip
+    assert response.status_code == 204, response.content
+    b_unchanged(world)
 
 
 def console_execution(template: str, method: str = "GET"):
@@ -510,6 +556,19 @@ CASES: dict[str, Callable[[World], None]] = {
     "api-v1:admin_set_fleet": _refused_like_missing(
         "write", "PUT", "/admin/tenants/{tenant}/fleet", lambda w: {"desired_count": 3}
     ),
+    "api-v1:list_pools": _lists_nothing_of_b("read", "GET", "/fleet/pools"),
+    "api-v1:create_pool": _lists_nothing_of_b("write", "POST", "/fleet/pools", {"name": "gpu"}),
+    "api-v1:get_pool": _refused_like_missing("read", "GET", "/fleet/pools/{pool}"),
+    "api-v1:update_pool": _refused_like_missing(
+        "write", "PATCH", "/fleet/pools/{pool}", lambda w: {"gpu": 2}
+    ),
+    "api-v1:delete_pool": _refused_like_missing("write", "DELETE", "/fleet/pools/{pool}"),
+    "api-v1:provision_pool": _refused_like_missing(
+        "write", "POST", "/fleet/pools/{pool}/provision"
+    ),
+    "api-v1:deprovision_pool": _refused_like_missing(
+        "write", "POST", "/fleet/pools/{pool}/deprovision"
+    ),
     "api-v1:register_agent": register_under_bs_agent_name,
     "api-v1:agent_heartbeat": _refused_like_missing(
         "agent", "POST", "/agents/{agent}/heartbeat", lambda w: {"in_flight": 0}
@@ -531,6 +590,11 @@ CASES: dict[str, Callable[[World], None]] = {
     "console:provision": console_tenant("/console/tenants/{name}/provision/", "POST"),
     "console:deprovision": console_tenant("/console/tenants/{name}/deprovision/", "POST"),
     "console:fleet_overrides": console_tenant("/console/tenants/{name}/fleet-overrides/", "POST"),
+    "console:create_pool": console_create_pool,
+    "console:provision_pool": console_pool("provision"),
+    "console:deprovision_pool": console_pool("deprovision"),
+    "console:edit_pool": console_pool("edit"),
+    "console:delete_pool": console_pool("delete"),
     "console:schedules": console_tenant("/console/tenants/{name}/schedules/"),
     "console:schedules_table": console_tenant("/console/tenants/{name}/schedules/partials/table/"),
     "console:pause_schedule": console_schedule("/console/tenants/{name}/schedules/{id}/pause/"),

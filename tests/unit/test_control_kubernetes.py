@@ -105,6 +105,37 @@ def test_the_agent_pod_is_hardened():
     }
 
 
+def test_a_named_pools_objects_match_the_schema_and_never_overlap_the_default_pool():
+    from fleet.control.actuators.base import PoolSpec
+
+    label, ns = tenant_label("acme"), tenant_namespace("acme")
+    server = m.server_coordinates(SETTINGS, None)
+    spec = PoolSpec("gpu", 2, ("gpu", "pool:gpu"), ("cuda",), 1, "4", "16Gi", 1)
+    dep = m.render_deployment(ns, label, 2, SETTINGS, spec)
+    for obj in (
+        m.render_secret(ns, label, "clk_x_y", "x", "gpu"),
+        dep,
+        m.render_network_policy(ns, label, server, pool="gpu"),
+    ):
+        assert schema_round_trip(obj) == obj, obj["kind"]
+    assert dep["metadata"]["name"] == "cloacina-agent-gpu"
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels["cloacina.io/pool"] == "gpu"
+    default_selector = m.render_deployment(ns, label, 1, SETTINGS)["spec"]["selector"]
+    # The default Deployment's selector must not adopt the GPU pool's pods.
+    assert not all(pod_labels.get(k) == v for k, v in default_selector["matchLabels"].items())
+    [container] = dep["spec"]["template"]["spec"]["containers"]
+    assert container["args"][-6:] == [
+        "--max-concurrency", "1", "--tags", "gpu,pool:gpu", "--capabilities", "cuda",
+    ]  # fmt: skip
+    assert container["resources"] == {
+        "requests": {"cpu": "4", "memory": "16Gi"},
+        "limits": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"},
+    }
+    secret_ref = container["env"][1]["valueFrom"]["secretKeyRef"]
+    assert secret_ref["name"] == "cloacina-agent-key-gpu"
+
+
 def test_a_policy_with_dns_but_no_selector_is_a_boot_error(tmp_path):
     # An empty variable means "unset" (the default applies); config.toml can say "" though.
     env = {"CLOACINA_HOME": str(tmp_path)}

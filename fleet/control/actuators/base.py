@@ -1,4 +1,5 @@
-"""The Actuator interface: make the real number of a tenant's agents match desired_count.
+"""The Actuator interface: make the real number of a tenant's agents match desired_count,
+pool by pool (:class:`PoolSpec`).
 
 An actuator owns the mechanism only (processes, containers, a Deployment); the
 number comes from the control plane.  Every call is scoped to one tenant,
@@ -9,11 +10,12 @@ so an actuator never lists, starts or stops another tenant's agents.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fleet.control.actuators.naming import tenant_label
 from fleet.executors.fleet import lifecycle
-from fleet.models import ApiKey, Role, Tenant
+from fleet.models import DEFAULT_POOL, AgentPool, ApiKey, Role, Tenant
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,59 @@ class AgentHandle:
     ident: str  # pid, container id, pod name
     state: str = "running"  # running | draining
     key_lookup: str = ""
+    pool: str = DEFAULT_POOL
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One agent pool as an actuator starts it: how many, and with which labels.
+
+    ``tags`` already carry the pool's membership tag (``pool:<name>``) for a named pool,
+    so the roster knows which pool a registered agent belongs to.  Empty ``cpu`` /
+    ``memory`` and a null ``max_concurrency``: the platform's CLOACINA_AGENT_* values.
+    """
+
+    name: str = DEFAULT_POOL
+    desired: int = 0
+    tags: tuple[str, ...] = ()
+    capabilities: tuple[str, ...] = ()
+    max_concurrency: int | None = None
+    cpu: str = ""
+    memory: str = ""
+    gpu: int = 0
+
+    @classmethod
+    def of(cls, pool: AgentPool, desired: int) -> PoolSpec:
+        return cls(
+            name=pool.name,
+            desired=desired,
+            tags=tuple(pool.agent_tags()),
+            capabilities=tuple(pool.capabilities or ()),
+            max_concurrency=pool.max_concurrency,
+            cpu=pool.cpu,
+            memory=pool.memory,
+            gpu=pool.gpu,
+        )
+
+    @property
+    def is_default(self) -> bool:
+        return self.name == DEFAULT_POOL
+
+    def runagent_args(self, default_max_concurrency: int) -> list[str]:
+        """What ``runagent`` gets after ``--server`` and ``--name`` for an agent of this pool."""
+        args = ["--max-concurrency", str(self.max_concurrency or default_max_concurrency)]
+        if self.tags:
+            args += ["--tags", ",".join(self.tags)]
+        if self.capabilities:
+            args += ["--capabilities", ",".join(self.capabilities)]
+        return args
+
+
+def pool_specs(desired: int | Sequence[PoolSpec]) -> list[PoolSpec]:
+    """What ``reconcile`` was asked for, as pools: a bare count is the default pool alone."""
+    if isinstance(desired, int):
+        return [PoolSpec(DEFAULT_POOL, desired)]
+    return list(desired)
 
 
 @dataclass
@@ -67,8 +122,11 @@ class Actuator(abc.ABC):
         """The tenant's agents that are running and not draining."""
 
     @abc.abstractmethod
-    def reconcile(self, tenant: Tenant, desired: int) -> ReconcileResult:
-        """Start or drain agents until ``desired`` run; replace crashed ones; revoke dead keys."""
+    def reconcile(self, tenant: Tenant, desired: int | Sequence[PoolSpec]) -> ReconcileResult:
+        """Start or drain agents until each pool runs its count (a bare count: the default
+        pool, unlabelled); replace crashed ones; stop the agents of pools not named (deleted
+        pools); revoke dead keys.  An agent with no pool label on the substrate is the
+        default pool's (so agents started before pools existed are adopted)."""
 
     @abc.abstractmethod
     def stop_all(self, tenant: Tenant | str) -> int:

@@ -6,6 +6,10 @@ another tenant's containers.  Each container gets its own freshly minted agent
 key (env CLOACINA_AGENT_API_KEY) and the server URL; the key's public lookup
 part is a label too, so the key of a container that is gone can be revoked.
 
+Per pool: a named pool's containers carry ``cloacina.pool=<name>`` and start with its tags,
+capabilities, slots, CPU, memory and GPUs; a container without the label is the default
+pool's (so containers started before pools existed are adopted).
+
 Scale-down drains the newest container: its roster row goes to draining and
 the container gets SIGTERM (runagent finishes its work and exits); a container
 still running after CLOACINA_AGENT_DRAIN_TIMEOUT_S is killed.  Nothing here
@@ -17,21 +21,29 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agents.models import Agent, AgentState
 from fleet.control.actuators.base import (
     Actuator,
     AgentHandle,
+    PoolSpec,
     ReconcileResult,
     label_of,
     mint_agent_key,
+    pool_specs,
     revoke_keys,
 )
-from fleet.control.actuators.settings import ControlSettings
+from fleet.control.actuators.settings import (
+    CPU_SHARES_PER_CORE,
+    MIN_CPU_SHARES,
+    ControlSettings,
+    cpu_millis,
+    memory_bytes,
+)
 from fleet.executors.fleet import lifecycle
-from fleet.models import Tenant
+from fleet.models import DEFAULT_POOL, Tenant
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +51,7 @@ MANAGED_LABEL = "cloacina.managed"
 TENANT_LABEL = "cloacina.tenant"
 AGENT_LABEL = "cloacina.agent"
 KEY_LABEL = "cloacina.key"
+POOL_LABEL = "cloacina.pool"
 MANAGED_BY = "docker"
 AGENT_UID = "10001:10001"
 
@@ -53,10 +66,31 @@ class Box:
     key_lookup: str
     state: str  # running, created, restarting, exited, dead, …
     created: int
+    pool: str = DEFAULT_POOL
 
     @property
     def alive(self) -> bool:
         return self.state in ("created", "running", "restarting")
+
+
+def container_resources(spec: PoolSpec, s: ControlSettings) -> dict:
+    """The ``containers.run`` resource arguments of one agent of ``spec``'s pool: the
+    platform's (:meth:`ControlSettings.container_resources`), with the pool's CPU and memory
+    where it sets them (request = limit: a pool says what each agent gets) and its GPUs."""
+    kwargs: dict = s.container_resources()
+    if spec.cpu:
+        millis = cpu_millis("pool cpu", spec.cpu)
+        kwargs["nano_cpus"] = millis * 10**6
+        kwargs["cpu_shares"] = max(MIN_CPU_SHARES, millis * CPU_SHARES_PER_CORE // 1000)
+    if spec.memory:
+        kwargs["mem_limit"] = kwargs["mem_reservation"] = memory_bytes("pool memory", spec.memory)
+    if spec.gpu:
+        import docker  # lazy: the Docker SDK is optional, needed only by this actuator
+
+        kwargs["device_requests"] = [
+            docker.types.DeviceRequest(count=spec.gpu, capabilities=[["gpu"]])
+        ]
+    return kwargs
 
 
 class DockerActuator(Actuator):
@@ -92,6 +126,8 @@ class DockerActuator(Actuator):
                     name=labels.get(AGENT_LABEL) or names[0].lstrip("/"),
                     label=labels.get(TENANT_LABEL, ""),
                     key_lookup=labels.get(KEY_LABEL, ""),
+                    # Containers started before pools existed have no pool label: default.
+                    pool=labels.get(POOL_LABEL) or DEFAULT_POOL,
                     state=c.attrs.get("State", ""),
                     created=int(c.attrs.get("Created") or 0),
                 )
@@ -118,7 +154,7 @@ class DockerActuator(Actuator):
         boxes = [b for b in self._boxes(label_of(tenant)) if b.alive]
         drained = self._drained_keys(boxes)
         return [
-            AgentHandle(b.name, b.label, b.id, "running", b.key_lookup)
+            AgentHandle(b.name, b.label, b.id, "running", b.key_lookup, b.pool)
             for b in boxes
             if not self._is_draining(b, drained)
         ]
@@ -127,26 +163,49 @@ class DockerActuator(Actuator):
         return {b.label for b in self._boxes(None) if b.label}
 
     # -- reconcile -------------------------------------------------------------------
-    def reconcile(self, tenant: Tenant, desired: int) -> ReconcileResult:
+    def reconcile(self, tenant: Tenant, desired: int | Sequence[PoolSpec]) -> ReconcileResult:
         label = label_of(tenant)
+        specs = pool_specs(desired)
         boxes = self._boxes(label)
         drained = self._drained_keys(boxes)
         crashed = self._collect(boxes, drained)
         running = [b for b in boxes if b.alive and not self._is_draining(b, drained)]
-        result = ReconcileResult(label, desired, actual=len(running) + len(crashed))
-        for dead in crashed[: max(desired - len(running), 0)]:
-            self._spawn(tenant, label, dead.name)
-            result.restarted += 1
-        for _ in range(desired - len(running) - result.restarted):
-            self._spawn(tenant, label, None)
+        total = sum(spec.desired for spec in specs)
+        result = ReconcileResult(label, total, actual=len(running) + len(crashed))
+        for spec in specs:
+            mine = [b for b in running if b.pool == spec.name]
+            dead = [b for b in crashed if b.pool == spec.name]
+            self._reconcile_pool(tenant, label, spec, mine, dead, result)
+        # Containers of a pool that is no longer asked for (deleted): drain them all.
+        wanted = {spec.name for spec in specs}
+        for box in [b for b in running if b.pool not in wanted]:
+            self._drain(box)
+            result.stopped += 1
+        self._mark_managed([b.key_lookup for b in running])
+        return result
+
+    def _reconcile_pool(
+        self,
+        tenant: Tenant,
+        label: str,
+        spec: PoolSpec,
+        running: list[Box],
+        crashed: list[Box],
+        result: ReconcileResult,
+    ) -> None:
+        restarted = 0
+        for dead in crashed[: max(spec.desired - len(running), 0)]:
+            self._spawn(tenant, label, dead.name, spec)
+            restarted += 1
+        for _ in range(spec.desired - len(running) - restarted):
+            self._spawn(tenant, label, None, spec)
             result.started += 1
-        surplus = len(running) - desired
+        result.restarted += restarted
+        surplus = len(running) - spec.desired
         if surplus > 0:
             for box in sorted(running, key=lambda b: b.created, reverse=True)[:surplus]:
                 self._drain(box)
                 result.stopped += 1
-        self._mark_managed([b.key_lookup for b in running])
-        return result
 
     def stop_all(self, tenant: Tenant | str) -> int:
         label = label_of(tenant)
@@ -159,8 +218,12 @@ class DockerActuator(Actuator):
         return len(stopping)
 
     # -- one container ---------------------------------------------------------------
-    def _spawn(self, tenant: Tenant, label: str, name: str | None) -> None:
-        name = name or f"cloacina-agent-{label}-{secrets.token_hex(3)}"
+    def _spawn(
+        self, tenant: Tenant, label: str, name: str | None, spec: PoolSpec | None = None
+    ) -> None:
+        spec = spec or PoolSpec()
+        pool_part = "" if spec.is_default else f"{spec.name}-"
+        name = name or f"cloacina-agent-{label}-{pool_part}{secrets.token_hex(3)}"
         key, token = mint_agent_key(tenant, f"docker actuator: {name}")
         s = self.settings
         kwargs = dict(
@@ -171,8 +234,7 @@ class DockerActuator(Actuator):
                 s.server_url,
                 "--name",
                 name,
-                "--max-concurrency",
-                str(s.agent_max_concurrency),
+                *spec.runagent_args(s.agent_max_concurrency),
             ],
             name=name,
             detach=True,
@@ -187,6 +249,9 @@ class DockerActuator(Actuator):
                 TENANT_LABEL: label,
                 AGENT_LABEL: name,
                 KEY_LABEL: key.lookup,
+                # Only named pools are labelled: no pool label is the default pool, as on
+                # every container started before pools existed.
+                **({} if spec.is_default else {POOL_LABEL: spec.name}),
             },
             user=AGENT_UID,
             read_only=True,
@@ -194,7 +259,7 @@ class DockerActuator(Actuator):
             cap_drop=["ALL"],
             security_opt=["no-new-privileges:true"],
             stop_signal="SIGTERM",
-            **s.container_resources(),
+            **container_resources(spec, s),
         )
         if s.docker_network:  # e.g. "host": agents reach a `serve` on this machine's 127.0.0.1
             kwargs["network"] = s.docker_network

@@ -1,4 +1,8 @@
-"""CLOACINA_FLEET_ACTUATOR=kubernetes: one agent Deployment per tenant, replicas = desired_count.
+"""CLOACINA_FLEET_ACTUATOR=kubernetes: one agent Deployment per tenant pool, replicas = its count.
+
+The default pool's Deployment is ``cloacina-agent`` (as before pools), a named pool's
+``cloacina-agent-<pool>``, labelled ``cloacina.io/pool``, with its own Secret and
+NetworkPolicy (:mod:`fleet.control.actuators.kubernetes_manifests`).
 
 Each tenant gets its own namespace ``cloacina-tenant-<slug>`` (see
 :mod:`fleet.control.actuators.naming`); everything the actuator reads or writes for a
@@ -20,7 +24,9 @@ from __future__ import annotations
 
 import base64
 import logging
+from collections.abc import Sequence
 
+from django.db.models import Q
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
@@ -29,20 +35,27 @@ from fleet.control.actuators import kubernetes_manifests as m
 from fleet.control.actuators.base import (
     Actuator,
     AgentHandle,
+    PoolSpec,
     ReconcileResult,
     label_of,
     mint_agent_key,
+    pool_specs,
     revoke_keys,
 )
 from fleet.control.actuators.naming import NAMESPACE_PREFIX
 from fleet.control.actuators.settings import ControlSettings
-from fleet.models import ApiKey, Tenant
+from fleet.models import DEFAULT_POOL, ApiKey, Tenant
 
 log = logging.getLogger(__name__)
 
 KEY_LABEL_PREFIX = "kubernetes actuator: "
 # The API server rejects (instead of silently dropping) any field it does not know.
 STRICT = "Strict"
+
+
+def key_label(ns: str, pool: str = DEFAULT_POOL) -> str:
+    """The label of a pool's minted keys (the default pool's is the namespace's, as before)."""
+    return KEY_LABEL_PREFIX + ns if pool == DEFAULT_POOL else f"{KEY_LABEL_PREFIX}{ns}/{pool}"
 
 
 def _missing(exc: ApiException) -> bool:
@@ -82,14 +95,21 @@ class KubernetesActuator(Actuator):
         ns = self.namespace_for(label)
         try:
             pods = self.core.list_namespaced_pod(
-                ns, label_selector=f"{m.APP_LABEL}={m.AGENT_NAME},{m.TENANT_LABEL}={label}"
+                ns, label_selector=f"{m.MANAGED_LABEL}=true,{m.TENANT_LABEL}={label}"
             )
         except ApiException as exc:
             if _missing(exc):
                 return []
             raise
         return [
-            AgentHandle(p.metadata.name, label, p.metadata.name, "running")
+            AgentHandle(
+                p.metadata.name,
+                label,
+                p.metadata.name,
+                "running",
+                "",
+                (p.metadata.labels or {}).get(m.POOL_LABEL) or DEFAULT_POOL,
+            )  # fmt: skip
             for p in pods.items
             if p.metadata.deletion_timestamp is None
             and (p.status is None or p.status.phase in (None, "Pending", "Running"))
@@ -103,18 +123,18 @@ class KubernetesActuator(Actuator):
             if (ns.metadata.labels or {}).get(m.TENANT_LABEL)
         }
 
-    def _deployment(self, ns: str) -> k8s.V1Deployment | None:
+    def _deployment(self, ns: str, pool: str = DEFAULT_POOL) -> k8s.V1Deployment | None:
         try:
-            return self.apps.read_namespaced_deployment(m.AGENT_NAME, ns)
+            return self.apps.read_namespaced_deployment(m.deployment_name(pool), ns)
         except ApiException as exc:
             if _missing(exc):
                 return None
             raise
 
-    def _secret_lookup(self, ns: str) -> str | None:
-        """The lookup of the key currently in the tenant's Secret (None: no Secret)."""
+    def _secret_lookup(self, ns: str, pool: str = DEFAULT_POOL) -> str | None:
+        """The lookup of the key currently in the pool's Secret (None: no Secret)."""
         try:
-            secret = self.core.read_namespaced_secret(m.SECRET_NAME, ns)
+            secret = self.core.read_namespaced_secret(m.secret_name(pool), ns)
         except ApiException as exc:
             if _missing(exc):
                 return None
@@ -134,62 +154,100 @@ class KubernetesActuator(Actuator):
         )
 
     # -- reconcile -------------------------------------------------------------------
-    def reconcile(self, tenant: Tenant, desired: int) -> ReconcileResult:
+    def reconcile(self, tenant: Tenant, desired: int | Sequence[PoolSpec]) -> ReconcileResult:
         label = label_of(tenant)
         ns = self.namespace_for(label)
-        dep = self._deployment(ns)
+        specs = pool_specs(desired)
+        result = ReconcileResult(label, sum(spec.desired for spec in specs), actual=0)
+        for spec in specs:
+            self._reconcile_pool(tenant, ns, label, spec, result)
+        # A pool no longer asked for (deleted): its Deployment goes to 0 replicas.
+        wanted = {spec.name for spec in specs}
+        for dep in self._pool_deployments(ns):
+            pool = (dep.metadata.labels or {}).get(m.POOL_LABEL, "")
+            if pool not in wanted and (dep.spec.replicas or 0) > 0:
+                result.stopped += dep.spec.replicas
+                self.apps.patch_namespaced_deployment_scale(
+                    dep.metadata.name, ns, {"spec": {"replicas": 0}}
+                )
+                log.info("kubernetes actuator: pool %s of %s is gone: 0 replicas", pool, ns)
+        return result
+
+    def _pool_deployments(self, ns: str) -> list[k8s.V1Deployment]:
+        """The named pools' Deployments in the namespace (the default one has no pool label)."""
+        try:
+            return self.apps.list_namespaced_deployment(
+                ns, label_selector=f"{m.MANAGED_LABEL}=true,{m.POOL_LABEL}"
+            ).items
+        except ApiException as exc:
+            if _missing(exc):
+                return []
+            raise
+
+    def _reconcile_pool(
+        self, tenant: Tenant, ns: str, label: str, spec: PoolSpec, result: ReconcileResult
+    ) -> None:
+        desired, name = spec.desired, m.deployment_name(spec.name)
+        dep = self._deployment(ns, spec.name)
         current = (dep.spec.replicas or 0) if dep is not None else 0
-        result = ReconcileResult(label, desired, actual=current)
+        result.actual += current
         if dep is None:
             if desired == 0:
-                return result  # nothing to run: create no namespace for an idle tenant
+                return  # nothing to run: create no namespace for an idle tenant
             self._ensure_namespace(ns, label)
-            self._ensure_network_policy(ns, label)
-            self._rotate_key(tenant, ns, label)
-            body = m.render_deployment(ns, label, desired, self.settings)
+            self._ensure_network_policy(ns, label, spec.name)
+            self._rotate_key(tenant, ns, label, spec.name)
+            body = m.render_deployment(ns, label, desired, self.settings, spec)
             self.apps.create_namespaced_deployment(ns, body, field_validation=STRICT)
-            result.started = desired
-            log.info(
-                "kubernetes actuator: created %s/%s with %d replicas", ns, m.AGENT_NAME, desired
-            )
-            return result
-        self._ensure_network_policy(ns, label)
-        current_lookup = self._secret_lookup(ns)
+            result.started += desired
+            log.info("kubernetes actuator: created %s/%s with %d replicas", ns, name, desired)
+            return
+        self._ensure_network_policy(ns, label, spec.name)
+        current_lookup = self._secret_lookup(ns, spec.name)
         if desired > current:
             if current_lookup is None or self.rollout_complete(dep):
-                current_lookup = self._rotate_key(tenant, ns, label)
+                current_lookup = self._rotate_key(tenant, ns, label, spec.name)
             else:
                 result.notes.append("pods not ready yet: scaled up with the current key")
-            result.started = desired - current
+            result.started += desired - current
         elif desired < current:
-            result.stopped = current - desired
+            result.stopped += current - desired
         if desired != current:
-            self.apps.patch_namespaced_deployment_scale(
-                m.AGENT_NAME, ns, {"spec": {"replicas": desired}}
-            )
-            log.info("kubernetes actuator: %s replicas %d → %d", ns, current, desired)
+            self.apps.patch_namespaced_deployment_scale(name, ns, {"spec": {"replicas": desired}})
+            log.info("kubernetes actuator: %s/%s replicas %d → %d", ns, name, current, desired)
         elif self.rollout_complete(dep) and current_lookup:
-            self._revoke_superseded(tenant, ns, current_lookup)
-        return result
+            self._revoke_superseded(tenant, ns, current_lookup, spec.name)
 
     def stop_all(self, tenant: Tenant | str) -> int:
         label = label_of(tenant)
         ns = self.namespace_for(label)
-        dep = self._deployment(ns)
-        stopped = (dep.spec.replicas or 0) if dep is not None else 0
-        if stopped:
-            self.apps.patch_namespaced_deployment_scale(m.AGENT_NAME, ns, {"spec": {"replicas": 0}})
+        stopped = 0
+        for pool, dep in [
+            (DEFAULT_POOL, self._deployment(ns)),
+            *(
+                ((d.metadata.labels or {}).get(m.POOL_LABEL, ""), d)
+                for d in self._pool_deployments(ns)
+            ),
+        ]:
+            replicas = (dep.spec.replicas or 0) if dep is not None else 0
+            if replicas:
+                self.apps.patch_namespaced_deployment_scale(
+                    dep.metadata.name, ns, {"spec": {"replicas": 0}}
+                )
+                stopped += replicas
+            try:
+                self.core.delete_namespaced_secret(m.secret_name(pool), ns)
+            except ApiException as exc:
+                if not _missing(exc):
+                    raise
         if not self.settings.network_policy:
             self._remove_network_policies(ns, label)  # a disabled tenant's too
-        try:
-            self.core.delete_namespaced_secret(m.SECRET_NAME, ns)
-        except ApiException as exc:
-            if not _missing(exc):
-                raise
         revoke_keys(
             set(
                 ApiKey.objects.filter(
-                    label=KEY_LABEL_PREFIX + ns, revoked_at__isnull=True
+                    Q(label=KEY_LABEL_PREFIX + ns)
+                    | Q(label__startswith=f"{KEY_LABEL_PREFIX}{ns}/"),
+                    revoked_at__isnull=True,
                 ).values_list("lookup", flat=True)
             )
         )
@@ -208,26 +266,28 @@ class KubernetesActuator(Actuator):
                 if create_exc.status != 409:  # created meanwhile: fine
                     raise
 
-    def _rotate_key(self, tenant: Tenant, ns: str, label: str) -> str:
-        """Mint the tenant's new shared key and put it in the Secret; return its lookup."""
-        key, token = mint_agent_key(tenant, KEY_LABEL_PREFIX + ns)
-        body = m.render_secret(ns, label, token, key.lookup)
+    def _rotate_key(self, tenant: Tenant, ns: str, label: str, pool: str = DEFAULT_POOL) -> str:
+        """Mint the pool's new shared key and put it in its Secret; return its lookup."""
+        key, token = mint_agent_key(tenant, key_label(ns, pool))
+        body = m.render_secret(ns, label, token, key.lookup, pool)
         try:
-            self.core.replace_namespaced_secret(m.SECRET_NAME, ns, body, field_validation=STRICT)
+            self.core.replace_namespaced_secret(
+                m.secret_name(pool), ns, body, field_validation=STRICT
+            )
         except ApiException as exc:
             if not _missing(exc):
                 revoke_keys({key.lookup})
                 raise
             self.core.create_namespaced_secret(ns, body, field_validation=STRICT)
-        log.info("kubernetes actuator: minted a new agent key for %s", ns)
+        log.info("kubernetes actuator: minted a new agent key for %s (pool %s)", ns, pool)
         return key.lookup
 
-    def _revoke_superseded(self, tenant: Tenant, ns: str, current_lookup: str) -> int:
-        """Revoke older keys of this tenant's Deployment that no registered agent uses any more."""
+    def _revoke_superseded(
+        self, tenant: Tenant, ns: str, current_lookup: str, pool: str = DEFAULT_POOL
+    ) -> int:
+        """Revoke older keys of this pool's Deployment that no registered agent uses any more."""
         stale = set(
-            ApiKey.objects.filter(
-                tenant=tenant, label=KEY_LABEL_PREFIX + ns, revoked_at__isnull=True
-            )
+            ApiKey.objects.filter(tenant=tenant, label=key_label(ns, pool), revoked_at__isnull=True)
             .exclude(lookup=current_lookup)
             .values_list("lookup", flat=True)
         )
@@ -238,7 +298,7 @@ class KubernetesActuator(Actuator):
         )
         return revoke_keys(stale - in_use)
 
-    def _ensure_network_policy(self, ns: str, label: str) -> None:
+    def _ensure_network_policy(self, ns: str, label: str, pool: str = DEFAULT_POOL) -> None:
         if not self.settings.network_policy:
             self._remove_network_policies(ns, label)
             return
@@ -253,18 +313,17 @@ class KubernetesActuator(Actuator):
                     ns,
                 )
             return
-        body = m.render_network_policy(ns, label, server, self.settings.cluster_dns())
+        body = m.render_network_policy(ns, label, server, self.settings.cluster_dns(), pool=pool)
+        name = m.deployment_name(pool)
         try:
-            existing = self.net.read_namespaced_network_policy(m.AGENT_NAME, ns)
+            existing = self.net.read_namespaced_network_policy(name, ns)
         except ApiException as exc:
             if not _missing(exc):
                 raise
             self.net.create_namespaced_network_policy(ns, body, field_validation=STRICT)
             return
         if self.api_client.sanitize_for_serialization(existing.spec) != body["spec"]:
-            self.net.replace_namespaced_network_policy(
-                m.AGENT_NAME, ns, body, field_validation=STRICT
-            )
+            self.net.replace_namespaced_network_policy(name, ns, body, field_validation=STRICT)
 
     def _remove_network_policies(self, ns: str, label: str) -> None:
         """The toggle is off: delete the policies an earlier run installed (once per namespace).

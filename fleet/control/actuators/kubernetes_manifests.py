@@ -17,7 +17,9 @@ import base64
 import logging
 import math
 
+from fleet.control.actuators.base import PoolSpec
 from fleet.control.actuators.settings import ControlSettings
+from fleet.models import DEFAULT_POOL
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +34,31 @@ AGENT_UID = 10001
 HOME = "/home/agent"
 
 
-def agent_labels(label: str) -> dict[str, str]:
-    return {
-        APP_LABEL: AGENT_NAME,
+POOL_LABEL = "cloacina.io/pool"  # on a named pool's objects; none: the default pool
+
+
+def deployment_name(pool: str = DEFAULT_POOL) -> str:
+    """The default pool's Deployment is ``cloacina-agent`` (as before pools); a named pool's
+    ``cloacina-agent-<pool>``.  Also its pods' app label and its NetworkPolicy's name, so
+    no Deployment's selector ever matches another pool's pods."""
+    return AGENT_NAME if pool == DEFAULT_POOL else f"{AGENT_NAME}-{pool}"
+
+
+def secret_name(pool: str = DEFAULT_POOL) -> str:
+    """Each pool's agents share one key, in their own Secret (rotated with their rollout)."""
+    return SECRET_NAME if pool == DEFAULT_POOL else f"{SECRET_NAME}-{pool}"
+
+
+def agent_labels(label: str, pool: str = DEFAULT_POOL) -> dict[str, str]:
+    labels = {
+        APP_LABEL: deployment_name(pool),
         "app.kubernetes.io/managed-by": "cloacina",
         MANAGED_LABEL: "true",
         TENANT_LABEL: label,
     }
+    if pool != DEFAULT_POOL:
+        labels[POOL_LABEL] = pool
+    return labels
 
 
 def render_namespace(name: str, label: str) -> dict:
@@ -57,14 +77,19 @@ def render_namespace(name: str, label: str) -> dict:
     }
 
 
-def render_secret(namespace: str, label: str, token: str, lookup: str) -> dict:
+def render_secret(
+    namespace: str, label: str, token: str, lookup: str, pool: str = DEFAULT_POOL
+) -> dict:
+    labels = {MANAGED_LABEL: "true", TENANT_LABEL: label}
+    if pool != DEFAULT_POOL:
+        labels[POOL_LABEL] = pool
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {
-            "name": SECRET_NAME,
+            "name": secret_name(pool),
             "namespace": namespace,
-            "labels": {MANAGED_LABEL: "true", TENANT_LABEL: label},
+            "labels": labels,
             "annotations": {KEY_ANNOTATION: lookup},  # the public half only, to revoke it later
         },
         "type": "Opaque",
@@ -72,8 +97,26 @@ def render_secret(namespace: str, label: str, token: str, lookup: str) -> dict:
     }
 
 
-def render_deployment(namespace: str, label: str, replicas: int, s: ControlSettings) -> dict:
-    labels = agent_labels(label)
+def pool_resources(spec: PoolSpec, s: ControlSettings) -> dict:
+    """Requests and limits of one agent container: the pool's CPU and memory (request =
+    limit: a pool says what each agent gets) else the platform's CLOACINA_AGENT_*; GPUs as
+    ``nvidia.com/gpu`` limits (the device plugin's resource)."""
+    requests = {
+        "cpu": spec.cpu or s.agent_cpu_request,
+        "memory": spec.memory or s.agent_memory_request,
+    }
+    limits = {"cpu": spec.cpu or s.agent_cpu_limit, "memory": spec.memory or s.agent_memory_limit}
+    if spec.gpu:
+        limits["nvidia.com/gpu"] = str(spec.gpu)
+    return {"requests": requests, "limits": limits}
+
+
+def render_deployment(
+    namespace: str, label: str, replicas: int, s: ControlSettings, spec: PoolSpec | None = None
+) -> dict:
+    spec = spec or PoolSpec()
+    name = deployment_name(spec.name)
+    labels = agent_labels(label, spec.name)
     container = {
         "name": "agent",
         "image": s.agent_image,
@@ -84,24 +127,20 @@ def render_deployment(namespace: str, label: str, replicas: int, s: ControlSetti
             s.server_url,
             "--name",
             "$(POD_NAME)",  # expanded by the kubelet: one roster name per pod
-            "--max-concurrency",
-            str(s.agent_max_concurrency),
+            *spec.runagent_args(s.agent_max_concurrency),
         ],
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {
                 "name": "CLOACINA_AGENT_API_KEY",
-                "valueFrom": {"secretKeyRef": {"name": SECRET_NAME, "key": SECRET_KEY}},
+                "valueFrom": {"secretKeyRef": {"name": secret_name(spec.name), "key": SECRET_KEY}},
             },
             {"name": "CLOACINA_SERVER_URL", "value": s.server_url},
             {"name": "HOME", "value": HOME},
             # runagent unpacks packages under $CLOACINA_HOME: keep it on the writable volume.
             {"name": "CLOACINA_HOME", "value": f"{HOME}/.cloacina"},
         ],
-        "resources": {
-            "requests": {"cpu": s.agent_cpu_request, "memory": s.agent_memory_request},
-            "limits": {"cpu": s.agent_cpu_limit, "memory": s.agent_memory_limit},
-        },
+        "resources": pool_resources(spec, s),
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -119,10 +158,10 @@ def render_deployment(namespace: str, label: str, replicas: int, s: ControlSetti
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": AGENT_NAME, "namespace": namespace, "labels": labels},
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "spec": {
             "replicas": replicas,
-            "selector": {"matchLabels": {APP_LABEL: AGENT_NAME, TENANT_LABEL: label}},
+            "selector": {"matchLabels": {APP_LABEL: name, TENANT_LABEL: label}},
             # Never drop below the requested capacity while pods are replaced.
             "strategy": {
                 "type": "RollingUpdate",
@@ -179,24 +218,27 @@ def render_network_policy(
     label: str,
     server: tuple[str, dict[str, str], int],
     dns: tuple[str, dict[str, str]] | None = None,
+    pool: str = DEFAULT_POOL,
 ) -> dict:
     """Deny all ingress; egress only to the cluster DNS pods (53 UDP+TCP) and the server pods.
 
     ``dns`` is (namespace, pod labels) of the cluster DNS, by default kube-system's
-    ``k8s-app=kube-dns`` pods: port 53 anywhere else would be an open tunnel out.
+    ``k8s-app=kube-dns`` pods: port 53 anywhere else would be an open tunnel out.  One
+    policy per pool (its pods' app label), named like the pool's Deployment.
     """
     dns_ns, dns_labels = dns or ControlSettings().cluster_dns()
     server_ns, server_labels, server_port = server
+    name = deployment_name(pool)
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": {
-            "name": AGENT_NAME,
+            "name": name,
             "namespace": namespace,
             "labels": {MANAGED_LABEL: "true", TENANT_LABEL: label},
         },
         "spec": {
-            "podSelector": {"matchLabels": {APP_LABEL: AGENT_NAME}},
+            "podSelector": {"matchLabels": {APP_LABEL: name}},
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [],
             "egress": [

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from fleet.control.actuators.base import Actuator, AgentHandle, ReconcileResult, label_of
+from collections.abc import Sequence
+
+from fleet.control.actuators.base import (
+    Actuator,
+    AgentHandle,
+    PoolSpec,
+    ReconcileResult,
+    label_of,
+    pool_specs,
+)
 from fleet.models import Tenant
 
 
@@ -12,8 +21,9 @@ class NoopActuator(Actuator):
     def actual(self, tenant: Tenant | str) -> list[AgentHandle]:
         return []
 
-    def reconcile(self, tenant: Tenant, desired: int) -> ReconcileResult:
-        return ReconcileResult(label_of(tenant), desired, actual=0)
+    def reconcile(self, tenant: Tenant, desired: int | Sequence[PoolSpec]) -> ReconcileResult:
+        total = sum(spec.desired for spec in pool_specs(desired))
+        return ReconcileResult(label_of(tenant), total, actual=0)
 
     def stop_all(self, tenant: Tenant | str) -> int:
         return 0

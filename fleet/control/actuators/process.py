@@ -12,6 +12,12 @@ that exits without being asked is restarted under the same name (so its
 registration replaces the dead one at once).  The key of every child that is
 gone is revoked.
 
+Agents are started per pool (:class:`~fleet.control.actuators.base.PoolSpec`): a pool's
+children get its ``--tags`` (with ``pool:<name>``), ``--capabilities`` and
+``--max-concurrency`` and are named ``proc-<pid>-<pool>-<n>`` (the default pool's
+``proc-<pid>-<n>``, as before pools); each pool is counted, grown and drained on its own,
+and the children of a pool no longer asked for are drained.
+
 Children die with the server (PR_SET_PDEATHSIG), so a killed leader never
 leaves orphans for its successor to double-count.  PDEATHSIG fires when the
 *thread* that forked exits, so every spawn happens on one long-lived thread.
@@ -29,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,13 +44,15 @@ from agents.models import Agent
 from fleet.control.actuators.base import (
     Actuator,
     AgentHandle,
+    PoolSpec,
     ReconcileResult,
     label_of,
     mint_agent_key,
+    pool_specs,
     revoke_keys,
 )
 from fleet.executors.fleet import lifecycle
-from fleet.models import Tenant
+from fleet.models import DEFAULT_POOL, Tenant
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +104,14 @@ class Child:
     proc: subprocess.Popen
     seq: int
     log_path: Path
+    pool: str = DEFAULT_POOL
     draining_since: float | None = None
 
     def handle(self) -> AgentHandle:
         state = "draining" if self.draining_since is not None else "running"
-        return AgentHandle(self.name, self.label, str(self.proc.pid), state, self.key_lookup)
+        return AgentHandle(
+            self.name, self.label, str(self.proc.pid), state, self.key_lookup, self.pool
+        )
 
 
 class ProcessActuator(Actuator):
@@ -160,32 +172,53 @@ class ProcessActuator(Actuator):
             return {label for label, kids in self._children.items() if kids}
 
     # -- reconcile -------------------------------------------------------------------
-    def reconcile(self, tenant: Tenant, desired: int) -> ReconcileResult:
+    def reconcile(self, tenant: Tenant, desired: int | Sequence[PoolSpec]) -> ReconcileResult:
         label = label_of(tenant)
+        specs = pool_specs(desired)
         with self._lock:
             crashed = self._reap(label)
             kids = self._children.setdefault(label, [])
             running = [c for c in kids if c.draining_since is None]
-            result = ReconcileResult(label, desired, actual=len(running) + len(crashed))
+            total = sum(spec.desired for spec in specs)
+            result = ReconcileResult(label, total, actual=len(running) + len(crashed))
             if self.server_url is None:
                 result.notes.append("server not listening yet: nothing started")
                 return result
-            # A crashed child is replaced under its own name: the new registration
-            # supersedes the stale roster row, so its work is reclaimed at once.
-            for dead in crashed[: max(desired - len(running), 0)]:
-                kids.append(self._spawn(tenant, label, dead.name))
-                result.restarted += 1
-            running = [c for c in kids if c.draining_since is None]
-            for _ in range(desired - len(running)):
-                kids.append(self._spawn(tenant, label, None))
-                result.started += 1
-            surplus = len(running) - desired
-            if surplus > 0:
-                for child in sorted(running, key=lambda c: c.seq, reverse=True)[:surplus]:
-                    self._drain(child)
-                    result.stopped += 1
+            for spec in specs:
+                self._reconcile_pool(tenant, label, spec, kids, crashed, result)
+            # Agents of a pool that is no longer asked for (deleted): drain them all.
+            wanted = {spec.name for spec in specs}
+            for child in [c for c in kids if c.draining_since is None and c.pool not in wanted]:
+                self._drain(child)
+                result.stopped += 1
             self._mark_managed(kids)
             return result
+
+    def _reconcile_pool(
+        self,
+        tenant: Tenant,
+        label: str,
+        spec: PoolSpec,
+        kids: list[Child],
+        crashed: list[Child],
+        result: ReconcileResult,
+    ) -> None:
+        running = [c for c in kids if c.draining_since is None and c.pool == spec.name]
+        # A crashed child is replaced under its own name: the new registration
+        # supersedes the stale roster row, so its work is reclaimed at once.
+        mine = [c for c in crashed if c.pool == spec.name]
+        for dead in mine[: max(spec.desired - len(running), 0)]:
+            kids.append(self._spawn(tenant, label, dead.name, spec))
+            result.restarted += 1
+        running = [c for c in kids if c.draining_since is None and c.pool == spec.name]
+        for _ in range(spec.desired - len(running)):
+            kids.append(self._spawn(tenant, label, None, spec))
+            result.started += 1
+        surplus = len(running) - spec.desired
+        if surplus > 0:
+            for child in sorted(running, key=lambda c: c.seq, reverse=True)[:surplus]:
+                self._drain(child)
+                result.stopped += 1
 
     def stop_all(self, tenant: Tenant | str) -> int:
         label = label_of(tenant)
@@ -197,9 +230,13 @@ class ProcessActuator(Actuator):
             return len(stopping)
 
     # -- lifecycle of one child ----------------------------------------------------
-    def _spawn(self, tenant: Tenant, label: str, name: str | None) -> Child:
+    def _spawn(
+        self, tenant: Tenant, label: str, name: str | None, spec: PoolSpec | None = None
+    ) -> Child:
+        spec = spec or PoolSpec()
         seq = next(self._seq)
-        name = name or f"proc-{os.getpid()}-{seq}"
+        pool_part = "" if spec.is_default else f"{spec.name}-"
+        name = name or f"proc-{os.getpid()}-{pool_part}{seq}"
         key, token = mint_agent_key(tenant, f"process actuator: {name}")
         env = agent_environment(os.environ, self.pass_env)
         env["CLOACINA_AGENT_API_KEY"] = token
@@ -211,8 +248,7 @@ class ProcessActuator(Actuator):
             str(self.server_url),
             "--name",
             name,
-            "--max-concurrency",
-            str(self.max_concurrency),
+            *spec.runagent_args(self.max_concurrency),
             *self.extra_args,
         ]
         # Agent logs name tasks and their errors: not for the task user's eyes.
@@ -245,7 +281,7 @@ class ProcessActuator(Actuator):
             tenant.name,
             log_path,
         )
-        return Child(name, label, tenant.pk, key.lookup, proc, seq, log_path)
+        return Child(name, label, tenant.pk, key.lookup, proc, seq, log_path, spec.name)
 
     def _drain(self, child: Child) -> None:
         # Stop new work first (the dispatcher only picks live agents), then let it finish.

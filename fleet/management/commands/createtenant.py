@@ -7,7 +7,7 @@ import re
 from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError, transaction
 
-from fleet.models import ChangeReason, FleetChange, Tenant
+from fleet.models import DEFAULT_POOL, AgentPool, ChangeReason, FleetChange, Tenant
 from fleet.platform.config import get_config
 from fleet.platform.schema import ensure_schema
 
@@ -50,6 +50,8 @@ def create_tenant(name: str, max_agents: int | None = None) -> tuple[Tenant, boo
                     )
                 )  # fmt: skip
             FleetChange.objects.bulk_create(changes)
+            # Its default pool (docs/control-plane.md, "Agent pools"): holds the seeded count.
+            AgentPool.objects.create(tenant=tenant, name=DEFAULT_POOL)
     except IntegrityError:  # created concurrently by someone else: still idempotent
         return Tenant.objects.get(name=name), False
     return tenant, True

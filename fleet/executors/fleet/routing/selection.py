@@ -7,8 +7,9 @@ reservation for a compiled :class:`~fleet.executors.fleet.routing.selectors.Choi
 * :class:`Chosen` — an agent's slot is reserved (and the task's bindings recorded);
 * :class:`NoFreeAgent` — agents that match exist but none can take it now (full, no
   socket, below a floor, bound elsewhere): transient, the task waits;
-* :class:`NoMatchingAgent` — live agents exist and none could ever take it, or its
-  ``agent`` selector names no registered agent: permanent, the task fails.
+* :class:`NoMatchingAgent` — live agents exist and none could ever take it, no agent pool
+  that could run it can still grow (:mod:`~fleet.executors.fleet.routing.pool_match`), or
+  its ``agent`` selector names no registered agent: permanent, the task fails.
 
 With no live agent at all in the tenant the wait is transient (an agent may start).
 """
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 
 from django.db import connection
 
-from fleet.executors.fleet.routing import affinity, groups
+from fleet.executors.fleet.routing import affinity, groups, pool_match
 from fleet.executors.fleet.routing.affinity import BindingKey
 from fleet.executors.fleet.routing.candidates import ReservedAgent, no_capacity_reason
 from fleet.executors.fleet.routing.metrics import (
@@ -225,6 +226,10 @@ def _no_agent(
             if selectors.static_text()
             else "accepts untargeted work (every one is exclusive)"
         )
+        # A pool that could run it and can still grow (or is starting agents): wait for it.
+        waiting = pool_match.scalable_pool_reason(request.tenant_id, selectors)
+        if waiting is not None:
+            return NoFreeAgent(waiting)
         return NoMatchingAgent(
             f"none of the {census.live} live agent(s) of tenant {tenant} {what}: {listed}"
         )
