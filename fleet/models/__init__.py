@@ -21,7 +21,7 @@ from fleet.models.schedules import (
     ScheduleFire,
     ScheduleSource,
 )
-from fleet.models.servers import ServerInstance
+from fleet.models.servers import Installation, ServerInstance
 from fleet.platform.tenancy import ApiKey, Role, Tenant, TenantMembership
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_POOL",
     "AgentEventCount",
     "BindingKind",
+    "Installation",
     "Catchup",
     "FireOutcome",
     "Overlap",

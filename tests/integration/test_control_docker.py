@@ -12,7 +12,7 @@ from fleet.control.actuators.docker import DockerActuator
 from fleet.control.actuators.naming import tenant_label
 from fleet.control.actuators.settings import ControlSettings
 from fleet.control.reconciler import reconcile_all
-from fleet.models import ApiKey, Role, Tenant
+from fleet.models import ApiKey, Installation, Role, Tenant
 from tests.support.fakes.docker_engine import FakeDockerEngine
 
 SERVER_URL = "http://cloacina.internal:8000"
@@ -70,6 +70,7 @@ def test_it_starts_labelled_containers_each_with_its_own_key(engine, actuator, t
         name = c.name
         assert c.labels == {
             "cloacina.managed": "true",
+            "cloacina.installation": Installation.current_id(),
             "cloacina.tenant": label,
             "cloacina.agent": name,
             "cloacina.key": c.labels["cloacina.key"],
@@ -125,6 +126,26 @@ def test_it_never_touches_other_tenants_or_unmanaged_containers(
     actuator.stop_all(tenant)
     assert theirs.signals == [] and theirs.state == "running"
     assert foreign.signals == [] and foreign.state == "running"
+
+
+def test_another_installations_agents_on_the_same_daemon_are_never_touched(
+    engine, actuator, tenant
+):
+    """Two installations on one daemon: each one's containers look like a deleted tenant's
+    to the other; the installation label keeps their hands off. A managed container without
+    the label (started before it existed) is still ours: its deleted tenant's agent goes."""
+    managed = {"cloacina.managed": "true", "cloacina.agent": "x", "cloacina.key": ""}
+    elsewhere = engine.add_foreign(
+        "theirs",
+        {**managed, "cloacina.tenant": "ghost", "cloacina.installation": "another-installation"},
+    )
+    legacy = engine.add_foreign("legacy", {**managed, "cloacina.tenant": "gone"})
+    Tenant.objects.filter(pk=tenant.pk).update(desired_count=1)
+    reconcile_all(actuator)
+    assert actuator.managed_labels() == {tenant_label("acme"), "gone"}
+    assert elsewhere.signals == [] and elsewhere.state == "running"
+    assert legacy.signals == ["SIGTERM"]
+    assert Installation.current_id() != "another-installation"
 
 
 def test_scale_down_drains_the_newest_and_revokes_its_key_once_gone(

@@ -6,6 +6,10 @@ another tenant's containers.  Each container gets its own freshly minted agent
 key (env CLOACINA_AGENT_API_KEY) and the server URL; the key's public lookup
 part is a label too, so the key of a container that is gone can be revoked.
 
+Every container also carries ``cloacina.installation=<this installation's id>``
+(:class:`fleet.models.Installation`): two installations sharing one daemon each see only
+their own (a container without the label, from before it existed, is taken as ours).
+
 Per pool: a named pool's containers carry ``cloacina.pool=<name>`` and start with its tags,
 capabilities, slots, CPU, memory and GPUs; a container without the label is the default
 pool's (so containers started before pools existed are adopted).
@@ -43,7 +47,7 @@ from fleet.control.actuators.settings import (
     memory_bytes,
 )
 from fleet.executors.fleet import lifecycle
-from fleet.models import DEFAULT_POOL, Tenant
+from fleet.models import DEFAULT_POOL, Installation, Tenant
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,7 @@ TENANT_LABEL = "cloacina.tenant"
 AGENT_LABEL = "cloacina.agent"
 KEY_LABEL = "cloacina.key"
 POOL_LABEL = "cloacina.pool"
+INSTALLATION_LABEL = "cloacina.installation"
 MANAGED_BY = "docker"
 AGENT_UID = "10001:10001"
 
@@ -108,6 +113,13 @@ class DockerActuator(Actuator):
         self.client = client_factory() if client_factory else docker.from_env()
         self.clock = clock
         self._draining: dict[str, float] = {}  # container id → when the drain started
+        self._installation = ""  # read from the database on first use (not at import)
+
+    @property
+    def installation(self) -> str:
+        if not self._installation:
+            self._installation = Installation.current_id()
+        return self._installation
 
     def describe(self) -> str:
         return f"docker ({self.client.api.base_url}, image {self.settings.agent_image})"
@@ -119,6 +131,8 @@ class DockerActuator(Actuator):
         boxes = []
         for c in containers:
             labels = c.attrs.get("Labels") or {}
+            if labels.get(INSTALLATION_LABEL, self.installation) != self.installation:
+                continue  # another installation's agent on the same daemon: never ours to touch
             names = c.attrs.get("Names") or [c.id]
             boxes.append(
                 Box(
@@ -246,6 +260,7 @@ class DockerActuator(Actuator):
             },
             labels={
                 MANAGED_LABEL: "true",
+                INSTALLATION_LABEL: self.installation,
                 TENANT_LABEL: label,
                 AGENT_LABEL: name,
                 KEY_LABEL: key.lookup,
