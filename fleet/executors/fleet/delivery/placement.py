@@ -240,9 +240,8 @@ def reserve_agent(
     order = choice.order.replace(CANDIDATES, candidates)
     with connection.cursor() as cursor:
         for _ in range(SKIP_LOCKED_ROUNDS):
-            sql = ledger.reserve_one_sql(candidates, order, "SKIP LOCKED")
-            cursor.execute(f"WITH reserved AS ({sql}) {then_sql}", params)
-            row = cursor.fetchone()
+            sql = ledger.reserve_one_sql(candidates, order, skip_locked=True)
+            row = _attempt(cursor, f"WITH reserved AS ({sql}) {then_sql}", params)
             if row is not None:
                 return ReservedAgent(*row)
             cursor.execute(ledger.any_candidate_sql(candidates), params)
@@ -250,10 +249,23 @@ def reserve_agent(
                 return None  # nothing to wait for: every candidate is full or absent
         # Candidates exist but are locked by concurrent reservations: wait for one; the
         # UPDATE re-checks the free slot on the committed row.
-        sql = ledger.reserve_one_sql(candidates, order, "")
-        cursor.execute(f"WITH reserved AS ({sql}) {then_sql}", params)
-        row = cursor.fetchone()
+        sql = ledger.reserve_one_sql(candidates, order, skip_locked=False)
+        row = _attempt(cursor, f"WITH reserved AS ({sql}) {then_sql}", params)
         return ReservedAgent(*row) if row is not None else None
+
+
+def _attempt(cursor, sql: str, params: dict) -> tuple | None:
+    """Run one reservation statement in a savepoint; its row, or None with the savepoint
+    rolled back.  A statement that took nothing may still hold the lock of a row it found
+    full once the lock came (the recheck after a lock wait keeps the lock): rolling back
+    lets it go, so a reservation never waits for an agent while holding another it did not
+    take — the wait cycle two reservations would otherwise deadlock in."""
+    with transaction.atomic():
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+        if row is None:
+            transaction.set_rollback(True)
+        return row
 
 
 def enqueue_on_best_agent(

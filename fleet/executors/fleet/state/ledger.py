@@ -72,12 +72,19 @@ def open_row(row: str) -> str:
 # -- placement: a slot taken and a packet written, in one statement ------------------
 
 
-def reserve_one_sql(candidates: str, order: str, skip: str) -> str:
+def reserve_one_sql(candidates: str, order: str, skip_locked: bool) -> str:
     """Take one slot on the best candidate (``candidates``: SQL over ``agents_agent a``,
     ranked by ``order``, the selection's ``Choice.order``), as the CTE body ``reserved``.
     The UPDATE re-checks the state and the capacity on the locked row, so two reservations
     never overfill an agent; ``last_selected_at`` is the least-recently-selected key's
-    memory.  ``skip``: "SKIP LOCKED" or ""."""
+    memory.
+
+    ``skip_locked``: pass over candidates locked by concurrent reservations.  Without it
+    the best candidate is chosen without a lock and only the UPDATE waits, on that one
+    row: a blocking ``FOR UPDATE`` in the ranking would lock a row, find it full once its
+    lock came, keep it and wait for the next — two such reservations, ranking two agents
+    in opposite orders, deadlock."""
+    lock = "FOR UPDATE OF a SKIP LOCKED" if skip_locked else ""
     return f"""
     UPDATE agents_agent AS r
     SET {take_slots("r")}, last_selected_at = clock_timestamp(), {breaker.probe_taken("r")}
@@ -85,7 +92,7 @@ def reserve_one_sql(candidates: str, order: str, skip: str) -> str:
         SELECT a.id FROM agents_agent a
         WHERE {candidates}
         ORDER BY {order}
-        LIMIT 1 FOR UPDATE OF a {skip}
+        LIMIT 1 {lock}
     ) AND r.state = 'live' AND {has_free_slot("r")} AND {breaker.admits("r")}
     RETURNING r.id, r.name, r.target_triple
     """
