@@ -9,6 +9,36 @@ from pathlib import Path
 from agents.sandbox.task_isolation import ENV_TASK_PYTHON, task_user, unreachable_for
 
 os.environ.setdefault("CLOACINA_HOME", str(Path(tempfile.gettempdir()) / "cloacina-test-home"))
+
+
+# The URL of the embedded server this run's settings started (not one given by the caller).
+EMBEDDED_URL_ENV = "CLOACINA_TEST_EMBEDDED_DATABASE_URL"
+
+
+def _home_per_worker() -> None:
+    """Under pytest-xdist (scripts/test runs the slow layers with -n), each worker gets a
+    CLOACINA_HOME of its own below the given one, so its own embedded PostgreSQL, bench
+    database, secret key and artifacts: parallel workers share no server, lock or file.
+
+    The workers inherit the environment of pytest's controller, whose settings started the
+    embedded server of the parent home and exported its URL: that URL is dropped, so the
+    worker starts its own.  A DATABASE_URL given by the caller is kept (pytest-django then
+    gives each worker its own test database on that server)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    parent = Path(os.environ["CLOACINA_HOME"])
+    os.environ["CLOACINA_HOME"] = str(parent / worker)
+    if os.environ.get("DATABASE_URL") and os.environ.get(EMBEDDED_URL_ENV) == os.environ.get(
+        "DATABASE_URL"
+    ):
+        del os.environ["DATABASE_URL"]
+        if os.environ.get("XDG_RUNTIME_DIR") == str(parent / "run"):
+            del os.environ["XDG_RUNTIME_DIR"]  # the embedded server sets the worker's own
+
+
+_home_per_worker()
+_DATABASE_GIVEN = bool(os.environ.get("DATABASE_URL"))
 Path(os.environ["CLOACINA_HOME"]).mkdir(parents=True, exist_ok=True)
 os.environ.setdefault("CLOACINA_SECRET_KEY", "test-secret-key-not-for-production")
 
@@ -31,3 +61,6 @@ def _task_python_for_root() -> None:
 _task_python_for_root()
 
 from cloacina_site.settings import *  # noqa: E402,F403
+
+if not _DATABASE_GIVEN and "DATABASE_URL" in os.environ:
+    os.environ[EMBEDDED_URL_ENV] = os.environ["DATABASE_URL"]

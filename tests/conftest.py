@@ -30,6 +30,8 @@ def tmp_path(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     of a failed end-to-end run are still there to read."""
     if os.geteuid() == 0:
         root = tmp_path_factory.getbasetemp().parent
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            root = root.parent  # a worker's basetemp is <run's basetemp>/popen-gwN
         for folder in [*reversed(tmp_path.parents), tmp_path]:
             if folder == root or root in folder.parents:
                 mode = 0o777 if folder == tmp_path else 0o711  # passable, not listable

@@ -109,6 +109,11 @@ def test_a_connection_owns_the_agent_and_beats_and_confirms_over_the_socket(tena
     assert local_sockets.get(agent.id) is None
 
 
+# Any execution id: the frames are refused for the assignment number next to it.  Fixed, not
+# uuid4(), so every pytest-xdist worker collects the same test ids.
+HELD_EXECUTION = "5a0f1c52-7d3e-4e0b-9c1a-2b6f0d4e8a17"
+
+
 @pytest.mark.parametrize(
     ("frame", "why"),
     [
@@ -124,10 +129,10 @@ def test_a_connection_owns_the_agent_and_beats_and_confirms_over_the_socket(tena
         (f'{{"type": "received", "outbox_id": {2**63}}}', "outbox_id just past bigint"),
         ('{"type": "received", "outbox_id": 0}', "outbox_id zero"),
         ('{"type": "received", "outbox_id": -5}', "outbox_id negative"),
-        (f'{{"type": "hello", "holding": [["{uuid.uuid4()}", {2**31}]]}}', "assignment past int"),
-        (f'{{"type": "hello", "holding": [["{uuid.uuid4()}", "3"]]}}', "assignment a string"),
-        (f'{{"type": "hello", "holding": [["{uuid.uuid4()}", 1.5]]}}', "assignment a float"),
-        (f'{{"type": "hello", "holding": [["{uuid.uuid4()}", true]]}}', "assignment a bool"),
+        (f'{{"type": "hello", "holding": [["{HELD_EXECUTION}", {2**31}]]}}', "assignment past int"),
+        (f'{{"type": "hello", "holding": [["{HELD_EXECUTION}", "3"]]}}', "assignment a string"),
+        (f'{{"type": "hello", "holding": [["{HELD_EXECUTION}", 1.5]]}}', "assignment a float"),
+        (f'{{"type": "hello", "holding": [["{HELD_EXECUTION}", true]]}}', "assignment a bool"),
     ],
 )
 def test_a_malformed_frame_is_closed_4400(tenant, agent_key, frame, why):

@@ -133,12 +133,26 @@ class ManagedProcess:
         if self.poll() is None:
             os.kill(self.pid, sig)
 
+    @property
+    def is_server(self) -> bool:
+        """Whether this is a `serve` (which agents talk to, so it is stopped after them)."""
+        return self.args[1:3] == [MANAGE, "serve"]
+
     def stop(self, grace_s: float = STOP_GRACE_S) -> int:
         """SIGTERM, wait up to ``grace_s``, then SIGKILL the whole process group."""
+        self.terminate()
+        return self.reap(time.monotonic() + grace_s)
+
+    def terminate(self) -> None:
+        """SIGTERM, if it is still running: the start of a clean stop."""
+        self.signal(signal.SIGTERM)
+
+    def reap(self, deadline: float) -> int:
+        """Wait for the exit until ``deadline`` (time.monotonic()), then SIGKILL the whole
+        process group; the exit code."""
         if self.poll() is None:
-            self.signal(signal.SIGTERM)
             try:
-                self.popen.wait(grace_s)
+                self.popen.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
         self.kill_group()
@@ -179,8 +193,17 @@ class Processes:
         self.stop_all()
 
     def stop_all(self) -> None:
-        for process in reversed(self.processes):
-            process.stop()
+        """Stop every process: first the agents (and any other non-server), then the servers
+        they talk to.  Each group gets SIGTERM at once and one grace period together, so a
+        teardown waits for its slowest process rather than for the sum of their shutdowns."""
+        servers = [p for p in reversed(self.processes) if p.is_server]
+        others = [p for p in reversed(self.processes) if not p.is_server]
+        for group in (others, servers):
+            for process in group:
+                process.terminate()
+            deadline = time.monotonic() + STOP_GRACE_S
+            for process in group:
+                process.reap(deadline)
 
     def env(self, **extra: str) -> dict:
         env = dict(os.environ)
