@@ -10,8 +10,9 @@ so an actuator never lists, starts or stops another tenant's agents.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from fleet.control.actuators.naming import tenant_label
 from fleet.executors.fleet import lifecycle
@@ -80,6 +81,32 @@ def pool_specs(desired: int | Sequence[PoolSpec]) -> list[PoolSpec]:
     if isinstance(desired, int):
         return [PoolSpec(DEFAULT_POOL, desired)]
     return list(desired)
+
+
+Agent = TypeVar("Agent")  # an actuator's handle on one agent: a child process, a container
+
+
+@dataclass(frozen=True)
+class PoolPlan(Generic[Agent]):
+    """What one pool's reconcile does: crashed agents to replace under their own names
+    (the new registration supersedes the stale roster row, so their work is reclaimed at
+    once), how many new agents to start, and the running ones to drain (the newest)."""
+
+    replace: list[Agent]
+    start: int
+    drain: list[Agent]
+
+
+def plan_pool(
+    desired: int, running: list[Agent], crashed: list[Agent], age: Callable[[Agent], int]
+) -> PoolPlan[Agent]:
+    """The process and docker actuators' shared arithmetic for one pool: ``running`` and
+    ``crashed`` are that pool's agents, ``age`` orders them (larger: newer)."""
+    missing = max(desired - len(running), 0)
+    replace = crashed[:missing]
+    surplus = max(len(running) - desired, 0)
+    drain = sorted(running, key=age, reverse=True)[:surplus]
+    return PoolPlan(replace, missing - len(replace), drain)
 
 
 @dataclass

@@ -36,6 +36,7 @@ from fleet.control.actuators.base import (
     ReconcileResult,
     label_of,
     mint_agent_key,
+    plan_pool,
     pool_specs,
     revoke_keys,
 )
@@ -207,19 +208,16 @@ class DockerActuator(Actuator):
         crashed: list[Box],
         result: ReconcileResult,
     ) -> None:
-        restarted = 0
-        for dead in crashed[: max(spec.desired - len(running), 0)]:
+        plan = plan_pool(spec.desired, running, crashed, age=lambda b: b.created)
+        for dead in plan.replace:
             self._spawn(tenant, label, dead.name, spec)
-            restarted += 1
-        for _ in range(spec.desired - len(running) - restarted):
+        for _ in range(plan.start):
             self._spawn(tenant, label, None, spec)
-            result.started += 1
-        result.restarted += restarted
-        surplus = len(running) - spec.desired
-        if surplus > 0:
-            for box in sorted(running, key=lambda b: b.created, reverse=True)[:surplus]:
-                self._drain(box)
-                result.stopped += 1
+        for box in plan.drain:
+            self._drain(box)
+        result.restarted += len(plan.replace)
+        result.started += plan.start
+        result.stopped += len(plan.drain)
 
     def stop_all(self, tenant: Tenant | str) -> int:
         label = label_of(tenant)

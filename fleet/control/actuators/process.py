@@ -48,6 +48,7 @@ from fleet.control.actuators.base import (
     ReconcileResult,
     label_of,
     mint_agent_key,
+    plan_pool,
     pool_specs,
     revoke_keys,
 )
@@ -204,21 +205,17 @@ class ProcessActuator(Actuator):
         result: ReconcileResult,
     ) -> None:
         running = [c for c in kids if c.draining_since is None and c.pool == spec.name]
-        # A crashed child is replaced under its own name: the new registration
-        # supersedes the stale roster row, so its work is reclaimed at once.
         mine = [c for c in crashed if c.pool == spec.name]
-        for dead in mine[: max(spec.desired - len(running), 0)]:
+        plan = plan_pool(spec.desired, running, mine, age=lambda c: c.seq)
+        for dead in plan.replace:
             kids.append(self._spawn(tenant, label, dead.name, spec))
-            result.restarted += 1
-        running = [c for c in kids if c.draining_since is None and c.pool == spec.name]
-        for _ in range(spec.desired - len(running)):
+        for _ in range(plan.start):
             kids.append(self._spawn(tenant, label, None, spec))
-            result.started += 1
-        surplus = len(running) - spec.desired
-        if surplus > 0:
-            for child in sorted(running, key=lambda c: c.seq, reverse=True)[:surplus]:
-                self._drain(child)
-                result.stopped += 1
+        for child in plan.drain:
+            self._drain(child)
+        result.restarted += len(plan.replace)
+        result.started += plan.start
+        result.stopped += len(plan.drain)
 
     def stop_all(self, tenant: Tenant | str) -> int:
         label = label_of(tenant)
