@@ -20,14 +20,12 @@ from ninja import Field, Router, Schema, Status
 
 from fleet.api.contract import optional_body, optional_body_doc
 from fleet.api.fleet_status import actor_of
+from fleet.api.starts import checked_context
 from fleet.engine import ready_queue
 from fleet.engine import reruns as engine
-from fleet.engine.context import ContextError, validate_context
 from fleet.executors.fleet.routing import fairness
 from fleet.models import ExecutionLink, RerunKind, Tenant, WorkflowExecution
 from fleet.platform.auth import write_auth
-from fleet.platform.config import get_config
-from fleet.platform.errors import ErrorKind
 
 router = Router(tags=["executions"])
 
@@ -82,10 +80,7 @@ def rerun(
     """Re-run ``execution_id`` with ``context`` (None: its input); the roots go to the
     dispatch loop once committed.  Refusals are DomainErrors (404, 409, 422, 429)."""
     if context is not None:
-        try:
-            context = validate_context(context, get_config().max_context_bytes)
-        except ContextError as exc:
-            raise engine.RerunError(ErrorKind.INVALID, str(exc)) from None
+        context = checked_context(context)
     execution, roots = engine.rerun_execution(
         tenant, execution_id, actor, context, admit=_admission(tenant)
     )

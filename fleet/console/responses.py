@@ -99,3 +99,15 @@ def action_failed(request: HttpRequest, status: int, detail: str) -> HttpRespons
     return render(
         request, "console/error.html", {"status": status, "detail": detail}, status=status
     )
+
+
+def action_done_go_to(request: HttpRequest, message: str, page: str) -> HttpResponse:
+    """A successful action whose result is another page (a new execution, a re-opened one):
+    the message is kept for that page, htmx is told to load it (``HX-Redirect``), a plain
+    form is redirected to it."""
+    messages.success(request, message)
+    if is_htmx(request):
+        response = HttpResponse(status=204)
+        response["HX-Redirect"] = page
+        return response
+    return redirect(page)
