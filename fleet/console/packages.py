@@ -20,7 +20,7 @@ from fleet.api import starts
 from fleet.api.error_status import http_status
 from fleet.console.access import get_rw_tenant_for_user, get_tenant_for_user
 from fleet.console.reruns import parse_context
-from fleet.console.responses import ConsoleError, action_done, action_done_go_to, console_view
+from fleet.console.responses import ConsoleError, action_done_go_to, console_view
 from fleet.models import Tenant
 from fleet.platform.config import get_config
 from fleet.platform.errors import DomainError
@@ -69,7 +69,7 @@ def packages_table(request: HttpRequest, name: str) -> HttpResponse:
 
 @console_view(methods=["POST"])
 def upload(request: HttpRequest, name: str) -> HttpResponse:
-    """Publish the uploaded archive (201-equivalent: a flash naming the version)."""
+    """Publish the uploaded archive; then the page again, with a line naming the version."""
     tenant = get_rw_tenant_for_user(request, name)
     file = request.FILES.get("file")
     if file is None:
@@ -82,7 +82,8 @@ def upload(request: HttpRequest, name: str) -> HttpResponse:
     except DomainError as exc:
         raise ConsoleError(exc.detail, http_status(exc)) from None
     what = "published" if created else "already stored (same content)"
-    return action_done(
+    # The page again, not a partial refresh: the start form lists the new workflow.
+    return action_done_go_to(
         request,
         f"{package.name} {package.version} {what}: workflow {package.workflow_name}, "
         f"tasks {', '.join(package.task_names)}",
