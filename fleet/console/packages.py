@@ -17,13 +17,16 @@ from django.urls import reverse
 from artifacts.builds import jobs as build_jobs
 from artifacts.store import queries, services
 from fleet.api import starts
-from fleet.api.error_status import http_status
 from fleet.console.access import get_rw_tenant_for_user, get_tenant_for_user
 from fleet.console.reruns import parse_context
-from fleet.console.responses import ConsoleError, action_done_go_to, console_view
+from fleet.console.responses import (
+    ConsoleError,
+    action_done_go_to,
+    console_view,
+    refusals_answered,
+)
 from fleet.models import Tenant
 from fleet.platform.config import get_config
-from fleet.platform.errors import DomainError
 from fleet.schedules import declared
 
 PACKAGES_SHOWN = 200  # versions on the page, newest first per name; GET /api/v1/packages lists all
@@ -74,13 +77,11 @@ def upload(request: HttpRequest, name: str) -> HttpResponse:
     file = request.FILES.get("file")
     if file is None:
         raise ConsoleError("choose a package file (.tar.gz or .zip) to upload", 400)
-    try:
+    with refusals_answered():
         services.refuse_oversized_upload(file.size)  # before reading it into memory
         package, created = services.publish_package(
             tenant, file.read(), on_published=declared.sync_declared
         )
-    except DomainError as exc:
-        raise ConsoleError(exc.detail, http_status(exc)) from None
     what = "published" if created else "already stored (same content)"
     # The page again, not a partial refresh: the start form lists the new workflow.
     return action_done_go_to(
@@ -99,10 +100,9 @@ def start_execution(request: HttpRequest, name: str) -> HttpResponse:
     if not workflow:
         raise ConsoleError("choose a workflow to start", 400)
     text = request.POST.get("context", "").strip()
-    try:
-        execution = starts.start(tenant, workflow, parse_context(text) if text else {})
-    except DomainError as exc:
-        raise ConsoleError(exc.detail, http_status(exc)) from None
+    context = parse_context(text) if text else {}
+    with refusals_answered():
+        execution = starts.start(tenant, workflow, context)
     return action_done_go_to(
         request,
         f"execution {str(execution.pk)[:8]} of {workflow} started",

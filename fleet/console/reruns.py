@@ -14,13 +14,16 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 
 from fleet.api import reruns
-from fleet.api.error_status import http_status
 from fleet.console.access import get_execution_for_user
-from fleet.console.responses import ConsoleError, action_done_go_to, console_view
+from fleet.console.responses import (
+    ConsoleError,
+    action_done_go_to,
+    console_view,
+    refusals_answered,
+)
 from fleet.console.tenants import actor_of
 from fleet.models import WORKFLOW_TERMINAL, WorkflowExecution, WorkflowStatus
 from fleet.platform.config import get_config
-from fleet.platform.errors import DomainError
 
 EDITOR_MAX_CHARS = 200_000  # past this the editor shows the input read-only: edit over REST
 
@@ -62,10 +65,8 @@ def rerun(request: HttpRequest, execution_id: uuid.UUID) -> HttpResponse:
     execution = _writable(request, execution_id)
     text = request.POST.get("context", "").strip()
     context = parse_context(text) if text else None
-    try:
+    with refusals_answered():
         new = reruns.rerun(execution.tenant, execution.pk, actor_of(request), context)
-    except DomainError as exc:
-        raise ConsoleError(exc.detail, http_status(exc)) from None
     return action_done_go_to(
         request,
         f"execution {str(new.pk)[:8]} started: a re-run of {str(execution.pk)[:8]}",
@@ -77,10 +78,8 @@ def rerun(request: HttpRequest, execution_id: uuid.UUID) -> HttpResponse:
 def retry(request: HttpRequest, execution_id: uuid.UUID) -> HttpResponse:
     """Re-open the Failed execution from its failed tasks; then its page again (live)."""
     execution = _writable(request, execution_id)
-    try:
+    with refusals_answered():
         retried = reruns.retry(execution.tenant, execution.pk, actor_of(request))
-    except DomainError as exc:
-        raise ConsoleError(exc.detail, http_status(exc)) from None
     return action_done_go_to(
         request,
         f"execution {str(execution.pk)[:8]} retried: {', '.join(retried.tasks)}",

@@ -90,6 +90,16 @@ def _execution(tenant: Tenant, execution_id: uuid.UUID) -> WorkflowExecution:
     return execution
 
 
+def _record(
+    kind: str, source: WorkflowExecution, execution: WorkflowExecution, actor: str, **fields
+) -> ExecutionLink:
+    """The history row of a re-run or retry (inside the transaction of the change)."""
+    return ExecutionLink.objects.create(
+        tenant_id=source.tenant_id, kind=kind, source=source, execution=execution,
+        actor=actor[:200], **fields,
+    )  # fmt: skip
+
+
 def _admit(admit: Admission | None, adding: int) -> None:
     refusal = admit(adding) if admit else ""
     if refusal:
@@ -118,12 +128,11 @@ def rerun_execution(
         execution, roots = scheduler.start_execution_with_roots(
             tenant, source.workflow_name, new_context, source.priority, package=source.package
         )
-        ExecutionLink.objects.create(
-            tenant=tenant,
-            kind=RerunKind.RERUN,
-            source=source,
-            execution=execution,
-            actor=actor[:200],
+        _record(
+            RerunKind.RERUN,
+            source,
+            execution,
+            actor,
             at=execution.created_at,
             context_edited=context is not None and context != source.input_context,
         )
@@ -217,15 +226,8 @@ def retry_execution(
         names = [
             t.task_name for t in sorted(tasks, key=lambda t: t.position) if t.task_name in plan
         ]
-        ExecutionLink.objects.create(
-            tenant=tenant,
-            kind=RerunKind.RETRY,
-            source=execution,
-            execution=execution,
-            actor=actor[:200],
-            tasks=names,
-            previous_error=execution.error,
-        )
+        _record(RerunKind.RETRY, execution, execution, actor, tasks=names,
+                previous_error=execution.error)  # fmt: skip
     execution.refresh_from_db()
     return Retried(execution, names, ready)
 
