@@ -25,6 +25,7 @@ in the same transaction as the change they record.
 from __future__ import annotations
 
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -157,10 +158,10 @@ def retry_plan(tasks: Sequence[TaskState]) -> dict[str, str]:
         for d in waiting_on[t.name]:
             dependents.setdefault(d, []).append(t.name)
     by_name = {t.name: t for t in reopened}
-    queue = [t.name for t in reopened if not waiting_on[t.name]]
+    queue = deque(t.name for t in reopened if not waiting_on[t.name])
     plan: dict[str, str] = {}
     while queue:
-        name = queue.pop(0)
+        name = queue.popleft()
         task = by_name[name]
         states = [plan.get(d, status.get(d, TaskStatus.COMPLETED)) for d in task.dependencies]
         decided = scheduler.rule_outcome(task.trigger_rule, states) if states else None
