@@ -96,27 +96,49 @@ def retry(tenant: Tenant, execution_id: uuid.UUID, actor: str) -> engine.Retried
     return retried
 
 
-def links_of(execution: WorkflowExecution) -> dict:
-    """What GET /executions/{id} shows of re-runs and retries (one query): the execution
-    this one re-ran, the re-runs made from it, and its retries, oldest first."""
-    rerun_of, reruns, retries = None, [], []
+def history(
+    execution: WorkflowExecution,
+) -> tuple[ExecutionLink | None, list[ExecutionLink], list[ExecutionLink]]:
+    """The execution's links, oldest first, in one query: the re-run that made it (or
+    None), the re-runs made from it, and its retries."""
+    origin, reruns, retries = None, [], []
     links = ExecutionLink.objects.filter(
         Q(source=execution) | Q(execution=execution), tenant_id=execution.tenant_id
     ).order_by("at", "id")
     for link in links:
         if link.kind == RerunKind.RETRY:
-            retries.append(
-                {"actor": link.actor, "at": link.at, "tasks": list(link.tasks),
-                 "previous_error": link.previous_error}
-            )  # fmt: skip
+            retries.append(link)
         elif link.execution_id == execution.pk:
-            rerun_of = link.source_id
+            origin = link
         else:
-            reruns.append(
-                {"id": link.execution_id, "actor": link.actor, "at": link.at,
-                 "context_edited": link.context_edited}
-            )  # fmt: skip
-    return {"rerun_of": rerun_of, "reruns": reruns, "retries": retries}
+            reruns.append(link)
+    return origin, reruns, retries
+
+
+def links_of(execution: WorkflowExecution) -> dict:
+    """What GET /executions/{id} shows of re-runs and retries (see :func:`history`)."""
+    origin, reruns, retries = history(execution)
+    return {
+        "rerun_of": origin.source_id if origin else None,
+        "reruns": [
+            {
+                "id": link.execution_id,
+                "actor": link.actor,
+                "at": link.at,
+                "context_edited": link.context_edited,
+            }
+            for link in reruns
+        ],  # fmt: skip
+        "retries": [
+            {
+                "actor": link.actor,
+                "at": link.at,
+                "tasks": list(link.tasks),
+                "previous_error": link.previous_error,
+            }
+            for link in retries
+        ],  # fmt: skip
+    }
 
 
 @router.post(

@@ -30,10 +30,12 @@ EDITOR_MAX_CHARS = 200_000  # past this the editor shows the input read-only: ed
 
 def rerun_context(execution: WorkflowExecution, can_write: bool) -> dict:
     """What the execution page shows of re-runs and retries, and may offer."""
-    links = reruns.links_of(execution)
+    origin, derived, retries = reruns.history(execution)
     text = json.dumps(execution.input_context, indent=2, sort_keys=True)
     return {
-        **links,
+        "origin": origin,
+        "reruns": derived,
+        "retries": retries,
         "can_rerun": can_write,
         "can_retry": can_write and execution.status == WorkflowStatus.FAILED,
         "rerun_offered": execution.status in WORKFLOW_TERMINAL,

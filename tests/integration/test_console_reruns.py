@@ -90,6 +90,7 @@ def test_rerun_from_the_console_with_an_edited_context_links_both_pages(writer_c
     assert new.input_context == {"rows": 9} and new.package_id == execution.package_id
     derived = writer_client.get(f"/console/executions/{new.pk}/").content.decode()
     assert f'href="/console/executions/{execution.pk}/" data-link="rerun-of"' in derived
+    assert "by console:wendy" in derived and "edited input" in derived
     original = writer_client.get(f"/console/executions/{execution.pk}/").content.decode()
     assert f'href="/console/executions/{new.pk}/" data-link="rerun"' in original
     assert "edited input" in original and "console:wendy" in original
