@@ -7,8 +7,9 @@ clamped to every tenant's effective limit (a lowered default) → this
 process's ServerInstance row → daphne on the asyncio Twisted reactor.  Once
 the reactor runs, :meth:`ServeProcess.start` starts the executor, the dispatch
 loop and the periodic jobs on the same event loop, then prints the ready line.
-SIGTERM/SIGINT stop intake first, then the executor, then mark the instance
-stopped and give back its unfinished in-process claims.
+SIGTERM/SIGINT stop intake first, hand the agents' sockets to the other replicas
+(close 1012), then stop the executor, then mark the instance stopped and give
+back its unfinished in-process claims.
 """
 
 from __future__ import annotations
@@ -292,6 +293,11 @@ class ServeProcess:
         loop = asyncio.get_running_loop()
         if self.engine is not None:
             self.engine.stop_accepting()
+        if self._executor_started:
+            try:  # first: the agents reconnect elsewhere while the rest winds down
+                await self.dispatcher.executor.hand_over()
+            except Exception:
+                log.exception("the executor did not hand over cleanly")
         if self.jobs is not None:
             self.jobs.stop()
         if self.builds is not None:
