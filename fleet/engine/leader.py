@@ -17,6 +17,24 @@ from django.db import connections
 
 log = logging.getLogger(__name__)
 
+# A session's advisory locks die with the session, and PostgreSQL ends a session when its
+# socket closes.  A leader killed on its host closes it at once (the kernel sends the FIN);
+# a leader whose host vanishes (power, network) leaves a half-open socket that PostgreSQL
+# only notices through TCP keepalives (2 hours by default).  These bound that to
+# IDLE + INTERVAL × COUNT = 25 s, under one default control tick (30 s): a takeover within a
+# tick either way.  Set per session (SET, not a startup option, so PgBouncer in session mode
+# passes them); ignored on a Unix socket, where a dead peer is seen at once anyway.
+KEEPALIVE_IDLE_S = 10
+KEEPALIVE_INTERVAL_S = 5
+KEEPALIVE_COUNT = 3
+_KEEPALIVES = (
+    ("tcp_keepalives_idle", KEEPALIVE_IDLE_S),
+    ("tcp_keepalives_interval", KEEPALIVE_INTERVAL_S),
+    ("tcp_keepalives_count", KEEPALIVE_COUNT),
+    # Unacknowledged data (a lock answer sent into the void) gives up as fast.
+    ("tcp_user_timeout", (KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_COUNT) * 1000),
+)
+
 _connections: dict[int, psycopg.Connection] = {}
 _guards: dict[int, threading.Lock] = {}
 _registry_lock = threading.Lock()
@@ -30,7 +48,18 @@ def dedicated_connection(alias: str = "default") -> psycopg.Connection:
     params.pop("context", None)
     params.pop("prepare_threshold", None)
     params.pop("server_side_binding", None)
-    return psycopg.connect(**params, autocommit=True)
+    conn = psycopg.connect(**params, autocommit=True)
+    _detect_dead_peer(conn)
+    return conn
+
+
+def _detect_dead_peer(conn: psycopg.Connection) -> None:
+    """Server-side keepalives on a lock-holding session (see KEEPALIVE_IDLE_S)."""
+    for name, value in _KEEPALIVES:
+        try:
+            conn.execute(f"SET {name} = {int(value)}")
+        except psycopg.Error as exc:  # an old server without tcp_user_timeout, a pooler
+            log.debug("leader connection: cannot set %s: %s", name, exc)
 
 
 def _connection_for(lock_id: int) -> psycopg.Connection:
