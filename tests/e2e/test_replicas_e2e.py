@@ -28,6 +28,7 @@ from tests.support.chaos import (
     wait_all_terminal,
 )
 from tests.support.processes import (
+    AGENT_READY,
     FLEET_ENV,
     LEADER_LINE,
     READY_LINE,
@@ -98,19 +99,38 @@ def connected(names: list[str]) -> dict[str, str]:
 
 def test_three_replicas_one_killed_mid_dispatch_lose_nothing(procs, tmp_path, capsys):
     tenant = Tenant.objects.create(name="acme")
+    names = [f"agent-{i}" for i in range(AGENTS)]
     write = ApiKey.mint("write", tenant)[1]
     agent_key = ApiKey.mint("agent", tenant)[1]
     url = current_database_url()
     ledger = tmp_path / "ledger.jsonl"
     replicas = start_replicas(procs, 3)
     urls = [r.url for r in replicas]
-    logs = lambda: "\n".join(f"=== {p.name}\n{p.tail(30)}" for p in procs.processes)  # noqa: E731
+
+    def logs() -> str:
+        tails = "\n".join(f"=== {p.name}\n{p.tail(30)}" for p in procs.processes)
+        servers = list(ServerInstance.objects.values_list("id", "port", "stopped_at"))
+        return f"{tails}\nservers: {servers}\nagents: {connected(names)}"
+
     upload(replicas[0], write, package(WIDE))
-    names = [f"agent-{i}" for i in range(AGENTS)]
+    agents = []
     for i, name in enumerate(names):
         # Agent i starts on replica i % 3 and knows the other two as its fallbacks.
         order = urls[i % 3 :] + urls[: i % 3]
-        start_agent(procs, order[0], agent_key, name, "--server", ",".join(order[1:]), slots=SLOTS)
+        agents.append(
+            start_agent(
+                procs,
+                order[0],
+                agent_key,
+                name,
+                "--server",
+                ",".join(order[1:]),
+                slots=SLOTS,
+                wait=False,
+            )  # fmt: skip
+        )
+    for agent in agents:
+        agent.wait_for_output(AGENT_READY, 90)
     leader = wait_until(lambda: leader_of(replicas), what="one leader", logs=logs)
     victim, leader_id = replicas[leader], instance_id(replicas[leader])
     survivors = [r for n, r in enumerate(replicas) if n != leader]
@@ -136,6 +156,7 @@ def test_three_replicas_one_killed_mid_dispatch_lose_nothing(procs, tmp_path, ca
             >= 2
         ),
         what="packets in flight on the leading replica's agents",
+        timeout=60,
         logs=logs,
         interval=0.02,
     )
@@ -212,6 +233,6 @@ def test_three_replicas_one_killed_mid_dispatch_lose_nothing(procs, tmp_path, ca
     assert takeover_s < 2 * TICK_S + 1.0, f"takeover took {takeover_s:.2f}s"
     assert v["evictions"] == 0, figures.evictions  # the agents moved; none went silent
     assert cross >= 1  # the killed replica's dispatches were finished by the others
-    assert handed_over_s < 5.0, logs()
+    assert handed_over_s < 10.0, logs()  # seconds, not a liveness window and a backoff
     assert evictions_after_stop == 0
     assert stop_id not in connected(names).values()
