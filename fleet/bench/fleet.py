@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from django.db import connection
@@ -66,7 +67,17 @@ def _agent_key() -> str:
 class Agents:
     """``count`` runagent subprocesses, each in a session of its own (so one kill takes its children)."""
 
-    def __init__(self, server_url: str, key: str, count: int, slots: int, home: Path) -> None:
+    def __init__(
+        self,
+        server_url: str,
+        key: str,
+        count: int,
+        slots: int,
+        home: Path,
+        server_for: Callable[[int], str] | None = None,
+    ) -> None:
+        """``server_for(i)``: agent i's ``--server`` value instead of ``server_url`` (the
+        replicas phase gives each agent its own order of several servers)."""
         self.processes: dict[str, subprocess.Popen] = {}
         env = {
             **os.environ,
@@ -79,7 +90,8 @@ class Agents:
             log = (home / f"{name}.log").open("wb")
             self.processes[name] = subprocess.Popen(
                 [
-                    sys.executable, str(REPO / "manage.py"), "runagent", "--server", server_url,
+                    sys.executable, str(REPO / "manage.py"), "runagent",
+                    "--server", server_for(i) if server_for else server_url,
                     "--api-key", key, "--name", name, "--max-concurrency", str(slots),
                     "--cache-dir", str(home / f"cache-{name}"),
                 ],

@@ -1,0 +1,153 @@
+"""The replicas phase of ``fleetbench`` (``--replicas N``): N `serve --default-executor
+fleet` processes on the bench database, the agents spread over them (agent i starts on
+replica i mod N and lists the others as fallbacks, as docs/scaling.md recommends), and the
+work submitted round-robin through every replica's API.
+
+Phases, measured from the rows as the fleet benchmark measures them:
+
+* burst (REST, N replicas) — the no-op executions started through all N APIs at once;
+* drain (queued, N replicas) — the same made Ready in one transaction: every replica's
+  dispatch loop competes for them;
+* idle connections — PostgreSQL backends on the bench database while the N replicas
+  and their agents idle, total and per replica (the figure docs/scaling.md's formula
+  predicts).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from django.db import connection
+
+from fleet.bench import workload
+from fleet.bench.cpu import CpuMeter, tree_cpu_seconds
+from fleet.bench.default import BENCH_TENANT, bench_tenant_key
+from fleet.bench.fleet import (
+    AGENT_SLOTS,
+    HEARTBEAT_INTERVAL_S,
+    LIVENESS_MISSES,
+    Agents,
+    measure_drain,
+    measure_fleet,
+)
+from fleet.bench.server import Api, BenchServer
+from fleet.models import ApiKey, Tenant
+
+SETTLE_S = 2.0  # idle time before counting connections (pools shrink back, beats settle)
+
+
+def agent_key() -> str:
+    """A fresh agent key of the bench tenant for the replicas' agents."""
+    tenant, _ = Tenant.objects.get_or_create(name=BENCH_TENANT)
+    return ApiKey.mint("agent", tenant=tenant, label="fleetbench replica agents")[1]
+
+
+def server_order(urls: list[str], i: int) -> str:
+    """Agent ``i``'s --server value: replica i mod N first, then the others in turn."""
+    start = i % len(urls)
+    return ",".join(urls[start:] + urls[:start])
+
+
+class RoundRobinApi:
+    """Each call makes an :class:`Api` for the next replica (one per submitting thread)."""
+
+    def __init__(self, urls: list[str], key: str) -> None:
+        self._urls = itertools.cycle(urls)
+        self._lock = threading.Lock()
+        self._key = key
+
+    def __call__(self) -> Api:
+        with self._lock:
+            url = next(self._urls)
+        return Api(url, self._key)
+
+
+def backends_on(database: str) -> int:
+    """Client backends connected to ``database`` now, this process's own excluded."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+            "AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
+            [database],
+        )
+        return int(cursor.fetchone()[0])
+
+
+def run_replicas_bench(
+    database_url: str,
+    replicas: int,
+    agents: int,
+    tasks: int,
+    width: int = 10,
+    poll_s: float = 1.0,
+    slots: int = AGENT_SLOTS,
+) -> workload.BenchResult:
+    """Burst and drain through ``replicas`` servers sharing ``agents`` (module docstring)."""
+    key = bench_tenant_key()
+    akey = agent_key()
+    env = {
+        "CLOACINA_SCHEDULER_POLL_S": str(poll_s),
+        "CLOACINA_AGENT_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_INTERVAL_S),
+        "CLOACINA_AGENT_LIVENESS_MISSES": str(LIVENESS_MISSES),
+    }
+    home = Path(tempfile.mkdtemp(prefix="cloacina-fleetbench-replicas-"))
+    os.chmod(home, 0o711)  # the agents' task user passes through to the caches
+    executions = max(1, tasks // width)
+    with ExitStack() as stack:
+        servers = [stack.enter_context(BenchServer(database_url, "fleet", **env)) for _ in range(replicas)]  # fmt: skip
+        urls = [server.url for server in servers]
+        api = Api(urls[0], key)
+        stack.callback(api.close)
+        fleet = Agents(urls[0], akey, agents, slots, home, lambda i: server_order(urls, i))
+        stack.callback(fleet.stop)
+        fleet.wait_connected()
+        api.upload(workload.noop_package(workload.WIDE_WORKFLOW, width))
+        warm = []
+        for url in urls:
+            through = Api(url, key)
+            warm += [through.start(workload.WIDE_WORKFLOW) for _ in range(agents)]
+            through.close()
+        workload.wait_finished(warm)  # every agent has the package unpacked
+        time.sleep(SETTLE_S)
+        idle_backends = backends_on(connection.settings_dict["NAME"])
+        meter = ServersCpuMeter([server.process.pid for server in servers])
+        before = meter.sample()
+        burst_ids = workload.burst(RoundRobinApi(urls, key), executions)
+        workload.wait_finished(burst_ids)
+        phases = [measure_fleet(f"burst (REST, {replicas} replicas)", burst_ids)]
+        phases[-1].cpu = meter.used(before, before := meter.sample())
+        drain_ids = workload.queue_executions(BENCH_TENANT, workload.WIDE_WORKFLOW, executions)
+        workload.wait_finished(drain_ids)
+        phases.append(measure_drain(f"drain (queued, {replicas} replicas)", drain_ids))
+        phases[-1].cpu = meter.used(before, meter.sample())
+    shutil.rmtree(home, ignore_errors=True)
+    settings = {
+        "replicas": replicas,
+        "agents": agents,
+        "slots": slots,
+        "tasks": executions * width,
+        "executions": f"{executions}x{width}",
+        "idle_db_connections": idle_backends,
+        "per_replica": f"{idle_backends / replicas:.1f}",
+    }
+    return workload.BenchResult("fleet", settings, phases)
+
+
+class ServersCpuMeter(CpuMeter):
+    """The CPU of every replica (summed as "server") and of the database."""
+
+    def __init__(self, server_pids: list[int]) -> None:
+        super().__init__(server_pids[0])
+        self.others = server_pids[1:]
+
+    def sample(self) -> dict[str, float]:
+        sample = super().sample()
+        sample["server"] += sum(tree_cpu_seconds(pid) for pid in self.others)
+        return sample
