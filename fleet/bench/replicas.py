@@ -10,7 +10,9 @@ Phases, measured from the rows as the fleet benchmark measures them:
   dispatch loop competes for them;
 * idle connections — PostgreSQL backends on the bench database while the N replicas
   and their agents idle, total and per replica (the figure docs/scaling.md's formula
-  predicts).
+  predicts);
+* idle database load — commits and WAL bytes per second while only the agents' beats
+  (one per agent per heartbeat interval) and the replicas' own ticks run.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from fleet.bench.server import Api, BenchServer
 from fleet.models import ApiKey, Tenant
 
 SETTLE_S = 2.0  # idle time before counting connections (pools shrink back, beats settle)
+IDLE_MEASURE_S = 10.0  # how long the idle database load is measured
 
 
 def agent_key() -> str:
@@ -80,6 +83,25 @@ def backends_on(database: str) -> int:
         return int(cursor.fetchone()[0])
 
 
+def idle_database_load(seconds: float) -> tuple[float, float]:
+    """(commits/s, WAL bytes/s) of the whole PostgreSQL server over ``seconds`` of idling."""
+
+    def snapshot() -> tuple[int, int]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT (SELECT sum(xact_commit) FROM pg_stat_database), "
+                "pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')"
+            )
+            commits, wal = cursor.fetchone()
+        return int(commits), int(wal)
+
+    commits_before, wal_before = snapshot()
+    time.sleep(seconds)
+    commits_after, wal_after = snapshot()
+    # pg_stat_database is updated by backends about once a second: the rate is approximate.
+    return (commits_after - commits_before) / seconds, (wal_after - wal_before) / seconds
+
+
 def run_replicas_bench(
     database_url: str,
     replicas: int,
@@ -117,6 +139,7 @@ def run_replicas_bench(
         workload.wait_finished(warm)  # every agent has the package unpacked
         time.sleep(SETTLE_S)
         idle_backends = backends_on(connection.settings_dict["NAME"])
+        commits_per_s, wal_per_s = idle_database_load(IDLE_MEASURE_S)
         meter = ServersCpuMeter([server.process.pid for server in servers])
         before = meter.sample()
         burst_ids = workload.burst(RoundRobinApi(urls, key), executions)
@@ -136,6 +159,9 @@ def run_replicas_bench(
         "executions": f"{executions}x{width}",
         "idle_db_connections": idle_backends,
         "per_replica": f"{idle_backends / replicas:.1f}",
+        "heartbeat": f"{HEARTBEAT_INTERVAL_S:g}s",
+        "idle_commits/s": f"{commits_per_s:.0f}",
+        "idle_wal_KB/s": f"{wal_per_s / 1024:.1f}",
     }
     return workload.BenchResult("fleet", settings, phases)
 
