@@ -1,9 +1,9 @@
 """Per-tick leader election: run a job only in the process that wins a PostgreSQL advisory lock.
 
 Loops that must run once cluster-wide (recovery sweeps, autoscaler, reconciler)
-call :func:`run_as_leader` on every tick.  Each lock id gets its own dedicated
-autocommit connection, separate from Django's, so a session-level advisory lock
-can never leak into (or be released by) ordinary ORM work on the same thread.
+call :func:`run_as_leader` on every tick.  The locks are taken on one dedicated
+autocommit connection per process, separate from Django's, so a session-level
+advisory lock can never leak into (or be released by) ordinary ORM work.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ _KEEPALIVES = (
     ("tcp_user_timeout", (KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_COUNT) * 1000),
 )
 
-_connections: dict[int, psycopg.Connection] = {}
+_shared: psycopg.Connection | None = None  # the session of every per-tick leader lock
 _guards: dict[int, threading.Lock] = {}
 _registry_lock = threading.Lock()
 
@@ -62,12 +62,17 @@ def _detect_dead_peer(conn: psycopg.Connection) -> None:
             log.debug("leader connection: cannot set %s: %s", name, exc)
 
 
-def _connection_for(lock_id: int) -> psycopg.Connection:
-    conn = _connections.get(lock_id)
-    if conn is None or conn.closed or conn.broken:
-        conn = dedicated_connection()
-        _connections[lock_id] = conn
-    return conn
+def lock_connection() -> psycopg.Connection:
+    """The one session this process takes every per-tick leader lock on (opened, or opened
+    again after it broke).  Advisory locks of different ids on one session are
+    independent, and a job's own work runs on Django's connections, so one session serves
+    every leader-only job: one PostgreSQL connection per replica instead of one per job
+    (docs/scaling.md counts them)."""
+    global _shared
+    with _registry_lock:
+        if _shared is None or _shared.closed or _shared.broken:
+            _shared = dedicated_connection()
+        return _shared
 
 
 def run_as_leader(lock_id: int, func: Callable[[], object]) -> bool:
@@ -80,12 +85,12 @@ def run_as_leader(lock_id: int, func: Callable[[], object]) -> bool:
         guard = _guards.setdefault(lock_id, threading.Lock())
     with guard:
         try:
-            conn = _connection_for(lock_id)
+            conn = lock_connection()
             won = conn.execute("SELECT pg_try_advisory_lock(%s)", [lock_id]).fetchone()[0]
         except psycopg.Error as exc:
-            # The database is away: nobody can lead this tick; try a fresh connection next time.
+            # The database is away: nobody can lead this tick; a fresh connection next time.
             log.warning("leader election for lock %s failed: %s", lock_id, exc)
-            _drop(lock_id)
+            _drop_if_broken()
             return False
         if not won:
             return False
@@ -95,21 +100,32 @@ def run_as_leader(lock_id: int, func: Callable[[], object]) -> bool:
             try:
                 conn.execute("SELECT pg_advisory_unlock(%s)", [lock_id])
             except psycopg.Error:
-                _drop(lock_id)  # closing the session releases the lock anyway
+                _drop_if_broken()  # a lost session has released the lock anyway
         return True
 
 
-def _drop(lock_id: int) -> None:
-    conn = _connections.pop(lock_id, None)
-    if conn is not None:
-        try:
-            conn.close()
-        except psycopg.Error:
-            pass
+def _drop_if_broken() -> None:
+    """Close the shared session only once it is unusable: closing a healthy one would
+    release the locks other jobs of this process hold on it right now."""
+    global _shared
+    with _registry_lock:
+        conn = _shared
+        if conn is not None and (conn.closed or conn.broken):
+            _shared = None
+            _close(conn)
+
+
+def _close(conn: psycopg.Connection) -> None:
+    try:
+        conn.close()
+    except psycopg.Error:
+        pass
 
 
 def close_all() -> None:
-    """Close every dedicated leader connection (on shutdown)."""
+    """Close the leader locks' session (on shutdown): every lock it held is released."""
+    global _shared
     with _registry_lock:
-        for lock_id in list(_connections):
-            _drop(lock_id)
+        conn, _shared = _shared, None
+    if conn is not None:
+        _close(conn)

@@ -48,7 +48,9 @@ class Admission:
             if tat - now <= BURST_S + 1e-9:  # (float sums of 1/rate)
                 self._tat = tat + interval
                 return 0.0
-            self._booked = max(self._booked, tat - BURST_S) + interval
+            # The first refused caller's turn is when the bucket has room again; each next
+            # one's, an interval after the turn given before it.
+            self._booked = max(self._booked + interval, tat - BURST_S)
             return self._booked - now
 
 
@@ -59,6 +61,13 @@ def retry_after_s(wait_s: float) -> int:
 
 _admission: Admission | None = None
 _admission_lock = threading.Lock()
+
+
+def reset() -> None:
+    """Forget this process's admission state (tests; the next call starts afresh)."""
+    global _admission
+    with _admission_lock:
+        _admission = None
 
 
 def agents() -> Admission:
