@@ -12,7 +12,8 @@ Phases, measured from the rows as the fleet benchmark measures them:
   and their agents idle, total and per replica (the figure docs/scaling.md's formula
   predicts);
 * idle database load — commits and WAL bytes per second while only the agents' beats
-  (one per agent per heartbeat interval) and the replicas' own ticks run.
+  (one per agent per heartbeat interval) and the replicas' own ticks run, then again with
+  the agents stopped: the difference per beat is what a heartbeat costs the database.
 """
 
 from __future__ import annotations
@@ -150,7 +151,12 @@ def run_replicas_bench(
         workload.wait_finished(drain_ids)
         phases.append(measure_drain(f"drain (queued, {replicas} replicas)", drain_ids))
         phases[-1].cpu = meter.used(before, meter.sample())
+        # The same idle load without the agents: the difference is what their beats cost.
+        fleet.stop()
+        time.sleep(SETTLE_S)
+        bare_commits, bare_wal = idle_database_load(IDLE_MEASURE_S)
     shutil.rmtree(home, ignore_errors=True)
+    beats_per_s = agents / HEARTBEAT_INTERVAL_S
     settings = {
         "replicas": replicas,
         "agents": agents,
@@ -162,6 +168,8 @@ def run_replicas_bench(
         "heartbeat": f"{HEARTBEAT_INTERVAL_S:g}s",
         "idle_commits/s": f"{commits_per_s:.0f}",
         "idle_wal_KB/s": f"{wal_per_s / 1024:.1f}",
+        "without_agents": f"{bare_commits:.0f}/s,{bare_wal / 1024:.1f}KB/s",
+        "wal_bytes/beat": f"{(wal_per_s - bare_wal) / beats_per_s:.0f}",
     }
     return workload.BenchResult("fleet", settings, phases)
 
