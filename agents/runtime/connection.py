@@ -34,9 +34,12 @@ CLOSE_KEY_NOT_ALLOWED = 4403
 CLOSE_UNKNOWN_AGENT = 4404
 CLOSE_SUPERSEDED = 4408
 # The server is shutting down (SIGTERM): reconnect at once, to another server if there is one.
-CLOSE_GO_ELSEWHERE = 1012  # RFC 6455 registry: "Service Restart"
-# The server admits no more sockets this second: come back after the reason's "retry after N s".
-CLOSE_TRY_LATER = 1013  # RFC 6455 registry: "Try Again Later"
+# 4000 + RFC 6455's 1012 "Service Restart" (the server's WebSocket library lets an
+# application send only 1000 and 3000-4999); a proxy's own 1012 means the same.
+CLOSE_GO_ELSEWHERE = 4012
+# The server admits no more sockets this second: come back after the reason's "retry after
+# N s".  4000 + RFC 6455's 1013 "Try Again Later" (a proxy's 1013 means the same).
+CLOSE_TRY_LATER = 4013
 _RETRY_AFTER_REASON = re.compile(r"retry after (\d+(?:\.\d+)?) ?s")
 # Refused handshakes that mean "this server, not the agent": another one may take us.
 UNAVAILABLE_HANDSHAKE = (502, 503, 504)
@@ -65,9 +68,9 @@ def action_for_close(code: int | None) -> Action:
         return Action.AUTH_FAILED
     if code == CLOSE_UNKNOWN_AGENT:
         return Action.REREGISTER
-    if code == CLOSE_GO_ELSEWHERE:
+    if code in (CLOSE_GO_ELSEWHERE, CLOSE_GO_ELSEWHERE - 3000):
         return Action.MOVE
-    if code == CLOSE_TRY_LATER:
+    if code in (CLOSE_TRY_LATER, CLOSE_TRY_LATER - 3000):
         return Action.WAIT
     return Action.RECONNECT
 

@@ -16,7 +16,7 @@ an HTTP request per task.
 
 Close codes: 4400 malformed frame, 4401 bad key, 4403 key not allowed,
 4404 unknown/dead agent, 4408 superseded, 4413 frame too large, 4429 flood,
-1012 the server is shutting down (connect to another), 1013 the server admits no
+4012 the server is shutting down (connect to another), 4013 the server admits no
 more sockets this second (the reason says "retry after N s").
 """
 
@@ -61,7 +61,7 @@ CLOSE_UNKNOWN_AGENT = 4404
 CLOSE_TOO_LARGE = 4413
 CLOSE_FLOOD = 4429
 CLOSE_SUPERSEDED = 4408
-CLOSE_TRY_LATER = 1013  # RFC 6455 registry: "Try Again Later"
+CLOSE_TRY_LATER = 4013  # 4000 + RFC 6455's 1013 "Try Again Later" (docs/agent-protocol.md)
 
 
 class FrameRejected(ValueError):
@@ -216,8 +216,8 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         self._worker = asyncio.create_task(self._handle_inbound(), name=f"agent-{agent_id}-in")
 
     async def _admitted(self) -> bool:
-        """Whether this process takes the socket now: not while it shuts down (1012: go to
-        another server), not past its admissions per second (1013 with when to retry)."""
+        """Whether this process takes the socket now: not while it shuts down (4012: go to
+        another server), not past its admissions per second (4013 with when to retry)."""
         if not local_sockets.accepting():
             await self._close(CLOSE_GO_ELSEWHERE, GO_ELSEWHERE_REASON)
             return False

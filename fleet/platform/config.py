@@ -94,7 +94,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     # Registration storms (docs/scaling.md): registrations per API key and per tenant in
     # any sliding minute (0 = unlimited), and registrations + socket opens one server
-    # process admits per second (0 = unlimited); past each, 429 / close 1013 with a wait.
+    # process admits per second (0 = unlimited); past each, 429 / close 4013 with a wait.
     Setting(
         "registrations_per_key_per_minute",
         "CLOACINA_AGENT_REGISTRATIONS_PER_KEY_PER_MINUTE",

@@ -5,7 +5,7 @@ another replica takes the leadership within one control tick, results reported t
 replica that did not place their task are applied there, and every task completes exactly
 once (the chaos ledger: each task function appends a line when it runs).
 
-Then a survivor is stopped with SIGTERM: it hands its agents over (close 1012), and they
+Then a survivor is stopped with SIGTERM: it hands its agents over (close 4012), and they
 are connected to the last replica within a second or two, again without an eviction.
 """
 
@@ -212,6 +212,7 @@ def test_three_replicas_one_killed_mid_dispatch_lose_nothing(procs, tmp_path, ca
         logs=logs,
     )
     handed_over_s = time.monotonic() - stop_at
+    told_to_move = [a.name for a in agents if "closed by the server (4012" in a.output()]
     [(evictions_after_stop,)] = query(url, "SELECT count(*) FROM fleet_eviction")
 
     v = {
@@ -236,3 +237,8 @@ def test_three_replicas_one_killed_mid_dispatch_lose_nothing(procs, tmp_path, ca
     assert handed_over_s < 10.0, logs()  # seconds, not a liveness window and a backoff
     assert evictions_after_stop == 0
     assert stop_id not in connected(names).values()
+    assert told_to_move, logs()  # the stopping replica sent its agents elsewhere (4012)
+    for replica in replicas:
+        assert "Exception inside application" not in replica.process.output(), replica.process.tail(
+            80
+        )

@@ -89,7 +89,7 @@ def test_the_per_tenant_rate_counts_every_key_of_the_tenant(tenant, setting):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_socket_past_the_admission_rate_is_closed_1013_saying_when_to_retry(
+def test_a_socket_past_the_admission_rate_is_closed_4013_saying_when_to_retry(
     tenant, agent_key, setting
 ):
     setting(CLOACINA_AGENT_ADMISSIONS_PER_S="0.1")  # one now, the next in 10 s
@@ -105,7 +105,7 @@ def test_a_socket_past_the_admission_rate_is_closed_1013_saying_when_to_retry(
         return ends
 
     ends = run_async(scenario())
-    assert ends[-1]["type"] == "websocket.close" and ends[-1]["code"] == 1013
+    assert ends[-1]["type"] == "websocket.close" and ends[-1]["code"] == 4013
     assert ends[-1]["reason"].startswith("server busy: retry after ")
     assert 9 <= int(ends[-1]["reason"].split()[-2]) <= 11
     # The first socket took its agent (a connection generation); the refused one never did.
@@ -114,7 +114,7 @@ def test_a_socket_past_the_admission_rate_is_closed_1013_saying_when_to_retry(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_stopping_server_sends_new_sockets_elsewhere_with_1012(tenant, agent_key):
+def test_a_stopping_server_sends_new_sockets_elsewhere_with_4012(tenant, agent_key):
     agent = make_agent(tenant, connected=False)
     local_sockets.stop_accepting()
 
@@ -126,7 +126,7 @@ def test_a_stopping_server_sends_new_sockets_elsewhere_with_1012(tenant, agent_k
         return end
 
     end = run_async(scenario())
-    assert (end["type"], end["code"]) == ("websocket.close", 1012)
+    assert (end["type"], end["code"]) == ("websocket.close", 4012)
     assert "connect to another server" in end["reason"]
     agent.refresh_from_db()
     assert agent.connected_to == ""  # refused before the socket took the agent

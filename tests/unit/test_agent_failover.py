@@ -1,5 +1,5 @@
 """Several servers for one agent: the URL list, failing over between them, and what the
-server's "go elsewhere" (1012) and "try later" (1013) closes make the agent do."""
+server's "go elsewhere" (4012) and "try later" (4013) closes make the agent do."""
 
 from __future__ import annotations
 
@@ -127,7 +127,12 @@ def test_many_callers_noticing_one_outage_move_the_client_once():
 
 @pytest.mark.parametrize(
     "code, action",
-    [(1012, connection.Action.MOVE), (1013, connection.Action.WAIT)],
+    [
+        (4012, connection.Action.MOVE),
+        (1012, connection.Action.MOVE),  # a proxy's own "service restart"
+        (4013, connection.Action.WAIT),
+        (1013, connection.Action.WAIT),
+    ],
 )
 def test_the_servers_go_elsewhere_and_try_later_closes(code, action):
     assert connection.action_for_close(code) is action
@@ -171,7 +176,7 @@ def _delay_after(tmp_path, end: connection.SessionEnd) -> tuple[float, str]:
 
 
 def test_go_elsewhere_reconnects_to_the_next_server_within_a_second(tmp_path):
-    end = connection.SessionEnd(connection.Action.MOVE, "closed by the server (1012)", True)
+    end = connection.SessionEnd(connection.Action.MOVE, "closed by the server (4012)", True)
     delay, server = _delay_after(tmp_path, end)
     assert server == B and 0 <= delay <= backoff.MOVE_SPREAD_S
 

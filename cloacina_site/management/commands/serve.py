@@ -8,7 +8,7 @@ process's ServerInstance row → daphne on the asyncio Twisted reactor.  Once
 the reactor runs, :meth:`ServeProcess.start` starts the executor, the dispatch
 loop and the periodic jobs on the same event loop, then prints the ready line.
 SIGTERM/SIGINT stop intake first, hand the agents' sockets to the other replicas
-(close 1012), then stop the executor, then mark the instance stopped and give
+(close 4012), then stop the executor, then mark the instance stopped and give
 back its unfinished in-process claims.
 """
 

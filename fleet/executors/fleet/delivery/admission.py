@@ -6,7 +6,7 @@ without a bound, a thousand registrations and hellos arrive in the same second, 
 the database pool and the roster lock, and the beats of the agents already back wait
 behind them until their liveness window runs out.  The bound keeps the server's work per
 second flat; a caller past it is told when to come back (429 with ``Retry-After``, or close
-code 1013 with "retry after N s" on the socket).
+code 4013 with "retry after N s" on the socket).
 
 The rate is a generic cell rate (GCRA): a theoretical arrival time advanced by 1/rate per
 admission, with one second's worth of burst.  A refused caller is given a turn of its own

@@ -1,7 +1,7 @@
 """Handing this server's agents to the other replicas when it stops (SIGTERM).
 
 The server first stops taking sockets (a socket opened now is closed at once), then
-closes every agent socket it holds with close code 1012 ("service restart": go
+closes every agent socket it holds with close code 4012 ("service restart": go
 elsewhere).  The agents reconnect at once to their next ``--server`` (or through the
 load balancer to a replica still in it) and report there what they were running; the
 outcomes reach this server's waiting dispatches through the ``task_outcome``
@@ -21,14 +21,16 @@ from fleet.executors.fleet.delivery import local_sockets
 
 log = logging.getLogger(__name__)
 
-CLOSE_GO_ELSEWHERE = 1012  # RFC 6455 registry: "Service Restart"
+# 4000 + RFC 6455's 1012 "Service Restart": daphne (autobahn) lets an application send only
+# 1000 and 3000-4999.
+CLOSE_GO_ELSEWHERE = 4012
 GO_ELSEWHERE_REASON = "server shutting down: connect to another server"
 HAND_OVER_WAIT_S = 3.0  # how long to wait for the sockets to close before stopping anyway
 POLL_S = 0.05
 
 
 async def hand_over_sockets(wait_s: float = HAND_OVER_WAIT_S) -> int:
-    """Refuse new sockets, close the open ones with 1012; how many were closed.
+    """Refuse new sockets, close the open ones with 4012; how many were closed.
 
     Waits (at most ``wait_s``) until every consumer has let its socket go, so the
     agents have their close frame before the process goes on to stop.
@@ -54,5 +56,5 @@ async def hand_over_sockets(wait_s: float = HAND_OVER_WAIT_S) -> int:
     while local_sockets.snapshot() and time.monotonic() < deadline:
         await asyncio.sleep(POLL_S)
     if sockets:
-        log.info("handed %d agent socket(s) over to the other servers (close 1012)", len(sockets))
+        log.info("handed %d agent socket(s) over to the other servers (close 4012)", len(sockets))
     return len(sockets)

@@ -43,7 +43,7 @@ class LocalSocket:
 
 _sockets: dict[uuid.UUID, LocalSocket] = {}
 _listeners: list[Callable[[LocalSocket], None]] = []
-_accepting = True  # False once the server stops: new sockets are sent elsewhere (1012)
+_accepting = True  # False once the server stops: new sockets are sent elsewhere (4012)
 
 
 def accepting() -> bool:
@@ -52,7 +52,7 @@ def accepting() -> bool:
 
 
 def stop_accepting() -> None:
-    """The server is stopping: every socket opened from now on is closed 1012."""
+    """The server is stopping: every socket opened from now on is closed 4012."""
     global _accepting
     _accepting = False
 
