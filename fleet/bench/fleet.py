@@ -212,6 +212,15 @@ def failover(api: Api, agents: Agents, home: Path) -> workload.PhaseResult:
     )
 
 
+def server_env(poll_s: float) -> dict[str, str]:
+    """The fleet servers' settings for a bench run: the scheduler tick, the short beats."""
+    return {
+        "CLOACINA_SCHEDULER_POLL_S": str(poll_s),
+        "CLOACINA_AGENT_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_INTERVAL_S),
+        "CLOACINA_AGENT_LIVENESS_MISSES": str(LIVENESS_MISSES),
+    }
+
+
 def run_fleet_bench(
     database_url: str,
     agents: int,
@@ -224,11 +233,7 @@ def run_fleet_bench(
     """Burst, idle pickup and failover through the fleet (see the module docstring)."""
     key = bench_tenant_key()
     akey = _agent_key()
-    env = {
-        "CLOACINA_SCHEDULER_POLL_S": str(poll_s),
-        "CLOACINA_AGENT_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_INTERVAL_S),
-        "CLOACINA_AGENT_LIVENESS_MISSES": str(LIVENESS_MISSES),
-    }
+    env = server_env(poll_s)
     home = Path(tempfile.mkdtemp(prefix="cloacina-fleetbench-agents-"))
     # Run as root, the agents' task children run as the unprivileged task user: it must
     # pass through to the caches and write the failover marker.

@@ -35,10 +35,10 @@ from fleet.bench.default import BENCH_TENANT, bench_tenant_key
 from fleet.bench.fleet import (
     AGENT_SLOTS,
     HEARTBEAT_INTERVAL_S,
-    LIVENESS_MISSES,
     Agents,
     measure_drain,
     measure_fleet,
+    server_env,
 )
 from fleet.bench.server import Api, BenchServer
 from fleet.models import ApiKey, Tenant
@@ -113,18 +113,12 @@ def run_replicas_bench(
     slots: int = AGENT_SLOTS,
 ) -> workload.BenchResult:
     """Burst and drain through ``replicas`` servers sharing ``agents`` (module docstring)."""
-    key = bench_tenant_key()
-    akey = agent_key()
-    env = {
-        "CLOACINA_SCHEDULER_POLL_S": str(poll_s),
-        "CLOACINA_AGENT_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_INTERVAL_S),
-        "CLOACINA_AGENT_LIVENESS_MISSES": str(LIVENESS_MISSES),
-    }
+    executions = max(1, tasks // width)
+    key, akey = bench_tenant_key(), agent_key()
     home = Path(tempfile.mkdtemp(prefix="cloacina-fleetbench-replicas-"))
     os.chmod(home, 0o711)  # the agents' task user passes through to the caches
-    executions = max(1, tasks // width)
     with ExitStack() as stack:
-        servers = [stack.enter_context(BenchServer(database_url, "fleet", **env)) for _ in range(replicas)]  # fmt: skip
+        servers = [stack.enter_context(BenchServer(database_url, "fleet", **server_env(poll_s))) for _ in range(replicas)]  # fmt: skip
         urls = [server.url for server in servers]
         api = Api(urls[0], key)
         stack.callback(api.close)
