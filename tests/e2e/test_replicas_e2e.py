@@ -79,9 +79,9 @@ def start_replicas(procs: Processes, count: int) -> list[ServeHandle]:
     return handles
 
 
-def leader_of(replicas: list[ServeHandle]) -> int | None:
-    """The index of the one replica whose log says it took the leadership."""
-    leading = [n for n, r in enumerate(replicas) if LEADER_LINE.search(r.process.output())]
+def leader_of(replicas: list[ServeHandle]) -> ServeHandle | None:
+    """The one replica whose log says it took the leadership."""
+    leading = [r for r in replicas if LEADER_LINE.search(r.process.output())]
     return leading[0] if len(leading) == 1 else None
 
 
@@ -131,9 +131,9 @@ def test_three_replicas_one_killed_mid_dispatch_lose_nothing(procs, tmp_path, ca
         )
     for agent in agents:
         agent.wait_for_output(AGENT_READY, 90)
-    leader = wait_until(lambda: leader_of(replicas), what="one leader", logs=logs)
-    victim, leader_id = replicas[leader], instance_id(replicas[leader])
-    survivors = [r for n, r in enumerate(replicas) if n != leader]
+    victim = wait_until(lambda: leader_of(replicas), what="one leader", logs=logs)
+    leader_id = instance_id(victim)
+    survivors = [r for r in replicas if r is not victim]
     survivor_ids = {instance_id(r): r for r in survivors}
     on_victim = wait_until(
         lambda: [n for n, server in connected(names).items() if server == leader_id],
@@ -144,18 +144,18 @@ def test_three_replicas_one_killed_mid_dispatch_lose_nothing(procs, tmp_path, ca
     feeder = Feeder(urls, write, [WIDE] * EXECUTIONS, FEED_S, ledger, TASK_SLEEP_S)
     started = time.monotonic()
     feeder.start()
-    # In the middle of the dispatch: tasks out on agents, some of them on the victim's.
+    # In the middle of the dispatch: packets the victim placed out on agents, and packets
+    # out on the victim's own agents.
+    in_flight = (
+        "SELECT count(*) FILTER (WHERE t.claimed_by = %s), "
+        "       count(*) FILTER (WHERE a.connected_to = %s) "
+        "FROM delivery_outbox o "
+        "JOIN fleet_taskexecution t ON t.id = o.task_execution_id AND t.assignment = o.assignment "
+        "JOIN agents_agent a ON a.id = o.agent_id WHERE o.state = 'delivered'"
+    )
     wait_until(
-        lambda: (
-            query(
-                url,
-                "SELECT count(*) FROM delivery_outbox o JOIN agents_agent a ON a.id = o.agent_id "
-                "WHERE o.state = 'delivered' AND a.connected_to = %s",
-                (leader_id,),
-            )[0][0]
-            >= 2
-        ),
-        what="packets in flight on the leading replica's agents",
+        lambda: min(query(url, in_flight, (leader_id, leader_id))[0]) >= 2,
+        what="packets in flight placed by the leading replica and on its agents",
         timeout=60,
         logs=logs,
         interval=0.02,

@@ -34,7 +34,7 @@ from fleet.executors.fleet.delivery import db as delivery_db
 from fleet.executors.fleet.delivery import local_sockets, outbox_ack
 from fleet.executors.fleet.delivery.batch_placement import place_tasks
 from fleet.executors.fleet.delivery.depth import SAMPLE_INTERVAL_S, sample_outbox_depth
-from fleet.executors.fleet.delivery.handover import hand_over_sockets
+from fleet.executors.fleet.delivery.handover import stop_taking_sockets
 from fleet.executors.fleet.delivery.listener import NotificationListener
 from fleet.executors.fleet.delivery.pg import connect_async
 from fleet.executors.fleet.delivery.placement import (
@@ -139,9 +139,9 @@ class FleetExecutor(TaskExecutor):
         await wait_event(self.listener.listening, 5.0)
         log.info("fleet executor started (server %s)", self.claimer)
 
-    async def hand_over(self) -> None:
-        """Send this server's agents to the other replicas (docs/scaling.md)."""
-        await hand_over_sockets()
+    def hand_over(self) -> None:
+        """Take no more agent sockets: `serve` sends the agents to other replicas."""
+        stop_taking_sockets()
 
     async def stop(self) -> None:
         if self._probe_task is not None:
