@@ -117,17 +117,9 @@ def test_three_replicas_one_killed_mid_dispatch_lose_nothing(procs, tmp_path, ca
     for i, name in enumerate(names):
         # Agent i starts on replica i % 3 and knows the other two as its fallbacks.
         order = urls[i % 3 :] + urls[: i % 3]
+        fallbacks = ("--server", ",".join(order[1:]))
         agents.append(
-            start_agent(
-                procs,
-                order[0],
-                agent_key,
-                name,
-                "--server",
-                ",".join(order[1:]),
-                slots=SLOTS,
-                wait=False,
-            )  # fmt: skip
+            start_agent(procs, order[0], agent_key, name, *fallbacks, slots=SLOTS, wait=False)
         )
     for agent in agents:
         agent.wait_for_output(AGENT_READY, 90)
