@@ -1,0 +1,99 @@
+"""The bounded ring a task's output is kept in (agents/sandbox/task_log.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.sandbox.task_log import (
+    DEFAULT_TASK_LOG_BYTES,
+    LogRing,
+    TaskLog,
+    task_log_bytes,
+    truncation_marker,
+)
+
+
+def test_it_keeps_everything_below_its_capacity():
+    ring = LogRing(64)
+    ring.append(b"hello\n")
+    ring.append(b"world\n")
+    log = ring.snapshot()
+    assert log == TaskLog("hello\nworld\n", 12, 0)
+    assert not log.truncated
+    assert log.render() == "hello\nworld\n"
+
+
+def test_it_keeps_only_the_last_bytes_and_marks_the_truncation():
+    ring = LogRing(10)
+    for i in range(10):
+        ring.append(f"line {i}\n".encode())  # 7 bytes each, 70 in all
+    log = ring.snapshot()
+    assert (log.text, log.bytes, log.truncated_bytes) == (" 8\nline 9\n", 70, 60)
+    assert log.render() == "[… 60 bytes truncated …]\n 8\nline 9\n"
+    assert log.render().startswith(truncation_marker(60))
+
+
+def test_one_write_larger_than_the_ring_keeps_its_tail():
+    ring = LogRing(8)
+    ring.append(b"x" * 100 + b"ABCDEFGH")
+    assert ring.snapshot() == TaskLog("ABCDEFGH", 108, 100)
+    assert ring.written == 108 and ring.dropped == 100
+
+
+def test_memory_never_grows_past_the_capacity():
+    ring = LogRing(1000)
+    for _ in range(5000):
+        ring.append(b"y" * 333)
+    log = ring.snapshot()
+    assert len(log.text) == 1000
+    assert log.bytes == 5000 * 333
+
+
+def test_a_character_cut_by_the_truncation_is_dropped_not_garbled():
+    ring = LogRing(4)
+    ring.append("aé€".encode())  # 1 + 2 + 3 bytes: the cut falls inside "é"
+    log = ring.snapshot()
+    assert log.text == "€"
+    assert log.truncated_bytes == 2
+
+
+def test_undecodable_bytes_are_replaced():
+    ring = LogRing(64)
+    ring.append(b"ok \xff\xfe\n")
+    assert ring.snapshot().text == "ok \ufffd\ufffd\n"
+
+
+def test_since_returns_only_new_output_and_counts_what_was_dropped_meanwhile():
+    ring = LogRing(8)
+    assert ring.since(0) is None
+    ring.append(b"abc")
+    first = ring.since(0)
+    assert (first.text, first.end, first.skipped) == ("abc", 3, 0)
+    assert ring.since(first.end) is None
+    ring.append(b"defghijklm")  # 13 written, the ring keeps "fghijklm"
+    second = ring.since(first.end)
+    assert (second.text, second.end, second.skipped) == ("fghijklm", 13, 2)
+
+
+def test_since_holds_back_a_character_not_yet_complete():
+    ring = LogRing(64)
+    euro = "€".encode()
+    ring.append(b"x" + euro[:2])
+    chunk = ring.since(0)
+    assert (chunk.text, chunk.end) == ("x", 1)
+    ring.append(euro[2:])
+    rest = ring.since(chunk.end)
+    assert (rest.text, rest.end) == ("€", 4)
+
+
+def test_the_capacity_comes_from_the_environment():
+    assert task_log_bytes({}) == DEFAULT_TASK_LOG_BYTES == 262144
+    assert task_log_bytes({"CLOACINA_TASK_LOG_BYTES": "4096"}) == 4096
+    with pytest.raises(ValueError, match="CLOACINA_TASK_LOG_BYTES must be an integer"):
+        task_log_bytes({"CLOACINA_TASK_LOG_BYTES": "lots"})
+    with pytest.raises(ValueError, match="at least 1024"):
+        task_log_bytes({"CLOACINA_TASK_LOG_BYTES": "10"})
+
+
+def test_the_outcome_body_names_text_bytes_and_truncation():
+    assert TaskLog("t", 9, 8).as_body() == {"text": "t", "bytes": 9, "truncated_bytes": 8}
