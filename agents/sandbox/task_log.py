@@ -11,8 +11,13 @@ Shared by the server's in-process executor and the DB-less agent: stdlib only.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 ENV_TASK_LOG_BYTES = "CLOACINA_TASK_LOG_BYTES"
 DEFAULT_TASK_LOG_BYTES = 256 * 1024
@@ -147,3 +152,30 @@ class LogRing:
         if not data:
             return None
         return LogChunk(_decode(data, start > offset), start + len(data), start - offset)
+
+
+# How often a running task's new output is shipped for live tailing, at most.
+LIVE_LOG_INTERVAL_S = 1.0
+
+
+async def follow(
+    ring: LogRing,
+    ship: Callable[[LogChunk], Awaitable[object]],
+    interval_s: float = LIVE_LOG_INTERVAL_S,
+) -> None:
+    """Ship what ``ring`` gained since the last look, every ``interval_s`` at most, until
+    cancelled (the run ended: its outcome carries the whole log).  Each chunk is bounded
+    by the ring; one that fails to ship is not retried (the next covers what it can)."""
+    offset = 0
+    while True:
+        await asyncio.sleep(interval_s)
+        chunk = ring.since(offset)
+        if chunk is None:
+            continue
+        offset = chunk.end
+        try:
+            await ship(chunk)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.warning("could not ship a live log chunk", exc_info=True)
