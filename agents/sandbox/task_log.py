@@ -140,13 +140,16 @@ class LogRing:
         dropped = self.dropped
         return TaskLog(_decode(bytes(self._buf), dropped > 0), self.written, dropped)
 
-    def since(self, offset: int) -> LogChunk | None:
-        """What was written after byte ``offset`` of the stream (None: nothing new); bytes
-        already dropped from the ring are counted in ``skipped``."""
+    def since(self, offset: int, max_bytes: int | None = None) -> LogChunk | None:
+        """What was written after byte ``offset`` of the stream (None: nothing new), at most
+        its last ``max_bytes``; bytes dropped (from the ring, or by that cap) are counted in
+        ``skipped``."""
         if offset >= self.written:
             return None
         first_kept = self.dropped
         start = max(offset, first_kept)
+        if max_bytes is not None:
+            start = max(start, self.written - max_bytes)
         data = bytes(self._buf[start - first_kept :])
         data = data[: _complete_prefix(data)]
         if not data:
@@ -154,8 +157,11 @@ class LogRing:
         return LogChunk(_decode(data, start > offset), start + len(data), start - offset)
 
 
-# How often a running task's new output is shipped for live tailing, at most.
+# How often a running task's new output is shipped for live tailing, at most, and the
+# most one chunk holds (its tail): even escaped as JSON (6 bytes a character at worst) a
+# chunk stays well inside a delivery socket's 1 MiB frame, whatever the ring's size.
 LIVE_LOG_INTERVAL_S = 1.0
+LIVE_CHUNK_MAX_BYTES = 128 * 1024
 
 
 async def follow(
@@ -169,7 +175,7 @@ async def follow(
     offset = 0
     while True:
         await asyncio.sleep(interval_s)
-        chunk = ring.since(offset)
+        chunk = ring.since(offset, LIVE_CHUNK_MAX_BYTES)
         if chunk is None:
             continue
         offset = chunk.end

@@ -9,6 +9,7 @@ from fleet.console import (
     overview,
     pools,
     schedules,
+    task_logs,
     tenants,
 )
 
@@ -73,4 +74,14 @@ urlpatterns = [
         name="execution_graph",
     ),
     path("executions/<uuid:execution_id>/cancel/", executions.cancel, name="cancel_execution"),
+    path(
+        "executions/<uuid:execution_id>/tasks/<str:task_name>/log/",
+        task_logs.task_log,
+        name="task_log",
+    ),
+    path(
+        "executions/<uuid:execution_id>/tasks/<str:task_name>/log/partials/panel/",
+        task_logs.task_log_panel,
+        name="task_log_panel",
+    ),
 ]

@@ -130,6 +130,11 @@ def append_live(
         return cursor.rowcount == 1
 
 
+def append_live_many(chunks: list[LiveChunk], tenant_id: int, agent_id: uuid.UUID) -> int:
+    """An agent's ``log`` frames of one socket batch, in the order sent; how many counted."""
+    return sum(append_live(chunk, tenant_id, agent_id) for chunk in chunks)
+
+
 def rendered(entry: TaskAttemptLog) -> str:
     """The log as a reader sees it: the truncation line first when its front was dropped."""
     return TaskLog(entry.text, entry.bytes, entry.truncated_bytes).render()

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from agents.sandbox.task_log import (
     DEFAULT_TASK_LOG_BYTES,
+    LogChunk,
     LogRing,
     TaskLog,
+    follow,
     task_log_bytes,
     truncation_marker,
 )
+from tests.support.loop import in_own_loop
 
 
 def test_it_keeps_everything_below_its_capacity():
@@ -97,3 +102,50 @@ def test_the_capacity_comes_from_the_environment():
 
 def test_the_outcome_body_names_text_bytes_and_truncation():
     assert TaskLog("t", 9, 8).as_body() == {"text": "t", "bytes": 9, "truncated_bytes": 8}
+
+
+def test_since_caps_a_chunk_to_its_last_bytes():
+    ring = LogRing(64)
+    ring.append(b"0123456789")
+    chunk = ring.since(2, max_bytes=4)
+    assert (chunk.text, chunk.end, chunk.skipped) == ("6789", 10, 4)
+
+
+@in_own_loop
+async def test_follow_ships_new_output_until_cancelled():
+    ring = LogRing(64)
+    shipped: list[LogChunk] = []
+
+    async def ship(chunk: LogChunk) -> None:
+        shipped.append(chunk)
+
+    tail = asyncio.ensure_future(follow(ring, ship, interval_s=0.001))
+    ring.append(b"one\n")
+    while not shipped:
+        await asyncio.sleep(0.001)
+    ring.append(b"two\n")
+    while len(shipped) < 2:
+        await asyncio.sleep(0.001)
+    tail.cancel()
+    assert [(c.text, c.end) for c in shipped] == [("one\n", 4), ("two\n", 8)]
+
+
+@in_own_loop
+async def test_follow_survives_a_chunk_that_fails_to_ship():
+    ring = LogRing(64)
+    calls: list[str] = []
+
+    async def ship(chunk: LogChunk) -> None:
+        calls.append(chunk.text)
+        if len(calls) == 1:
+            raise ConnectionError("socket gone")
+
+    tail = asyncio.ensure_future(follow(ring, ship, interval_s=0.001))
+    ring.append(b"lost\n")
+    while not calls:
+        await asyncio.sleep(0.001)
+    ring.append(b"next\n")
+    while len(calls) < 2:
+        await asyncio.sleep(0.001)
+    tail.cancel()
+    assert calls == ["lost\n", "next\n"]
