@@ -82,13 +82,15 @@ class LogChunk:
 
 
 def _decode(data: bytes, cut: bool) -> str:
-    """UTF-8 text of ``data``; when the front was cut, a partial character there is dropped."""
+    """UTF-8 text of ``data``; when the front was cut, a partial character there is dropped.
+    Undecodable bytes and NUL become U+FFFD: the server refuses a body holding a NUL, and
+    PostgreSQL cannot store one, so a task printing one must not lose its outcome."""
     if cut:
         start = 0
         while start < min(len(data), 3) and 0x80 <= data[start] <= 0xBF:
             start += 1
         data = data[start:]
-    return data.decode("utf-8", errors="replace")
+    return data.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
 
 
 def _complete_prefix(data: bytes) -> int:

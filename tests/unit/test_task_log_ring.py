@@ -62,10 +62,11 @@ def test_a_character_cut_by_the_truncation_is_dropped_not_garbled():
     assert log.truncated_bytes == 2
 
 
-def test_undecodable_bytes_are_replaced():
+def test_undecodable_bytes_and_nul_are_replaced():
     ring = LogRing(64)
-    ring.append(b"ok \xff\xfe\n")
-    assert ring.snapshot().text == "ok \ufffd\ufffd\n"
+    ring.append(b"ok \xff\xfe\x00\n")
+    assert ring.snapshot().text == "ok \ufffd\ufffd\ufffd\n"
+    assert ring.since(0).text == "ok \ufffd\ufffd\ufffd\n"
 
 
 def test_since_returns_only_new_output_and_counts_what_was_dropped_meanwhile():
