@@ -14,6 +14,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from agents.protocol import frames
@@ -41,7 +42,7 @@ from agents.runtime.recent_outcomes import RecentOutcomes, outcome_size
 from agents.sandbox.archive import ArchiveError
 from agents.sandbox.package_cache import PackageCache, PackageCacheError
 from agents.sandbox.task_log import LogChunk, follow
-from agents.sandbox.task_runner import TaskRunner
+from agents.sandbox.task_runner import RunOutcome, TaskRunner
 
 log = logging.getLogger("cloacina.agent")
 
@@ -232,8 +233,8 @@ class WorkIntake:
         self._report(held, body, outcome_size(body, run.output_bytes))
 
     async def _run_tailed(
-        self, packet: WorkPacket, held: HeldTask, package_dir: Any, context_json: str
-    ):
+        self, packet: WorkPacket, held: HeldTask, package_dir: Path, context_json: str
+    ) -> RunOutcome:
         """Run the task, shipping its new output every second or so while it runs."""
         ring = self.runner.new_log()
         tail = None

@@ -181,9 +181,7 @@ class _Slot:
         for _ in range(reads):
             try:
                 data = os.read(self.output, OUTPUT_READ_BYTES)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
+            except OSError:  # BlockingIOError: nothing more for now
                 return
             if not data:
                 return  # EOF: the child (and whatever it started) has closed it
