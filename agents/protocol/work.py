@@ -212,7 +212,9 @@ def refusal_for_ids(ids: tuple[int, str, int], reason: str) -> dict[str, Any]:
 
 def run_result(packet: WorkPacket, run: Any) -> dict[str, Any]:
     """Turn a task_runner.RunOutcome into the outcome body (a timeout is a failure)."""
-    log = run.log.as_body() if getattr(run, "log", None) is not None else None
+    # A silent run sends no log at all: the commonest outcome stays as small as before.
+    printed = getattr(run, "log", None)
+    log = printed.as_body() if printed is not None and printed.bytes > 0 else None
     if run.status == "success":
         return result_body(packet, OUTCOME_SUCCESS, output=run.output or {}, log=log)
     return result_body(
