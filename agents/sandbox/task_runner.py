@@ -60,6 +60,9 @@ CHILD_EXIT_GRACE_S = 2.0
 # keep the parent in a loop.
 OUTPUT_READ_BYTES = 64 * 1024
 OUTPUT_DRAIN_READS = 64
+# How long a run goes before its output is read as it comes (until then it waits in the
+# pipe, 64 KiB at most, and is read after the reply).
+OUTPUT_WATCH_AFTER_S = 0.05
 
 Status = Literal["success", "failure", "timeout"]
 
@@ -486,10 +489,14 @@ class TaskRunner:
     ) -> RunOutcome:
         """:meth:`_exchange` with the child's output read into ``ring`` while it runs."""
         slot.read_output(None)  # left over from between runs: nobody's log
-        slot.watch_output(ring)
+        # Most tasks answer before this and never pay for a reader (two epoll_ctl calls):
+        # their output waits in the pipe and is read after the reply.  A task that fills
+        # the pipe sooner waits that long once, then is read as it writes.
+        watch = asyncio.get_running_loop().call_later(OUTPUT_WATCH_AFTER_S, slot.watch_output, ring)
         try:
             outcome = await self._exchange(slot, request, timeout_s, ring)
         finally:
+            watch.cancel()
             slot.unwatch_output()
         outcome.log = ring.snapshot()
         return outcome
