@@ -94,6 +94,7 @@ class Agent:
             self._send,
             self._auth_rejected,
             self._result_socket,
+            self._send_log,
         )
         self.heartbeat = HeartbeatLoop(
             self.client,
@@ -370,6 +371,15 @@ class Agent:
         if session is None or registration is None or not registration.result_frames:
             return None
         return session if registration.agent_id == agent_id else None
+
+    async def _send_log(self, agent_id: str, frame: dict[str, Any]) -> None:
+        """A live ``log`` frame, when the server takes them and the open socket is the
+        registration the task is owed under (else dropped: the outcome carries it all)."""
+        registration = self.registration
+        if registration is None or not registration.log_frames:
+            return
+        if registration.agent_id == agent_id:
+            await self._send(frame)
 
     async def _send(self, frame: dict[str, Any]) -> None:
         session = self.session

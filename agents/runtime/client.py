@@ -107,6 +107,8 @@ class Registration:
     ws_path: str
     # The server answers ``result`` frames on the delivery socket (older servers: REST only).
     result_frames: bool = False
+    # The server takes ``log`` frames (live output of running tasks) on the socket.
+    log_frames: bool = False
 
 
 def normalise_server_url(url: str) -> str:
@@ -264,6 +266,7 @@ class AgentClient:
             wire_format=data.get("wire_format", body.get("wire_format", "json")),
             ws_path=data.get("ws_path") or f"/ws/agents/{agent_id}/",
             result_frames=data.get("result_frames") is True,
+            log_frames=data.get("log_frames") is True,
         )
 
     async def heartbeat(self, agent_id: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
 
 from agents.protocol import wire
+from fleet.engine import task_logs
 from fleet.engine.context import unstorable
 from fleet.executors.fleet import result_batches, roster, socket_writes
 from fleet.executors.fleet.delivery import admission, local_sockets, redelivery
@@ -146,11 +147,31 @@ def _check_frame(frame: dict[str, Any]) -> dict[str, Any]:
         frame = {**frame, "running": running, "draining": frame.get("draining") is True}
     elif kind == "result":
         frame = _check_result(frame)
+    elif kind == "log":
+        frame = {"type": "log", "chunk": _check_log(frame)}
     else:
         raise FrameRejected(
-            f"unknown frame type {kind!r} (expected hello, received, heartbeat, result)"
+            f"unknown frame type {kind!r} (expected hello, received, heartbeat, result, log)"
         )
     return frame
+
+
+def _check_log(frame: dict[str, Any]) -> task_logs.LiveChunk:
+    """A ``log`` frame: a running task's new output (its end offset; bytes skipped)."""
+    try:
+        task_execution_id = uuid.UUID(str(frame.get("task_execution_id")))
+    except ValueError:
+        raise FrameRejected("log: task_execution_id must be a UUID") from None
+    assignment = _bounded_int(frame.get("assignment"), 1, MAX_INT)
+    end = _bounded_int(frame.get("bytes"), 0, MAX_BIGINT)
+    skipped = _bounded_int(frame.get("skipped", 0), 0, MAX_BIGINT)
+    text = frame.get("text")
+    if assignment is None or end is None or skipped is None or not isinstance(text, str):
+        raise FrameRejected(
+            f"log: needs assignment 1..{MAX_INT}, text (a string), bytes and skipped "
+            f"(integers 0..{MAX_BIGINT})"
+        )
+    return task_logs.LiveChunk(task_execution_id, assignment, text, end, skipped)
 
 
 def _check_result(frame: dict[str, Any]) -> dict[str, Any]:
@@ -320,6 +341,11 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             elif result.drain and not self._drain_sent:
                 self._drain_sent = True
                 await self._send_frame({"type": "drain"})
+        chunks = [frame["chunk"] for frame in batch if frame["type"] == "log"]
+        if chunks:  # live output of running tasks: fenced on this agent holding them
+            await delivery_db.call(
+                task_logs.append_live_many, chunks, grant.tenant_id, grant.agent_id
+            )
         results = [frame for frame in batch if frame["type"] == "result"]
         if results:
             # Applied on the DB pool with the results of every socket of this process,

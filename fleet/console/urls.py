@@ -11,6 +11,7 @@ from fleet.console import (
     pools,
     reruns,
     schedules,
+    task_logs,
     tenants,
 )
 
@@ -89,4 +90,14 @@ urlpatterns = [
     path("executions/<uuid:execution_id>/cancel/", executions.cancel, name="cancel_execution"),
     path("executions/<uuid:execution_id>/rerun/", reruns.rerun, name="rerun_execution"),
     path("executions/<uuid:execution_id>/retry/", reruns.retry, name="retry_execution"),
+    path(
+        "executions/<uuid:execution_id>/tasks/<str:task_name>/log/",
+        task_logs.task_log,
+        name="task_log",
+    ),
+    path(
+        "executions/<uuid:execution_id>/tasks/<str:task_name>/log/partials/panel/",
+        task_logs.task_log_panel,
+        name="task_log_panel",
+    ),
 ]

@@ -23,6 +23,7 @@ from fleet.models.schedules import (
     ScheduleSource,
 )
 from fleet.models.servers import Installation, ServerInstance
+from fleet.models.task_logs import TaskAttemptLog
 from fleet.platform.tenancy import ApiKey, Role, Tenant, TenantMembership
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "RerunKind",
     "Role",
     "ServerInstance",
+    "TaskAttemptLog",
     "TASK_TERMINAL",
     "TaskExecution",
     "TaskOutcome",

@@ -273,6 +273,17 @@ SETTINGS: tuple[Setting, ...] = (
         float,
         30 * 24 * 3600.0,
     ),
+    # Task logs (docs/executors.md, "Task logs"): the last bytes of each attempt's output
+    # kept (the agent reads the same variable); logs older than this many days are pruned
+    # (0 = kept for ever).
+    Setting("task_log_bytes", "CLOACINA_TASK_LOG_BYTES", "task_log_bytes", int, 256 * 1024, 1024),
+    Setting(
+        "task_log_retention_days",
+        "CLOACINA_TASK_LOG_RETENTION_DAYS",
+        "task_log_retention_days",
+        float,
+        14.0,
+    ),
     AGENT_DRAIN_TIMEOUT,
     Setting("secret_key", "CLOACINA_SECRET_KEY", "secret_key", str, ""),
     # TLS (cloacina_site/tls.py): empty = plain HTTP; a client CA turns on mutual TLS.
@@ -378,6 +389,8 @@ class Config:
     schedule_grace_s: float = 10.0
     schedule_catchup_max: int = 100
     schedule_fire_retention_s: float = 30 * 24 * 3600.0
+    task_log_bytes: int = 256 * 1024
+    task_log_retention_days: float = 14.0
     agent_drain_timeout_s: float = 300.0
     secret_key: str = ""
     tls_cert: str = ""

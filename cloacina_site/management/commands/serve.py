@@ -29,7 +29,7 @@ from cloacina_site.web_security import apply_tls_settings
 from fleet.api import metrics as executor_metrics
 from fleet.control import jobs as control
 from fleet.control import limits, substrate
-from fleet.engine import leader, recovery, server_registry
+from fleet.engine import leader, recovery, server_registry, task_logs
 from fleet.engine.dispatcher import Dispatcher
 from fleet.engine.events import ExecutorNotFound
 from fleet.engine.executor import PeriodicJob
@@ -271,6 +271,7 @@ class ServeProcess:
                 server_registry.heartbeat_interval_s(),
             ),
             *recovery.recovery_jobs(),
+            *task_logs.task_log_jobs(),
             *control.control_plane_jobs(self.config),
             *schedule_firing.schedule_jobs(self.config.schedule_tick_s),
             *(self.builds.periodic_jobs() if self.builds is not None else []),
