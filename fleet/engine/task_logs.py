@@ -93,7 +93,7 @@ def store_final(
     log: TaskLog | None, traceback: str,
 ) -> None:  # fmt: skip
     """Record an applied outcome's log and traceback (in the caller's transaction)."""
-    log = log or TaskLog("", 0, 0)
+    log = bounded(log or TaskLog("", 0, 0), get_config().task_log_bytes)
     cursor.execute(
         _STORE_FINAL,
         {
@@ -106,6 +106,17 @@ def store_final(
             "traceback": storable_text(traceback[:TRACEBACK_MAX_CHARS]),
         },
     )
+
+
+def bounded(log: TaskLog, limit: int) -> TaskLog:
+    """The last ``limit`` bytes of ``log``: the server keeps its own bound, whatever ring
+    size an agent was configured with (what an agent sends is tenant input)."""
+    data = log.text.encode("utf-8")
+    if len(data) <= limit:
+        return log
+    tail = data[len(data) - limit :].decode("utf-8", errors="ignore")  # a cut character goes
+    dropped = len(data) - len(tail.encode("utf-8"))
+    return TaskLog(tail, log.bytes, log.truncated_bytes + dropped)
 
 
 def append_live(

@@ -62,6 +62,21 @@ def test_an_outcome_stores_its_attempts_log(execution):
     )
 
 
+def test_the_server_keeps_its_own_bound_on_an_outcomes_log(execution):
+    """An agent configured with a bigger ring (or a hostile one) cannot store more than the
+    server's CLOACINA_TASK_LOG_BYTES: the front is dropped and counted, whole characters kept."""
+    apply_overrides(task_log_bytes=1000)
+    try:
+        text = "é" * 800 + "end\n"  # 1,604 bytes
+        run(execution, log=TaskLog(text, 5000, 3396), output={})
+        entry = TaskAttemptLog.objects.get()
+        assert len(entry.text.encode()) <= 1000 and entry.text.endswith("é" * 10 + "end\n")
+        assert entry.bytes == 5000
+        assert entry.truncated_bytes == 5000 - len(entry.text.encode())
+    finally:
+        reset_config()
+
+
 def test_a_silent_success_costs_no_row(execution):
     run(execution, log=TaskLog("", 0, 0), output={})
     assert not TaskAttemptLog.objects.exists()
