@@ -195,7 +195,7 @@ def test_a_batch_that_fails_is_placed_again_task_by_task(tenant, monkeypatch):
     make_agent(tenant, "a", max_concurrency=4)
     ids = ready_tasks(tenant)
 
-    def deadlock(group):
+    def deadlock(group, *_prelocked):
         raise OperationalError("deadlock detected")
 
     monkeypatch.setattr(batch_placement, "_place_plain", deadlock)

@@ -14,10 +14,18 @@ same for a batch:
   :func:`~fleet.executors.fleet.delivery.placement.place_prepared` as if alone;
 * one commit.
 
-Either the whole batch commits or none of it; a batch that fails (a deadlock
-with another server's batch, say) is placed again one task at a time, each in a
-transaction of its own — the outcome per task is exactly what ``place_task``
-would have given.
+A batch that reserves in more than one statement (several tenants or packages, or
+tasks with selectors) first takes every lock it may wait for, in one statement per
+kind and in the one global order (:func:`~fleet.executors.fleet.delivery.placement.lock_up_front`:
+the binding keys, then the agent rows in id order), and reserves without waiting
+after that: it waits for agent rows once, in id order, like every other writer of
+agent rows (result batches, heartbeats, breakers), so it cannot deadlock with them
+however many tenants they span (docs/routing.md, "Lock order").  A batch of one
+group needs no extra statement: its one reservation statement is that ordered lock.
+
+Either the whole batch commits or none of it; a batch that fails (the database
+going away, say) is placed again one task at a time, each in a transaction of its
+own — the outcome per task is exactly what ``place_task`` would have given.
 """
 
 from __future__ import annotations
@@ -53,12 +61,12 @@ log = logging.getLogger(__name__)
 Placement = Placed | NoAgent | NotClaimed
 
 
-def _place_plain(group: list[Prepared]) -> dict[uuid.UUID, Placement]:
+def _place_plain(group: list[Prepared], prelocked: bool = False) -> dict[uuid.UUID, Placement]:
     # Timed like selection.select times one task: choosing and reserving (and enqueueing,
     # which is the same statement), one observation per task of the group.
     started = time.perf_counter()
     try:
-        placed = placement.reserve_and_enqueue(group)
+        placed = placement.reserve_and_enqueue(group, prelocked)
     finally:
         observe_selections(time.perf_counter() - started, len(group))
     results: dict[uuid.UUID, Placement] = {}
@@ -97,12 +105,16 @@ def _place_batch(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid
                 plain[(claim.tenant_id, prepared.package.id)].append(prepared)
             else:
                 others.append(prepared)
-        # The plain groups first: their ordered lock of the agents must not come after a
-        # single reservation already holds one agent out of order.
+        # More than one reserving statement: lock first, then reserve without waiting.
+        prelocked = len(plain) + len(others) > 1
+        if prelocked:
+            placement.lock_up_front([p for group in plain.values() for p in group] + others)
         for group in plain.values():
-            results.update(_place_plain(group))
+            results.update(_place_plain(group, prelocked))
         for prepared in others:
-            results[prepared.claim.task_execution_id] = placement.place_prepared(prepared)
+            results[prepared.claim.task_execution_id] = placement.place_prepared(
+                prepared, wait=not prelocked
+            )
     return results
 
 

@@ -14,8 +14,15 @@ records it) are built elsewhere from these fragments, so each stays ONE statemen
 the hot path.  Readers name the tables through :data:`AGENTS` and :data:`OUTBOX` and
 the state predicates below.  tests/unit/test_state_owners.py enforces it.
 
-Lock order everywhere: task (and workflow) rows → outbox row → agent row; statements
-that lock several agent rows lock them in id order, so two of them never deadlock.
+Lock order everywhere (docs/routing.md, "Lock order"): task and workflow rows → outbox
+rows → affinity keys → agent rows, the agent rows last.  A transaction waits for agent
+row locks at most ONCE — in one statement that locks every agent row it will write, in
+id order — and after that either writes only rows it already holds or takes more
+without waiting (``SKIP LOCKED``).  A single reservation waits for one agent row while
+holding none (its savepoints let go of the rows it found full).  Two such transactions
+never wait for each other in a cycle, whichever tenants and agents they touch: a
+placement batch spanning ten tenants, a result batch freeing slots all over the fleet,
+a batch of heartbeats and a breaker update all take their agent rows in the one order.
 """
 
 from __future__ import annotations
@@ -98,6 +105,12 @@ def reserve_one_sql(candidates: str, order: str, skip_locked: bool) -> str:
     """
 
 
+def lock_in_order_sql(candidates: str) -> str:
+    """SQL: lock every agent row ``candidates`` selects (SQL over ``agents_agent a``), in
+    id order — a placement batch's one wait for agent rows, before it reserves any."""
+    return f"SELECT a.id FROM agents_agent a WHERE {candidates} ORDER BY a.id FOR UPDATE OF a"
+
+
 def any_candidate_sql(candidates: str) -> str:
     return f"SELECT EXISTS (SELECT 1 FROM agents_agent a WHERE {candidates})"
 
@@ -132,8 +145,10 @@ SELECT id, name, target_triple FROM reserved, relax
 """
 
 # N slots and N packets in one statement (plain tasks of one package).  The agents are
-# locked in id order — waiting for a result batch that is releasing slots rather than
-# skipping its agents as full — and their free slots dealt out by the selection's own
+# locked in id order ({lock}: ``FOR UPDATE OF a``) — waiting for a result batch that is
+# releasing slots rather than skipping its agents as full; a batch that locked its agents
+# up front (several groups, ``lock_in_order_sql``) passes ``SKIP LOCKED`` instead, so it
+# never waits a second time, out of order — and their free slots dealt out by the selection's own
 # ranking, its first key applied per slot: the n-th slot of an agent is taken when that
 # agent has ``free - n + 1`` slots left, so the slots go most-free-first as the agents
 # fill, ties broken by the rest of the ranking ({tiebreak}: health, host score, least
@@ -144,7 +159,7 @@ SELECT id, name, target_triple FROM reserved, relax
 RESERVE_AND_ENQUEUE = (
     """
 WITH locked AS (
-    SELECT a.* FROM agents_agent a WHERE {candidates} ORDER BY a.id FOR UPDATE OF a
+    SELECT a.* FROM agents_agent a WHERE {candidates} ORDER BY a.id {lock}
 ), ranked AS (
     SELECT a.id, a.name, a.target_triple, """
     + breaker.slot_cap("a", free_slots("a"))
@@ -357,8 +372,8 @@ SETTLE_FREE = f""", freed AS (
     WHERE id IN (SELECT holder FROM held)
 )"""
 
-# Every agent row once, in id order (so two such transactions never deadlock), each
-# slot counter lowered by the number of its packets acked.
+# Every agent row once, in id order (the result batch's one wait for agent rows: see the
+# module docstring), each slot counter lowered by the number of its packets acked.
 _RELEASE_SLOTS = f"""
 WITH n AS (
     SELECT agent_id, count(*) AS n FROM unnest(%s::uuid[]) AS r(agent_id) GROUP BY agent_id
@@ -367,6 +382,13 @@ WITH n AS (
 )
 UPDATE agents_agent a SET {give_back_slots("a", "n.n")}
 FROM n, locked WHERE a.id = n.agent_id AND locked.id = a.id
+"""
+
+# The agent rows a transaction is about to write, locked in id order in one statement,
+# when they are more than one statement's worth (a result batch whose breaker updates
+# touch agents its slot release does not).
+_LOCK_AGENTS = """
+SELECT a.id FROM agents_agent a WHERE a.id = ANY(%s::uuid[]) ORDER BY a.id FOR UPDATE OF a
 """
 
 _ACK_AND_RELEASE = f"""
@@ -379,17 +401,24 @@ UPDATE agents_agent a SET {give_back_slots("a")}
 WHERE id IN (SELECT agent_id FROM acked)
 """
 
+# The workflow row is locked first (the cancel writes it next): as in an outcome, task
+# rows → workflow row → outbox rows → agent rows, never an agent row before the workflow.
 _WITHDRAW_UNDELIVERED = f"""
-WITH rows AS (
+WITH workflow AS (
+    SELECT id FROM fleet_workflowexecution WHERE id = %s FOR UPDATE
+), rows AS (
     UPDATE delivery_outbox o SET state = 'acked', acked_at = now(), updated_at = now()
     FROM fleet_taskexecution t
     WHERE o.task_execution_id = t.id AND o.assignment = t.assignment AND o.state = 'pending'
-      AND t.workflow_execution_id = %s AND t.status = 'Running'
+      AND t.workflow_execution_id = (SELECT id FROM workflow) AND t.status = 'Running'
     RETURNING o.agent_id, o.task_execution_id
+), n AS (
+    SELECT agent_id, count(*) AS cnt FROM rows GROUP BY agent_id
+), locked AS (  -- in id order, as every writer of several agent rows (module docstring)
+    SELECT a.id FROM agents_agent a JOIN n ON n.agent_id = a.id ORDER BY a.id FOR UPDATE OF a
 ), freed AS (
     UPDATE agents_agent a SET {give_back_slots("a", "n.cnt")}
-    FROM (SELECT agent_id, count(*) AS cnt FROM rows GROUP BY agent_id) n
-    WHERE a.id = n.agent_id
+    FROM n, locked WHERE a.id = n.agent_id AND locked.id = a.id
 )
 UPDATE fleet_taskexecution SET status = %s, finished_at = now(), error_message = 'cancelled'
 WHERE id IN (SELECT task_execution_id FROM rows)
@@ -423,6 +452,14 @@ def release_slots(agent_ids: list[uuid.UUID]) -> None:
     if agent_ids:
         with connection.cursor() as cursor:
             cursor.execute(_RELEASE_SLOTS, [list(agent_ids)])
+
+
+def lock_agents(agent_ids: list[uuid.UUID]) -> None:
+    """Lock these agent rows in id order, in one statement (in the caller's transaction),
+    before writing them in several statements (module docstring)."""
+    if agent_ids:
+        with connection.cursor() as cursor:
+            cursor.execute(_LOCK_AGENTS, [sorted(set(agent_ids))])
 
 
 def withdraw_undelivered(workflow_execution_id: uuid.UUID) -> int:
