@@ -81,7 +81,7 @@ WITH relax AS (
     -- executions must not lock them in opposite orders and deadlock.
     SELECT w.id FROM fleet_workflowexecution w
     WHERE w.id IN (SELECT workflow_execution_id FROM claimed) AND w.status = 'Pending'
-    ORDER BY w.id FOR UPDATE
+    ORDER BY w.id FOR NO KEY UPDATE
 ), running AS (
     UPDATE fleet_workflowexecution w SET status = 'Running', started_at = now()
     FROM starting s WHERE w.id = s.id AND w.status = 'Pending'

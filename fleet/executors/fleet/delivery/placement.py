@@ -335,7 +335,7 @@ def _reserve_many_sql(prelocked: bool) -> str:
     return ledger.RESERVE_AND_ENQUEUE.format(
         candidates=candidates,
         tiebreak=UNCONSTRAINED.tiebreak.replace(CANDIDATES, candidates),
-        lock="FOR UPDATE OF a SKIP LOCKED" if prelocked else "FOR UPDATE OF a",
+        lock="FOR NO KEY UPDATE OF a SKIP LOCKED" if prelocked else "FOR NO KEY UPDATE OF a",
     )
 
 

@@ -23,6 +23,9 @@ holding none (its savepoints let go of the rows it found full).  Two such transa
 never wait for each other in a cycle, whichever tenants and agents they touch: a
 placement batch spanning ten tenants, a result batch freeing slots all over the fleet,
 a batch of heartbeats and a breaker update all take their agent rows in the one order.
+Explicit locks of agent (and workflow) rows are ``FOR NO KEY UPDATE``, the lock their
+UPDATE takes anyway: the foreign-key check of a row that references them (``KEY SHARE``,
+at commit, in no particular order) never waits for it.
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ def reserve_one_sql(candidates: str, order: str, skip_locked: bool) -> str:
     row: a blocking ``FOR UPDATE`` in the ranking would lock a row, find it full once its
     lock came, keep it and wait for the next — two such reservations, ranking two agents
     in opposite orders, deadlock."""
-    lock = "FOR UPDATE OF a SKIP LOCKED" if skip_locked else ""
+    lock = "FOR NO KEY UPDATE OF a SKIP LOCKED" if skip_locked else ""
     return f"""
     UPDATE agents_agent AS r
     SET {take_slots("r")}, last_selected_at = clock_timestamp(), {breaker.probe_taken("r")}
@@ -108,7 +111,7 @@ def reserve_one_sql(candidates: str, order: str, skip_locked: bool) -> str:
 def lock_in_order_sql(candidates: str) -> str:
     """SQL: lock every agent row ``candidates`` selects (SQL over ``agents_agent a``), in
     id order — a placement batch's one wait for agent rows, before it reserves any."""
-    return f"SELECT a.id FROM agents_agent a WHERE {candidates} ORDER BY a.id FOR UPDATE OF a"
+    return f"SELECT a.id FROM agents_agent a WHERE {candidates} ORDER BY a.id FOR NO KEY UPDATE OF a"
 
 
 def any_candidate_sql(candidates: str) -> str:
@@ -145,7 +148,7 @@ SELECT id, name, target_triple FROM reserved, relax
 """
 
 # N slots and N packets in one statement (plain tasks of one package).  The agents are
-# locked in id order ({lock}: ``FOR UPDATE OF a``) — waiting for a result batch that is
+# locked in id order ({lock}: ``FOR NO KEY UPDATE OF a``) — waiting for a result batch that is
 # releasing slots rather than skipping its agents as full; a batch that locked its agents
 # up front (several groups, ``lock_in_order_sql``) passes ``SKIP LOCKED`` instead, so it
 # never waits a second time, out of order — and their free slots dealt out by the selection's own
@@ -378,7 +381,7 @@ _RELEASE_SLOTS = f"""
 WITH n AS (
     SELECT agent_id, count(*) AS n FROM unnest(%s::uuid[]) AS r(agent_id) GROUP BY agent_id
 ), locked AS (
-    SELECT a.id FROM agents_agent a JOIN n ON n.agent_id = a.id ORDER BY a.id FOR UPDATE OF a
+    SELECT a.id FROM agents_agent a JOIN n ON n.agent_id = a.id ORDER BY a.id FOR NO KEY UPDATE OF a
 )
 UPDATE agents_agent a SET {give_back_slots("a", "n.n")}
 FROM n, locked WHERE a.id = n.agent_id AND locked.id = a.id
@@ -388,7 +391,7 @@ FROM n, locked WHERE a.id = n.agent_id AND locked.id = a.id
 # when they are more than one statement's worth (a result batch whose breaker updates
 # touch agents its slot release does not).
 _LOCK_AGENTS = """
-SELECT a.id FROM agents_agent a WHERE a.id = ANY(%s::uuid[]) ORDER BY a.id FOR UPDATE OF a
+SELECT a.id FROM agents_agent a WHERE a.id = ANY(%s::uuid[]) ORDER BY a.id FOR NO KEY UPDATE OF a
 """
 
 _ACK_AND_RELEASE = f"""
@@ -405,7 +408,7 @@ WHERE id IN (SELECT agent_id FROM acked)
 # rows → workflow row → outbox rows → agent rows, never an agent row before the workflow.
 _WITHDRAW_UNDELIVERED = f"""
 WITH workflow AS (
-    SELECT id FROM fleet_workflowexecution WHERE id = %s FOR UPDATE
+    SELECT id FROM fleet_workflowexecution WHERE id = %s FOR NO KEY UPDATE
 ), rows AS (
     UPDATE delivery_outbox o SET state = 'acked', acked_at = now(), updated_at = now()
     FROM fleet_taskexecution t
@@ -415,7 +418,7 @@ WITH workflow AS (
 ), n AS (
     SELECT agent_id, count(*) AS cnt FROM rows GROUP BY agent_id
 ), locked AS (  -- in id order, as every writer of several agent rows (module docstring)
-    SELECT a.id FROM agents_agent a JOIN n ON n.agent_id = a.id ORDER BY a.id FOR UPDATE OF a
+    SELECT a.id FROM agents_agent a JOIN n ON n.agent_id = a.id ORDER BY a.id FOR NO KEY UPDATE OF a
 ), freed AS (
     UPDATE agents_agent a SET {give_back_slots("a", "n.cnt")}
     FROM n, locked WHERE a.id = n.agent_id AND locked.id = a.id
