@@ -8,14 +8,17 @@ same for a batch:
 * one claim statement for every task of the batch (:func:`claim_tasks`);
 * per claim the same :func:`~fleet.executors.fleet.delivery.placement.prepare` (the shared
   context builder, the packet, the oversize and selector checks);
-* *plain* tasks (no selector, no group or affinity binding — the common case) of
-  one package are reserved and enqueued together in one statement
-  (:func:`~fleet.executors.fleet.delivery.placement.reserve_and_enqueue`); every other task goes through
+* *plain* tasks (no selector, no group or affinity binding — the common case) that
+  can run on the same target triples (every python package: any) are reserved and
+  enqueued together in one statement, whatever their tenants and packages, each
+  tenant's on its own agents
+  (:func:`~fleet.executors.fleet.delivery.placement.reserve_and_enqueue`): a batch
+  spanning ten tenants costs what a batch of one does; every other task goes through
   :func:`~fleet.executors.fleet.delivery.placement.place_prepared` as if alone;
 * one commit.
 
-A batch that reserves in more than one statement (several tenants or packages, or
-tasks with selectors) first takes every lock it may wait for, in one statement per
+A batch that reserves in more than one statement (packages of different target
+triples, or tasks with selectors) first takes every lock it may wait for, in one statement per
 kind and in the one global order (:func:`~fleet.executors.fleet.delivery.placement.lock_up_front`:
 the binding keys, then the agent rows in id order), and reserves without waiting
 after that: it waits for agent rows once, in id order, like every other writer of
@@ -70,7 +73,7 @@ def _place_plain(group: list[Prepared], prelocked: bool = False) -> dict[uuid.UU
     finally:
         observe_selections(time.perf_counter() - started, len(group))
     results: dict[uuid.UUID, Placement] = {}
-    reason = ""
+    reasons: dict[int, str] = {}  # per tenant: the group spans tenants
     for prepared in group:
         claim = prepared.claim
         agent = placed.get(claim.task_execution_id)
@@ -78,21 +81,26 @@ def _place_plain(group: list[Prepared], prelocked: bool = False) -> dict[uuid.UU
             results[claim.task_execution_id] = agent
             continue
         # No slot left (or the free agents are being reserved by someone else right now).
-        reason = reason or no_capacity_reason(claim.tenant_id, prepared.triples)
+        reason = reasons.get(claim.tenant_id)
+        if reason is None:
+            reason = reasons[claim.tenant_id] = no_capacity_reason(
+                claim.tenant_id, prepared.triples
+            )
         release_claim(claim.task_execution_id, claim.assignment, reason)
         results[claim.task_execution_id] = NoAgent(claim.tenant_id, reason)
     if placed:
         SELECTION_SUCCESS.labels(step=UNCONSTRAINED.step).inc(len(placed))
     if len(placed) < len(group):
         SELECTION_FAILURE.labels(reason="no_free_agent").inc(len(group) - len(placed))
-        if "at capacity" in reason:
+        if any("at capacity" in reason for reason in reasons.values()):
             BACKPRESSURE.labels(reason="agents_full").inc()
     return results
 
 
 def _place_batch(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid.UUID, Placement]:
     results: dict[uuid.UUID, Placement] = {}
-    plain: dict[tuple[int, int], list[Prepared]] = defaultdict(list)
+    # Plain tasks by the target triples they can run on (None: any), whatever the tenant.
+    plain: dict[frozenset[str] | None, list[Prepared]] = defaultdict(list)
     others: list[Prepared] = []
     with transaction.atomic():
         claims = sorted(claim_tasks(task_execution_ids, claimer, deadline=False), key=_claim_key)
@@ -102,7 +110,7 @@ def _place_batch(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid
             if isinstance(prepared, Unroutable):
                 results[claim.task_execution_id] = prepared
             elif prepared.request.plain:
-                plain[(claim.tenant_id, prepared.package.id)].append(prepared)
+                plain[prepared.triples].append(prepared)
             else:
                 others.append(prepared)
         # More than one reserving statement: lock first, then reserve without waiting.

@@ -54,9 +54,18 @@ from fleet.executors.fleet.routing.candidates import (
     candidates_sql,
     group_candidate_params,
     group_candidates_sql,
+    tenants_candidates_sql,
 )
 from fleet.executors.fleet.routing.metrics import SELECTION_FAILURE
-from fleet.executors.fleet.routing.selectors import CANDIDATES, UNCONSTRAINED, Choice, SelectorError
+from fleet.executors.fleet.routing.selectors import (
+    CANDIDATES,
+    UNCONSTRAINED,
+    Choice,
+    SelectorError,
+    Selectors,
+    best_score_per_tenant,
+    tiebreak,
+)
 from fleet.executors.fleet.state import ledger
 from fleet.models import Outcome, TaskExecution, TaskOutcome, TaskStatus
 from fleet.platform.config import get_config
@@ -331,10 +340,10 @@ class Delivered(Placed):
 
 
 def _reserve_many_sql(prelocked: bool) -> str:
-    candidates = candidates_sql(UNCONSTRAINED)
     return ledger.RESERVE_AND_ENQUEUE.format(
-        candidates=candidates,
-        tiebreak=UNCONSTRAINED.tiebreak.replace(CANDIDATES, candidates),
+        candidates=tenants_candidates_sql(UNCONSTRAINED),
+        best=best_score_per_tenant(Selectors()),
+        tiebreak=tiebreak(Selectors(), best="a.best_score"),
         lock="FOR NO KEY UPDATE OF a SKIP LOCKED" if prelocked else "FOR NO KEY UPDATE OF a",
     )
 
@@ -361,8 +370,9 @@ def lock_up_front(groups: list[Prepared]) -> None:
 
 
 def reserve_and_enqueue(group: list[Prepared], prelocked: bool = False) -> dict[uuid.UUID, Placed]:
-    """Reserve N slots for plain tasks of ONE package (one tenant) and insert their
-    packets, in one statement (the caller's transaction): task id → Placed (a
+    """Reserve N slots for plain tasks that can run on the same target triples (any
+    tenants, any packages) and insert their packets, in one statement (the caller's
+    transaction), each tenant's tasks on its own agents: task id → Placed (a
     :class:`Delivered` for a local agent) for those that got a slot; the rest got none.
     ``prelocked``: the caller locked the agents (:func:`lock_up_front`); an agent locked
     by another transaction is then passed over rather than waited for."""
@@ -370,15 +380,15 @@ def reserve_and_enqueue(group: list[Prepared], prelocked: bool = False) -> dict[
     params = {
         **UNCONSTRAINED.params,
         **candidate_params(first.claim.tenant_id, first.triples),
-        "count": len(group),
+        "tenants": sorted({p.claim.tenant_id for p in group}),
         "me": local_sockets.server_id(),
         "grace": RESULT_GRACE_S,
-        "tenant": first.claim.tenant_id,
         "tasks": [p.claim.task_execution_id for p in group],
         "assignments": [p.claim.assignment for p in group],
         "payloads": [json.dumps(p.payload) for p in group],
-        "digests": json.dumps(first.digests or {}),
-        "digest": first.package.digest,
+        "task_tenants": [p.claim.tenant_id for p in group],
+        "digests": [json.dumps(p.digests or {}) for p in group],
+        "digest": [p.package.digest for p in group],
     }
     claims = {p.claim.task_execution_id: p.claim for p in group}
     placed: dict[uuid.UUID, Placed] = {}

@@ -35,6 +35,12 @@ _BASE = f"""
     a.tenant_id = %(tenant)s AND {_LIVE_WITH_ROOM}
     AND (%(any_triple)s OR a.target_triple = ANY(%(triples)s))
 """
+# The candidates of several tenants at once (one triples filter for them all): the batch
+# reservation's (ledger.RESERVE_AND_ENQUEUE), which deals each tenant's slots to its tasks.
+_BASE_OF_TENANTS = f"""
+    a.tenant_id = ANY(%(tenants)s) AND {_LIVE_WITH_ROOM}
+    AND (%(any_triple)s OR a.target_triple = ANY(%(triples)s))
+"""
 # The candidates of several (tenant, triples) groups at once, whatever their selectors
 # (``%(groups)s``: JSON ``[{"tenant": id, "triples": [..] or null}, ..]``): a superset of
 # what any task of those groups may be placed on, for the placement batch's up-front lock.
@@ -59,6 +65,12 @@ class ReservedAgent:
     id: uuid.UUID
     name: str
     target_triple: str
+
+
+def tenants_candidates_sql(choice: Choice) -> str:
+    """:func:`candidates_sql` for the tenants in ``%(tenants)s`` at once (parameters:
+    :func:`candidate_params` with ``tenants`` added)."""
+    return f"{_BASE_OF_TENANTS} AND {choice.static} AND {choice.dynamic}"
 
 
 def group_candidates_sql() -> str:

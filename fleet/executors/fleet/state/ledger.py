@@ -111,7 +111,9 @@ def reserve_one_sql(candidates: str, order: str, skip_locked: bool) -> str:
 def lock_in_order_sql(candidates: str) -> str:
     """SQL: lock every agent row ``candidates`` selects (SQL over ``agents_agent a``), in
     id order — a placement batch's one wait for agent rows, before it reserves any."""
-    return f"SELECT a.id FROM agents_agent a WHERE {candidates} ORDER BY a.id FOR NO KEY UPDATE OF a"
+    return (
+        f"SELECT a.id FROM agents_agent a WHERE {candidates} ORDER BY a.id FOR NO KEY UPDATE OF a"
+    )
 
 
 def any_candidate_sql(candidates: str) -> str:
@@ -147,38 +149,52 @@ ENQUEUE_ON_RESERVED = """
 SELECT id, name, target_triple FROM reserved, relax
 """
 
-# N slots and N packets in one statement (plain tasks of one package).  The agents are
-# locked in id order ({lock}: ``FOR NO KEY UPDATE OF a``) — waiting for a result batch that is
-# releasing slots rather than skipping its agents as full; a batch that locked its agents
-# up front (several groups, ``lock_in_order_sql``) passes ``SKIP LOCKED`` instead, so it
-# never waits a second time, out of order — and their free slots dealt out by the selection's own
-# ranking, its first key applied per slot: the n-th slot of an agent is taken when that
-# agent has ``free - n + 1`` slots left, so the slots go most-free-first as the agents
-# fill, ties broken by the rest of the ranking ({tiebreak}: health, host score, least
-# recently selected, id) — spread like consecutive single reservations.  A half-open
-# agent is dealt one slot at most: its breaker's probe (fleet/executors/fleet/state/breaker.py).  A packet for an agent whose socket THIS process holds is written
-# as delivered (its result clock started) and pushed by the caller right after the
-# commit; the others are pending, for the relay that holds their socket.
+# N slots and N packets in one statement: plain tasks of one or more tenants (each task
+# with its tenant, and its package's digests), the candidates of every tenant among them
+# ({candidates}).  The agents are locked in id order, all tenants at once ({lock}:
+# ``FOR NO KEY UPDATE OF a``) — waiting for a result batch that is releasing slots rather
+# than skipping its agents as full; a batch that locked its agents up front
+# (``lock_in_order_sql``) passes ``SKIP LOCKED`` instead, so it never waits a second time,
+# out of order.  Each tenant's free slots are dealt to its own tasks by the selection's
+# own ranking ({best}: the best healthy score per tenant, for {tiebreak}), its first key
+# applied per slot: the n-th slot of an agent is taken when that agent has
+# ``free - n + 1`` slots left, so the slots go most-free-first as the agents fill, ties
+# broken by the rest of the ranking (health, host score, least recently selected, id) —
+# spread like consecutive single reservations.  A half-open agent is dealt one slot at
+# most: its breaker's probe (fleet/executors/fleet/state/breaker.py).  A packet for an
+# agent whose socket THIS process holds is written as delivered (its result clock
+# started) and pushed by the caller right after the commit; the others are pending, for
+# the relay that holds their socket.
 RESERVE_AND_ENQUEUE = (
     """
 WITH locked AS (
     SELECT a.* FROM agents_agent a WHERE {candidates} ORDER BY a.id {lock}
+), scored AS (
+    SELECT a.*, {best} AS best_score FROM locked a
 ), ranked AS (
-    SELECT a.id, a.name, a.target_triple, """
+    SELECT a.id, a.tenant_id, a.name, a.target_triple, """
     + breaker.slot_cap("a", free_slots("a"))
     + """ AS free,
-           a.connected_to = %(me)s AS local, row_number() OVER (ORDER BY {tiebreak}) AS rank
-    FROM locked a
+           a.connected_to = %(me)s AS local,
+           row_number() OVER (PARTITION BY a.tenant_id ORDER BY {tiebreak}) AS rank
+    FROM scored a
+), todo AS (
+    SELECT u.*, row_number() OVER (PARTITION BY u.tenant_id ORDER BY u.i) AS k,
+           count(*) OVER (PARTITION BY u.tenant_id) AS wanted
+    FROM unnest(%(tasks)s::uuid[], %(assignments)s::int[], %(payloads)s::jsonb[],
+                %(task_tenants)s::bigint[], %(digests)s::jsonb[], %(digest)s::text[])
+         WITH ORDINALITY AS u(task_execution_id, assignment, payload, tenant_id, digests, digest, i)
+), wanted AS (
+    SELECT DISTINCT tenant_id, wanted FROM todo
 ), slots AS (
-    SELECT r.id, r.name, r.target_triple, r.local,
-           row_number() OVER (ORDER BY r.free - s.n DESC, r.rank) AS k
-    FROM ranked r CROSS JOIN LATERAL generate_series(1, LEAST(r.free, %(count)s)) AS s(n)
+    SELECT r.id, r.tenant_id, r.name, r.target_triple, r.local,
+           row_number() OVER (PARTITION BY r.tenant_id ORDER BY r.free - s.n DESC, r.rank) AS k
+    FROM ranked r JOIN wanted c ON c.tenant_id = r.tenant_id
+    CROSS JOIN LATERAL generate_series(1, LEAST(r.free, c.wanted)) AS s(n)
 ), work AS (
-    SELECT w.task_execution_id, w.assignment, w.payload, s.id AS agent_id, s.name, s.target_triple,
-           s.local
-    FROM unnest(%(tasks)s::uuid[], %(assignments)s::int[], %(payloads)s::jsonb[])
-         WITH ORDINALITY AS w(task_execution_id, assignment, payload, k)
-    JOIN slots s ON s.k = w.k
+    SELECT w.task_execution_id, w.assignment, w.payload, w.tenant_id, w.digests, w.digest,
+           s.id AS agent_id, s.name, s.target_triple, s.local
+    FROM todo w JOIN slots s ON s.tenant_id = w.tenant_id AND s.k = w.k
 ), reserved AS (
     UPDATE agents_agent r SET """
     + take_slots("r", "c.n")
@@ -190,11 +206,11 @@ WITH locked AS (
 ), packets AS (
     INSERT INTO delivery_outbox (tenant_id, agent_id, task_execution_id, assignment, state, payload,
                                  attempts, delivered_at, created_at, updated_at, former_agents)
-    SELECT %(tenant)s, w.agent_id, w.task_execution_id, w.assignment,
+    SELECT w.tenant_id, w.agent_id, w.task_execution_id, w.assignment,
            CASE WHEN w.local THEN 'delivered' ELSE 'pending' END,
            w.payload || jsonb_build_object(
                'target_triple', w.target_triple,
-               'artifact_digest', coalesce(%(digests)s::jsonb ->> w.target_triple, %(digest)s)
+               'artifact_digest', coalesce(w.digests ->> w.target_triple, w.digest)
            ),
            CASE WHEN w.local THEN 1 ELSE 0 END, CASE WHEN w.local THEN now() END,
            now(), now(), '[]'::jsonb
