@@ -8,9 +8,10 @@ the tenants) and reporter threads report each open packet a success with
 :func:`~fleet.executors.fleet.result_intake.apply_results`, until every task has
 completed.  What is measured is what the tenant count changes: the row locks of the
 agents, workflows and tasks those transactions take (docs/routing.md, "Lock order").
-Printed per phase: tasks/s, and the deadlocks PostgreSQL detected
-(``pg_stat_database.deadlocks`` for the bench database, before and after); then the
-T-tenant throughput as a share of the 1-tenant one.
+Each kind of phase runs twice, in the order 1, T, T, 1, each on an emptied database.
+Printed per kind: tasks/s, and the deadlocks PostgreSQL detected
+(``pg_stat_database.deadlocks`` for the bench database, before and after each phase);
+then the T-tenant throughput as a share of the 1-tenant one.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from django.core.management import call_command
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
@@ -238,8 +240,21 @@ def _phase(tenants: int, agents: int, tasks: int, width: int, placers: int, repo
 def run_lock_order_bench(
     tenants: int, agents: int, tasks: int, width: int, placers: int = 3, reporters: int = 3
 ) -> LockOrderResult:
-    """One phase with everything in one tenant, then one with it spread over ``tenants``."""
-    phases = [_phase(1, agents, tasks, width, placers, reporters)]
-    if tenants > 1:
-        phases.append(_phase(tenants, agents, tasks, width, placers, reporters))
+    """Phases with everything in one tenant and with it spread over ``tenants``, in the
+    order 1, T, T, 1 (each on an emptied database: a phase after another runs slower on
+    its rows), the two of each kind summed."""
+    order = [1, tenants, tenants, 1] if tenants > 1 else [1, 1]
+    runs: dict[int, list[LockPhase]] = {}
+    for count in order:
+        call_command("flush", interactive=False, verbosity=0)
+        runs.setdefault(count, []).append(_phase(count, agents, tasks, width, placers, reporters))
+    phases = [
+        LockPhase(
+            count,
+            sum(p.tasks for p in done),
+            sum(p.wall_s for p in done),
+            sum(p.deadlocks for p in done),
+        )
+        for count, done in runs.items()
+    ]
     return LockOrderResult(agents, phases)
