@@ -1,4 +1,4 @@
-"""The lock order (docs/routing.md, "Lock order"): placement batches spanning many tenants
+"""The lock order (docs/fleet.md, "Lock order"): placement batches spanning many tenants
 and result batches freeing slots all over the fleet, run at once from several
 connections, never deadlock — PostgreSQL's own deadlock counter for the test database
 (``pg_stat_database.deadlocks``) does not move."""

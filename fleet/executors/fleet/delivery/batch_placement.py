@@ -23,7 +23,7 @@ kind and in the one global order (:func:`~fleet.executors.fleet.delivery.placeme
 the binding keys, then the agent rows in id order), and reserves without waiting
 after that: it waits for agent rows once, in id order, like every other writer of
 agent rows (result batches, heartbeats, breakers), so it cannot deadlock with them
-however many tenants they span (docs/routing.md, "Lock order").  A batch of one
+however many tenants they span (docs/fleet.md, "Lock order").  A batch of one
 group needs no extra statement: its one reservation statement is that ordered lock.
 
 Either the whole batch commits or none of it; a batch that fails (the database

@@ -78,7 +78,7 @@ def lock(tenant_id: int, keys: list[BindingKey]) -> None:
 def lock_many(keys_by_tenant: list[tuple[int, list[BindingKey]]]) -> None:
     """:func:`lock` for the keys of several tenants at once, all in the one order every
     placement takes them in (``tenant:key`` sorted), in one statement: a placement batch
-    takes its keys up front, before any agent row (docs/routing.md, "Lock order")."""
+    takes its keys up front, before any agent row (docs/fleet.md, "Lock order")."""
     wanted = sorted({f"{tenant_id}:{k.key}" for tenant_id, keys in keys_by_tenant for k in keys})
     if not wanted:
         return

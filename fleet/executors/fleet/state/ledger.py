@@ -14,7 +14,7 @@ records it) are built elsewhere from these fragments, so each stays ONE statemen
 the hot path.  Readers name the tables through :data:`AGENTS` and :data:`OUTBOX` and
 the state predicates below.  tests/unit/test_state_owners.py enforces it.
 
-Lock order everywhere (docs/routing.md, "Lock order"): task and workflow rows → outbox
+Lock order everywhere (docs/fleet.md, "Lock order"): task and workflow rows → outbox
 rows → affinity keys → agent rows, the agent rows last.  A transaction waits for agent
 row locks at most ONCE — in one statement that locks every agent row it will write, in
 id order — and after that either writes only rows it already holds or takes more
