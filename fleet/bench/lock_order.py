@@ -31,6 +31,7 @@ from agents.protocol.triples import host_triple
 from artifacts.store.services import publish_package
 from fleet.bench import workload
 from fleet.engine.scheduler import start_execution
+from fleet.executors.fleet import lifecycle
 from fleet.executors.fleet.delivery import local_sockets
 from fleet.executors.fleet.delivery.batch_placement import place_tasks
 from fleet.executors.fleet.delivery.placement import Placed
@@ -122,19 +123,22 @@ def _setup(prefix: str, tenants: int, agents: int, tasks: int, width: int) -> li
     return sorted(ready, key=str)
 
 
-_BEAT = """
-UPDATE agents_agent a SET last_heartbeat = now()
-FROM (SELECT id FROM agents_agent WHERE tenant_id = ANY(%s) ORDER BY id FOR NO KEY UPDATE) l
-WHERE a.id = l.id
-"""
-
-
 def _beat(tenant_ids: list[int]) -> None:
     """Keep the agents within the liveness window.  A beat that loses a deadlock (with a
     build whose lock order is broken: the phase counts it) is simply tried again later."""
+    agents = list(Agent.objects.filter(tenant_id__in=tenant_ids).values_list("id", "tenant_id"))
     try:
-        with connection.cursor() as cursor:
-            cursor.execute(_BEAT, [tenant_ids])
+        with connection.cursor() as cursor:  # the sockets' batched beat (id order)
+            cursor.execute(
+                lifecycle.BEAT_MANY,
+                {
+                    "ids": [a for a, _t in agents],
+                    "tenants": [t for _a, t in agents],
+                    "has": [False] * len(agents),
+                    "metrics": ["{}"] * len(agents),
+                    "draining": [False] * len(agents),
+                },
+            )
     except DatabaseError:
         pass
 
