@@ -75,9 +75,16 @@ WITH relax AS (
     FROM relax
     WHERE t.id IN (SELECT id FROM due)
     RETURNING {columns}
+), starting AS (
+    -- The executions this claim starts, locked in id order like every writer of several
+    -- workflow rows (a result batch's): two batches claiming tasks of the same new
+    -- executions must not lock them in opposite orders and deadlock.
+    SELECT w.id FROM fleet_workflowexecution w
+    WHERE w.id IN (SELECT workflow_execution_id FROM claimed) AND w.status = 'Pending'
+    ORDER BY w.id FOR NO KEY UPDATE
 ), running AS (
-    UPDATE fleet_workflowexecution SET status = 'Running', started_at = now()
-    WHERE id IN (SELECT workflow_execution_id FROM claimed) AND status = 'Pending'
+    UPDATE fleet_workflowexecution w SET status = 'Running', started_at = now()
+    FROM starting s WHERE w.id = s.id AND w.status = 'Pending'
 )
 SELECT * FROM claimed
 """

@@ -16,7 +16,13 @@ from contextlib import contextmanager
 
 from django.db import DatabaseError, connection, transaction
 
-from fleet.engine.results import Applied, TaskReport, result_handler
+from fleet.engine.results import (
+    Applied,
+    TaskReport,
+    deferred_slot_releases,
+    release_slots,
+    result_handler,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +67,10 @@ def apply_reports(reports: list[tuple[uuid.UUID, TaskReport]]) -> list[Applied]:
     )
     try:
         with batch_transaction():
-            done = {i: result_handler.apply(reports[i][1]) for i in order}
+            # What the tasks held (an executor's slots) is freed once, last, in one order.
+            with deferred_slot_releases() as held:
+                done = {i: result_handler.apply(reports[i][1]) for i in order}
+            release_slots(held)
     except DatabaseError:
         log.warning(
             "a batch of %d outcomes failed; applying them one by one", len(reports), exc_info=True

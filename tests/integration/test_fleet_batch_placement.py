@@ -195,7 +195,7 @@ def test_a_batch_that_fails_is_placed_again_task_by_task(tenant, monkeypatch):
     make_agent(tenant, "a", max_concurrency=4)
     ids = ready_tasks(tenant)
 
-    def deadlock(group):
+    def deadlock(group, *_prelocked):
         raise OperationalError("deadlock detected")
 
     monkeypatch.setattr(batch_placement, "_place_plain", deadlock)
@@ -236,3 +236,68 @@ def test_batch_contexts_are_the_single_builders_exact_contexts(tenant):
             build_task_context(task_execution_id)
         )
     assert batch[tasks["d"].pk] == {"in": "✓", "k": 2, "a": 1, "c": 1.5}
+
+
+@pytest.mark.django_db
+def test_a_batch_spanning_tenants_reserves_in_one_statement_each_on_its_own_agents(
+    tenant, other_tenant
+):
+    from django.db import connection as db
+    from django.test.utils import CaptureQueriesContext
+
+    wide_package(tenant, 4)
+    wide_package(other_tenant, 3)
+    mine = [make_agent(tenant, f"a{i}", max_concurrency=4) for i in range(2)]
+    theirs = make_agent(other_tenant, "b", max_concurrency=2)  # room for 2 of its 3 tasks
+    ids = ready_tasks(tenant) + ready_tasks(other_tenant)
+    with CaptureQueriesContext(db) as queries:
+        placed = place_tasks(sorted(ids, key=str), "server-1")
+    statements = [q["sql"] for q in queries.captured_queries]
+    # One reservation statement for both tenants, and no separate up-front lock.
+    assert sum("INSERT INTO delivery_outbox" in sql for sql in statements) == 1
+    assert not any(sql.lstrip().startswith("SELECT a.id FROM agents_agent a") for sql in statements)
+    own = {t.pk: t.tenant_id for t in TaskExecution.objects.filter(pk__in=ids)}
+    by_agent = Counter(p.agent_id for p in placed.values() if isinstance(p, Placed))
+    assert by_agent == {mine[0].id: 2, mine[1].id: 2, theirs.id: 2}  # spread, each its own
+    for task_execution_id, p in placed.items():
+        if isinstance(p, Placed):
+            agent = Agent.objects.get(pk=p.agent_id)
+            assert agent.tenant_id == own[task_execution_id] == p.tenant_id
+    waiting = [p for p in placed.values() if isinstance(p, NoAgent)]
+    assert [(p.tenant_id, p.reason) for p in waiting] == [
+        (other_tenant.pk, "the 1 live agent is at capacity")
+    ]
+    assert Agent.objects.get(pk=theirs.pk).in_flight == 2
+    assert [Agent.objects.get(pk=a.pk).in_flight for a in mine] == [2, 2]
+
+
+@pytest.mark.django_db
+def test_a_batch_with_selectors_and_plain_tasks_locks_its_agents_once_up_front(tenant):
+    from django.db import connection as db
+    from django.test.utils import CaptureQueriesContext
+
+    make_package(
+        tenant,
+        [
+            {"id": "plain", "function": "demo.steps:noop"},
+            {"id": "pinned", "function": "demo.steps:noop", "agent": "b"},
+        ],
+        SOURCE,
+        name="mixed",
+        workflow="mixed",
+    )
+    make_agent(tenant, "a", max_concurrency=4)
+    b = make_agent(tenant, "b", max_concurrency=4)
+    _execution, tasks = start(tenant, "mixed", {})
+    with CaptureQueriesContext(db) as queries:
+        placed = place_tasks([t.pk for t in tasks.values()], "server-1")
+    statements = [q["sql"] for q in queries.captured_queries]
+    locks = [i for i, sql in enumerate(statements) if "ORDER BY a.id FOR NO KEY UPDATE OF a" in sql]
+    reserving = [i for i, sql in enumerate(statements) if "UPDATE agents_agent" in sql]
+    # The first agent lock is the up-front one, before any reservation; the reservations
+    # after it skip what others hold rather than wait (SKIP LOCKED).
+    assert locks and reserving and locks[0] < reserving[0]
+    assert statements[locks[0]].lstrip().startswith("SELECT a.id FROM agents_agent a")
+    assert all("SKIP LOCKED" in statements[i] for i in reserving)
+    assert placed[tasks["pinned"].pk].agent_id == b.id
+    assert isinstance(placed[tasks["plain"].pk], Placed)

@@ -24,9 +24,11 @@ from fleet.executors.fleet.delivery import db as delivery_db
 from fleet.executors.fleet.result_intake import ResultIn, apply_results
 
 MAX_BATCH = 256  # results per transaction
-# Two batches may be written at once: results are applied workflow by workflow and the
-# agents' slots freed in id order, so two batches cannot deadlock; while one waits for
-# its commit's WAL flush the other gets on with the next results.
+# Two batches may be written at once: results are applied workflow by workflow, task by
+# task, and the agents' slots (and breakers) written last, their rows locked in one
+# statement in id order — the lock order every writer of those rows keeps (docs/fleet.md,
+# "Lock order") — so two batches, or a batch and a placement, cannot deadlock; while one
+# waits for its commit's WAL flush the other gets on with the next results.
 CONCURRENT_BATCHES = 2
 
 ResultItem = tuple[int, uuid.UUID, ResultIn]  # tenant id, agent id, the result

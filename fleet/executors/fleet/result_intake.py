@@ -151,14 +151,29 @@ def _record(agent_id: uuid.UUID, body: ResultIn, check: Check) -> tuple[int, dic
     return 200, {"applied": applied.applied, "reason": applied.reason}, applied
 
 
-def _feed_breakers(items: list[tuple[uuid.UUID, ResultIn, Check]]) -> None:
-    """Refusals count against the reporting agents' breakers, other outcomes for them
-    (only reports about packets addressed to the reporter: anything else proves nothing)."""
-    answered = [
+def _answered(items: list[tuple[uuid.UUID, ResultIn, Check]]) -> list[tuple[uuid.UUID, bool]]:
+    """(agent, refused) per report about a packet addressed to the reporter: the reports
+    that feed a breaker (anything else proves nothing about the agent)."""
+    return [
         (check.successor_id or agent_id, body.outcome == "refused")
         for agent_id, body, check in items
         if check.agent_name is not None and check.addressed
     ]
+
+
+def _release_and_feed(
+    held: list[uuid.UUID], items: list[tuple[uuid.UUID, ResultIn, Check]]
+) -> None:
+    """Last before the commit: free the slots the settled packets ``held`` and feed the
+    reporters' breakers (refusals count against them, other outcomes for them).
+
+    These are the transaction's only writes of agent rows, and it takes their locks in
+    one statement, in id order (the ledger's lock order): the slot release's own when
+    it covers every agent the breakers may write, else one lock of them all first."""
+    answered = _answered(items)
+    if not {agent for agent, _refused in answered} <= set(held):
+        ledger.lock_agents([*held, *(agent for agent, _refused in answered)])
+    release_slots(held)
     breaker.record_failures((a for a, refused in answered if refused), breaker.Cause.REFUSAL)
     breaker.record_successes(a for a, refused in answered if not refused)
 
@@ -182,8 +197,9 @@ def apply_result(tenant_id: int, agent_id: uuid.UUID, body: ResultIn) -> Answer:
     """One result in a transaction of its own (REST); the answer the agent gets."""
     with transaction.atomic():
         (check,) = _check([(tenant_id, agent_id, body)])
-        status, answer, applied = _record(agent_id, body, check)
-        _feed_breakers([(agent_id, body, check)])
+        with deferred_slot_releases() as held:
+            status, answer, applied = _record(agent_id, body, check)
+        _release_and_feed(held, [(agent_id, body, check)])
     if applied is not None:
         _after_commit([(body, applied)])
     return status, answer
@@ -211,8 +227,7 @@ def apply_results(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Answer]:
             )
             with deferred_slot_releases() as held:
                 done = {i: _record(items[i][1], items[i][2], checks[i]) for i in order}
-            release_slots(held)
-            _feed_breakers([(items[i][1], items[i][2], checks[i]) for i in order])
+            _release_and_feed(held, [(items[i][1], items[i][2], checks[i]) for i in order])
     except DatabaseError:
         log.warning(
             "a batch of %d results failed; applying them one by one", len(items), exc_info=True

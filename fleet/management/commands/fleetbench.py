@@ -5,7 +5,10 @@ on every run), submits no-op tasks over the REST API and prints throughput and
 Ready→started latency percentiles measured from the database rows.  ``--schedules N``
 instead makes N cron schedules due in the same second and prints how long the server
 took to start them all (fleet/bench/schedules.py).  ``--replicas N`` runs N fleet servers
-on the database with the agents spread over them (fleet/bench/replicas.py).
+on the database with the agents spread over them (fleet/bench/replicas.py).  ``--lock-order-tenants T`` instead
+drives placement and result batches in-process, the agents and tasks in one tenant and
+then spread over T, and prints both throughputs and the deadlocks PostgreSQL detected
+(fleet/bench/lock_order.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from fleet.bench.database import use_bench_database
 from fleet.bench.default import run_default_bench
+from fleet.bench.lock_order import run_lock_order_bench
 from fleet.bench.replicas import run_replicas_bench
 from fleet.bench.schedules import run_schedule_bench
 from fleet.platform.config import get_config
@@ -48,6 +52,13 @@ class Command(BaseCommand):
             help="instead: N fleet servers on the database, the agents spread over them",
         )
         parser.add_argument(
+            "--lock-order-tenants",
+            type=int,
+            default=0,
+            help="instead: placement and result batches in-process, --agents and --tasks "
+            "in 1 tenant, then over T tenants (fleet/bench/lock_order.py)",
+        )
+        parser.add_argument(
             "--schedules",
             type=int,
             default=0,
@@ -62,6 +73,10 @@ class Command(BaseCommand):
             raise CommandError("--idle-samples must be >= 0")
         if options["paced_rate"] < 0:
             raise CommandError(f"--paced-rate must be >= 0, got {options['paced_rate']:g}")
+        if options["lock_order_tenants"] < 0:
+            raise CommandError(
+                f"--lock-order-tenants must be >= 0, got {options['lock_order_tenants']}"
+            )
         if options["schedules"] < 0:
             raise CommandError(f"--schedules must be >= 0, got {options['schedules']}")
         if options["replicas"] < 0:
@@ -70,7 +85,11 @@ class Command(BaseCommand):
         url = use_bench_database()
         logging.getLogger("httpx").setLevel(logging.WARNING)
         self.stderr.write(f"fleetbench: using database {url.split('?')[0]} (flushed)")
-        if options["schedules"]:
+        if options["lock_order_tenants"]:
+            result = run_lock_order_bench(
+                options["lock_order_tenants"], options["agents"], options["tasks"], options["width"]
+            )
+        elif options["schedules"]:
             result = run_schedule_bench(url, options["schedules"], workers)
         elif options["replicas"]:
             result = run_replicas_bench(

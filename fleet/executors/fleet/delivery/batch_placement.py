@@ -8,16 +8,27 @@ same for a batch:
 * one claim statement for every task of the batch (:func:`claim_tasks`);
 * per claim the same :func:`~fleet.executors.fleet.delivery.placement.prepare` (the shared
   context builder, the packet, the oversize and selector checks);
-* *plain* tasks (no selector, no group or affinity binding — the common case) of
-  one package are reserved and enqueued together in one statement
-  (:func:`~fleet.executors.fleet.delivery.placement.reserve_and_enqueue`); every other task goes through
+* *plain* tasks (no selector, no group or affinity binding — the common case) that
+  can run on the same target triples (every python package: any) are reserved and
+  enqueued together in one statement, whatever their tenants and packages, each
+  tenant's on its own agents
+  (:func:`~fleet.executors.fleet.delivery.placement.reserve_and_enqueue`): a batch
+  spanning ten tenants costs what a batch of one does; every other task goes through
   :func:`~fleet.executors.fleet.delivery.placement.place_prepared` as if alone;
 * one commit.
 
-Either the whole batch commits or none of it; a batch that fails (a deadlock
-with another server's batch, say) is placed again one task at a time, each in a
-transaction of its own — the outcome per task is exactly what ``place_task``
-would have given.
+A batch that reserves in more than one statement (packages of different target
+triples, or tasks with selectors) first takes every lock it may wait for, in one statement per
+kind and in the one global order (:func:`~fleet.executors.fleet.delivery.placement.lock_up_front`:
+the binding keys, then the agent rows in id order), and reserves without waiting
+after that: it waits for agent rows once, in id order, like every other writer of
+agent rows (result batches, heartbeats, breakers), so it cannot deadlock with them
+however many tenants they span (docs/fleet.md, "Lock order").  A batch of one
+group needs no extra statement: its one reservation statement is that ordered lock.
+
+Either the whole batch commits or none of it; a batch that fails (the database
+going away, say) is placed again one task at a time, each in a transaction of its
+own — the outcome per task is exactly what ``place_task`` would have given.
 """
 
 from __future__ import annotations
@@ -53,16 +64,16 @@ log = logging.getLogger(__name__)
 Placement = Placed | NoAgent | NotClaimed
 
 
-def _place_plain(group: list[Prepared]) -> dict[uuid.UUID, Placement]:
+def _place_plain(group: list[Prepared], prelocked: bool = False) -> dict[uuid.UUID, Placement]:
     # Timed like selection.select times one task: choosing and reserving (and enqueueing,
     # which is the same statement), one observation per task of the group.
     started = time.perf_counter()
     try:
-        placed = placement.reserve_and_enqueue(group)
+        placed = placement.reserve_and_enqueue(group, prelocked)
     finally:
         observe_selections(time.perf_counter() - started, len(group))
     results: dict[uuid.UUID, Placement] = {}
-    reason = ""
+    reasons: dict[int, str] = {}  # per tenant: the group spans tenants
     for prepared in group:
         claim = prepared.claim
         agent = placed.get(claim.task_execution_id)
@@ -70,21 +81,26 @@ def _place_plain(group: list[Prepared]) -> dict[uuid.UUID, Placement]:
             results[claim.task_execution_id] = agent
             continue
         # No slot left (or the free agents are being reserved by someone else right now).
-        reason = reason or no_capacity_reason(claim.tenant_id, prepared.triples)
+        reason = reasons.get(claim.tenant_id)
+        if reason is None:
+            reason = reasons[claim.tenant_id] = no_capacity_reason(
+                claim.tenant_id, prepared.triples
+            )
         release_claim(claim.task_execution_id, claim.assignment, reason)
         results[claim.task_execution_id] = NoAgent(claim.tenant_id, reason)
     if placed:
         SELECTION_SUCCESS.labels(step=UNCONSTRAINED.step).inc(len(placed))
     if len(placed) < len(group):
         SELECTION_FAILURE.labels(reason="no_free_agent").inc(len(group) - len(placed))
-        if "at capacity" in reason:
+        if any("at capacity" in reason for reason in reasons.values()):
             BACKPRESSURE.labels(reason="agents_full").inc()
     return results
 
 
 def _place_batch(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid.UUID, Placement]:
     results: dict[uuid.UUID, Placement] = {}
-    plain: dict[tuple[int, int], list[Prepared]] = defaultdict(list)
+    # Plain tasks by the target triples they can run on (None: any), whatever the tenant.
+    plain: dict[frozenset[str] | None, list[Prepared]] = defaultdict(list)
     others: list[Prepared] = []
     with transaction.atomic():
         claims = sorted(claim_tasks(task_execution_ids, claimer, deadline=False), key=_claim_key)
@@ -94,15 +110,19 @@ def _place_batch(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid
             if isinstance(prepared, Unroutable):
                 results[claim.task_execution_id] = prepared
             elif prepared.request.plain:
-                plain[(claim.tenant_id, prepared.package.id)].append(prepared)
+                plain[prepared.triples].append(prepared)
             else:
                 others.append(prepared)
-        # The plain groups first: their ordered lock of the agents must not come after a
-        # single reservation already holds one agent out of order.
+        # More than one reserving statement: lock first, then reserve without waiting.
+        prelocked = len(plain) + len(others) > 1
+        if prelocked:
+            placement.lock_up_front([p for group in plain.values() for p in group] + others)
         for group in plain.values():
-            results.update(_place_plain(group))
+            results.update(_place_plain(group, prelocked))
         for prepared in others:
-            results[prepared.claim.task_execution_id] = placement.place_prepared(prepared)
+            results[prepared.claim.task_execution_id] = placement.place_prepared(
+                prepared, wait=not prelocked
+            )
     return results
 
 

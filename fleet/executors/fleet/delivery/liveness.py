@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import uuid
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 
 from agents.models import ENDED_STATES, Agent
@@ -36,7 +36,13 @@ log = logging.getLogger(__name__)
 
 
 def reclaim_in_flight(agent_id: uuid.UUID) -> tuple[int, int]:
-    """Move every open row of the dead agent to a survivor; return (moved, left)."""
+    """Move every open row of the dead agent to a survivor; return (moved, left).
+
+    Called inside a caller's transaction (a registration replacing the agent holds the
+    dead agent's row), a reservation must not wait for a survivor's row: that would be
+    a second wait for agent rows, out of order (ledger module docstring, "Lock order").
+    It then takes only survivors free right now; the rest wait for the next sweep."""
+    wait = not connection.in_atomic_block
     rows = list(
         DeliveryOutbox.objects.filter(agent_id=agent_id, state__in=ledger.OPEN_STATES)
         .order_by("id")
@@ -44,7 +50,7 @@ def reclaim_in_flight(agent_id: uuid.UUID) -> tuple[int, int]:
     )
     moved = 0
     for index, (row_id, task_execution_id) in enumerate(rows):
-        result = move_row(row_id, task_execution_id, agent_id)
+        result = move_row(row_id, task_execution_id, agent_id, wait)
         if result is None:  # no survivor with room: the rest wait for the next sweep
             left = len(rows) - index
             log.info("agent %s: %d packet(s) wait for a live agent of the tenant", agent_id, left)
@@ -63,8 +69,12 @@ def reclaim_orphaned_work() -> int:
     return sum(reclaim_in_flight(agent_id)[0] for agent_id in list(dead))
 
 
-def move_row(row_id: int, task_execution_id: uuid.UUID, dead_id: uuid.UUID) -> int | None:
-    """Re-address one row; 1 moved, 0 nothing to move (acked meanwhile), None no survivor."""
+def move_row(
+    row_id: int, task_execution_id: uuid.UUID, dead_id: uuid.UUID, wait: bool = True
+) -> int | None:
+    """Re-address one row; 1 moved, 0 nothing to move (acked meanwhile), None no survivor.
+    ``wait``: whether the reservation may wait for a survivor locked by another
+    transaction (:func:`reclaim_in_flight`)."""
     with transaction.atomic():
         # Lock order task → outbox row → agent, as the result handler does (workflow → task → …).
         task = (
@@ -93,7 +103,9 @@ def move_row(row_id: int, task_execution_id: uuid.UUID, dead_id: uuid.UUID) -> i
             ledger.close_row(row_id)
             return 0
         package = WorkflowPackage.objects.get(pk=task["workflow_execution__package_id"])
-        survivor = reserve_for_reclaim(task_execution_id, task, runnable_triples(package))
+        survivor = reserve_for_reclaim(
+            task_execution_id, task, runnable_triples(package), wait=wait
+        )
         if survivor is None:
             return None
         artifact = resolve_artifact(package, survivor.target_triple)

@@ -47,10 +47,25 @@ from fleet.engine.events import ExecutionStatus
 from fleet.engine.results import TaskReport, result_handler
 from fleet.executors.fleet.delivery import context_ref, local_sockets
 from fleet.executors.fleet.delivery.outbox import PackageRef, work_packet
-from fleet.executors.fleet.routing import selection
-from fleet.executors.fleet.routing.candidates import ReservedAgent, candidate_params, candidates_sql
+from fleet.executors.fleet.routing import affinity, selection
+from fleet.executors.fleet.routing.candidates import (
+    ReservedAgent,
+    candidate_params,
+    candidates_sql,
+    group_candidate_params,
+    group_candidates_sql,
+    tenants_candidates_sql,
+)
 from fleet.executors.fleet.routing.metrics import SELECTION_FAILURE
-from fleet.executors.fleet.routing.selectors import CANDIDATES, UNCONSTRAINED, Choice, SelectorError
+from fleet.executors.fleet.routing.selectors import (
+    CANDIDATES,
+    UNCONSTRAINED,
+    Choice,
+    SelectorError,
+    Selectors,
+    best_score_per_tenant,
+    tiebreak,
+)
 from fleet.executors.fleet.state import ledger
 from fleet.models import Outcome, TaskExecution, TaskOutcome, TaskStatus
 from fleet.platform.config import get_config
@@ -185,9 +200,11 @@ def prepare(claim: Claim, context: dict | None = None) -> Prepared | Unroutable:
     return Prepared(claim, package, triples, request, payload, _digests_by_triple(package, triples))
 
 
-def place_prepared(prepared: Prepared) -> Placed | NoAgent | Unroutable:
+def place_prepared(prepared: Prepared, wait: bool = True) -> Placed | NoAgent | Unroutable:
     """Choose the agent of one prepared claim and enqueue its packet (the caller's
-    transaction), or release the claim / fail the task saying why."""
+    transaction), or release the claim / fail the task saying why.  ``wait=False``: the
+    caller already locked its agent rows (:func:`lock_up_front`), so candidates locked by
+    others are passed over, never waited for (see :func:`reserve_agent`)."""
     claim = prepared.claim
     outcome = selection.select(
         prepared.request,
@@ -199,6 +216,7 @@ def place_prepared(prepared: Prepared) -> Placed | NoAgent | Unroutable:
             prepared.package.digest,
             prepared.digests,
             choice=choice,
+            wait=wait,
         ),
     )
     if isinstance(outcome, selection.NoMatchingAgent):
@@ -223,6 +241,7 @@ def reserve_agent(
     then_sql: str = ledger.RESERVED_AGENT,
     then_params: dict | None = None,
     choice: Choice | None = None,
+    wait: bool = True,
 ) -> ReservedAgent | None:
     """Take ONE slot on the best agent for the tenant, or None when no agent has room.
 
@@ -233,6 +252,11 @@ def reserve_agent(
     longer than the statement and the commit (:func:`enqueue_on_best_agent`).  Runs in
     the caller's transaction; the slot is given back when the outbox row is acked
     (:mod:`fleet.executors.fleet.state.ledger`).
+
+    ``wait``: after the SKIP LOCKED rounds, wait for a candidate locked by a concurrent
+    reservation.  Only a transaction that holds no other agent row may wait (the lock
+    order, ledger module docstring); a placement batch that locked its agents up front
+    passes False.
     """
     choice = choice or UNCONSTRAINED
     params = {**choice.params, **candidate_params(tenant_id, triples), **(then_params or {})}
@@ -247,6 +271,8 @@ def reserve_agent(
             cursor.execute(ledger.any_candidate_sql(candidates), params)
             if not cursor.fetchone()[0]:
                 return None  # nothing to wait for: every candidate is full or absent
+        if not wait:
+            return None  # the free candidates are another transaction's right now
         # Candidates exist but are locked by concurrent reservations: wait for one; the
         # UPDATE re-checks the free slot on the committed row.
         sql = ledger.reserve_one_sql(candidates, order, skip_locked=False)
@@ -275,6 +301,7 @@ def enqueue_on_best_agent(
     digest: str,
     digests_by_triple: dict[str, str] | None = None,
     choice: Choice | None = None,
+    wait: bool = True,
 ) -> ReservedAgent | None:
     """Reserve a slot on the best agent and insert the packet addressed to it, in ONE
     statement (inside the dispatch transaction); None when no agent has room.
@@ -298,6 +325,7 @@ def enqueue_on_best_agent(
             "o_digest": digest,
         },
         choice=choice,
+        wait=wait,
     )
 
 
@@ -311,36 +339,61 @@ class Delivered(Placed):
     waited_s: float = 0.0  # Ready → placed (the dispatch latency metric)
 
 
-def _reserve_many_sql() -> str:
-    candidates = candidates_sql(UNCONSTRAINED)
+def _reserve_many_sql(prelocked: bool) -> str:
     return ledger.RESERVE_AND_ENQUEUE.format(
-        candidates=candidates,
-        tiebreak=UNCONSTRAINED.tiebreak.replace(CANDIDATES, candidates),
+        candidates=tenants_candidates_sql(UNCONSTRAINED),
+        best=best_score_per_tenant(Selectors()),
+        tiebreak=tiebreak(Selectors(), best="a.best_score"),
+        lock="FOR NO KEY UPDATE OF a SKIP LOCKED" if prelocked else "FOR NO KEY UPDATE OF a",
     )
 
 
-def reserve_and_enqueue(group: list[Prepared]) -> dict[uuid.UUID, Placed]:
-    """Reserve N slots for plain tasks of ONE package (one tenant) and insert their
-    packets, in one statement (the caller's transaction): task id → Placed (a
-    :class:`Delivered` for a local agent) for those that got a slot; the rest got none."""
+# Built once: the statement is the same for every batch (its values are parameters).
+_RESERVE_MANY = {prelocked: _reserve_many_sql(prelocked) for prelocked in (False, True)}
+
+
+def lock_up_front(groups: list[Prepared]) -> None:
+    """Take every lock the placement of these prepared claims may wait for, each kind in
+    its one global order, before reserving any (ledger module docstring, "Lock order"):
+    the binding keys of their tasks, then every agent row any of them may be placed on,
+    in id order, in one statement.  A batch placing several groups (tenants, packages,
+    tasks with selectors) in one transaction calls this first and then reserves with
+    ``wait=False`` / ``prelocked=True``: it waits for agent rows once, in id order, as
+    every other writer of agent rows does, so it cannot deadlock with them."""
+    keyed: dict[int, list] = {}
+    for prepared in groups:
+        keyed.setdefault(prepared.claim.tenant_id, []).extend(prepared.request.keys)
+    affinity.lock_many(list(keyed.items()))
+    params = group_candidate_params((p.claim.tenant_id, p.triples) for p in groups)
+    with connection.cursor() as cursor:
+        cursor.execute(ledger.lock_in_order_sql(group_candidates_sql()), params)
+
+
+def reserve_and_enqueue(group: list[Prepared], prelocked: bool = False) -> dict[uuid.UUID, Placed]:
+    """Reserve N slots for plain tasks that can run on the same target triples (any
+    tenants, any packages) and insert their packets, in one statement (the caller's
+    transaction), each tenant's tasks on its own agents: task id → Placed (a
+    :class:`Delivered` for a local agent) for those that got a slot; the rest got none.
+    ``prelocked``: the caller locked the agents (:func:`lock_up_front`); an agent locked
+    by another transaction is then passed over rather than waited for."""
     first = group[0]
     params = {
         **UNCONSTRAINED.params,
         **candidate_params(first.claim.tenant_id, first.triples),
-        "count": len(group),
+        "tenants": sorted({p.claim.tenant_id for p in group}),
         "me": local_sockets.server_id(),
         "grace": RESULT_GRACE_S,
-        "tenant": first.claim.tenant_id,
         "tasks": [p.claim.task_execution_id for p in group],
         "assignments": [p.claim.assignment for p in group],
         "payloads": [json.dumps(p.payload) for p in group],
-        "digests": json.dumps(first.digests or {}),
-        "digest": first.package.digest,
+        "task_tenants": [p.claim.tenant_id for p in group],
+        "digests": [json.dumps(p.digests or {}) for p in group],
+        "digest": [p.package.digest for p in group],
     }
     claims = {p.claim.task_execution_id: p.claim for p in group}
     placed: dict[uuid.UUID, Placed] = {}
     with connection.cursor() as cursor:
-        cursor.execute(_reserve_many_sql(), params)
+        cursor.execute(_RESERVE_MANY[prelocked], params)
         for (
             task_execution_id,
             agent_id,
@@ -365,14 +418,17 @@ def reserve_and_enqueue(group: list[Prepared]) -> dict[uuid.UUID, Placed]:
     return placed
 
 
-def reserve_for_reclaim(task_execution_id: uuid.UUID, task: dict, triples) -> ReservedAgent | None:
+def reserve_for_reclaim(
+    task_execution_id: uuid.UUID, task: dict, triples, wait: bool = True
+) -> ReservedAgent | None:
     """One slot for a reclaimed packet on a live agent that the task's selectors accept
     (None: none now); ``task`` holds its tenant_id, routing, workflow_execution_id and
-    workflow_execution__workflow_name.  The caller re-addresses the row."""
+    workflow_execution__workflow_name.  The caller re-addresses the row.  ``wait``: as
+    for :func:`reserve_agent` (False when the caller holds another agent row)."""
     tenant_id = task["tenant_id"]
     routing = task["routing"] or {}
     if not routing:
-        return reserve_agent(tenant_id, triples)
+        return reserve_agent(tenant_id, triples, wait=wait)
     payload_affinity = str(routing.get("affinity") or "").startswith("payload:")
     try:
         request = selection.request_for(
@@ -381,9 +437,11 @@ def reserve_for_reclaim(task_execution_id: uuid.UUID, task: dict, triples) -> Re
             build_task_context(task_execution_id) if payload_affinity else {},
         )  # fmt: skip
     except SelectorError:  # it was placed once, so this cannot happen; never strand the work
-        return reserve_agent(tenant_id, triples)
+        return reserve_agent(tenant_id, triples, wait=wait)
     outcome = selection.select(
-        request, triples, lambda choice: reserve_agent(tenant_id, triples, choice=choice)
+        request,
+        triples,
+        lambda choice: reserve_agent(tenant_id, triples, choice=choice, wait=wait),
     )
     return outcome.agent if isinstance(outcome, selection.Chosen) else None
 

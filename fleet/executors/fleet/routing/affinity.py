@@ -72,10 +72,20 @@ def affinity_key(spec: str | None, workflow_name: str, context: dict) -> Binding
 
 def lock(tenant_id: int, keys: list[BindingKey]) -> None:
     """Serialise placements of these keys until the transaction ends (sorted: no deadlock)."""
+    lock_many([(tenant_id, keys)])
+
+
+def lock_many(keys_by_tenant: list[tuple[int, list[BindingKey]]]) -> None:
+    """:func:`lock` for the keys of several tenants at once, all in the one order every
+    placement takes them in (``tenant:key`` sorted), in one statement: a placement batch
+    takes its keys up front, before any agent row (docs/fleet.md, "Lock order")."""
+    wanted = sorted({f"{tenant_id}:{k.key}" for tenant_id, keys in keys_by_tenant for k in keys})
+    if not wanted:
+        return
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pg_advisory_xact_lock(%s, hashtext(k)) FROM unnest(%s::text[]) AS k ORDER BY k",
-            [BINDING_LOCK_CLASS, sorted({f"{tenant_id}:{k.key}" for k in keys})],
+            [BINDING_LOCK_CLASS, wanted],
         )
 
 

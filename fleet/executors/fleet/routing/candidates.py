@@ -13,6 +13,7 @@ from the ledger's fragments).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,11 +26,30 @@ from fleet.executors.fleet.state import breaker, ledger
 from fleet.models import Tenant
 from fleet.platform.config import get_config
 
-_BASE = f"""
-    a.tenant_id = %(tenant)s AND a.state = 'live' AND a.connected_to <> ''
+_LIVE_WITH_ROOM = f"""
+    a.state = 'live' AND a.connected_to <> ''
     AND {ledger.has_free_slot("a")} AND {breaker.admits("a")}
     AND a.last_heartbeat > now() - make_interval(secs => %(window)s)
+"""
+_BASE = f"""
+    a.tenant_id = %(tenant)s AND {_LIVE_WITH_ROOM}
     AND (%(any_triple)s OR a.target_triple = ANY(%(triples)s))
+"""
+# The candidates of several tenants at once (one triples filter for them all): the batch
+# reservation's (ledger.RESERVE_AND_ENQUEUE), which deals each tenant's slots to its tasks.
+_BASE_OF_TENANTS = f"""
+    a.tenant_id = ANY(%(tenants)s) AND {_LIVE_WITH_ROOM}
+    AND (%(any_triple)s OR a.target_triple = ANY(%(triples)s))
+"""
+# The candidates of several (tenant, triples) groups at once, whatever their selectors
+# (``%(groups)s``: JSON ``[{"tenant": id, "triples": [..] or null}, ..]``): a superset of
+# what any task of those groups may be placed on, for the placement batch's up-front lock.
+_OF_GROUPS = f"""
+    a.tenant_id = ANY(%(tenants)s) AND {_LIVE_WITH_ROOM}
+    AND EXISTS (
+        SELECT 1 FROM jsonb_to_recordset(%(groups)s::jsonb) AS g(tenant bigint, triples text[])
+        WHERE g.tenant = a.tenant_id AND (g.triples IS NULL OR a.target_triple = ANY(g.triples))
+    )
 """
 
 
@@ -45,6 +65,34 @@ class ReservedAgent:
     id: uuid.UUID
     name: str
     target_triple: str
+
+
+def tenants_candidates_sql(choice: Choice) -> str:
+    """:func:`candidates_sql` for the tenants in ``%(tenants)s`` at once (parameters:
+    :func:`candidate_params` with ``tenants`` added)."""
+    return f"{_BASE_OF_TENANTS} AND {choice.static} AND {choice.dynamic}"
+
+
+def group_candidates_sql() -> str:
+    """SQL over ``agents_agent a``: every agent a task of any group in
+    :func:`group_candidate_params` may be placed on (selectors left out: a superset)."""
+    return _OF_GROUPS
+
+
+def group_candidate_params(groups: Iterable[tuple[int, Iterable[str] | None]]) -> dict:
+    """The parameters of :func:`group_candidates_sql` for these (tenant, triples) groups
+    (triples None: any)."""
+    wanted = {
+        (tenant_id, None if triples is None else tuple(sorted(triples)))
+        for tenant_id, triples in groups
+    }
+    return {
+        "tenants": sorted({tenant_id for tenant_id, _ in wanted}),
+        "window": get_config().liveness_window_s,
+        "groups": json.dumps(
+            [{"tenant": t, "triples": None if tr is None else list(tr)} for t, tr in wanted]
+        ),
+    }
 
 
 def candidate_params(tenant_id: int, triples: Iterable[str] | None) -> dict:

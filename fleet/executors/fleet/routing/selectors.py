@@ -251,17 +251,34 @@ def compile_choice(selectors: Selectors, bound_agent_id=None) -> Choice:
 CANDIDATES = "{candidates}"  # replaced by the reservation's full candidate filter
 
 
-def tiebreak(selectors: Selectors) -> str:
-    """The ranking after the free slots (module docstring, keys 2 to 5): SQL ORDER BY keys."""
+def _score(selectors: Selectors) -> str:
+    # Kept by the database whenever the metrics change (agents migration 0004): the sum
+    # of the free CPU and free memory percentages, each 50 when not reported.
+    score = "a.fallback_score"
+    if selectors.wants_gpu:
+        score += f" + 0.5 * {_pct('free_vram_pct', 0.0)}"
+    return score
+
+
+def best_score_per_tenant(selectors: Selectors) -> str:
+    """SQL window expression over candidate rows ``a``: the best healthy score among the
+    candidates of the row's tenant — what :func:`tiebreak` computes for one tenant, for
+    a statement that ranks the candidates of several tenants at once."""
+    return (
+        f"coalesce(max({_score(selectors)}) FILTER (WHERE NOT ({DEGRADED_SQL}))"
+        " OVER (PARTITION BY a.tenant_id), -1)"
+    )
+
+
+def tiebreak(selectors: Selectors, best: str | None = None) -> str:
+    """The ranking after the free slots (module docstring, keys 2 to 5): SQL ORDER BY keys.
+    ``best``: a column holding the best healthy candidate score (from
+    :func:`best_score_per_tenant`) instead of the subquery over ``{candidates}``."""
     rank = [f"({DEGRADED_SQL})"]  # false (healthy) sorts first
     if not (selectors.tags or selectors.capability):
-        # Kept by the database whenever the metrics change (agents migration 0004): the
-        # sum of the free CPU and free memory percentages, each 50 when not reported.
-        score = "a.fallback_score"
-        if selectors.wants_gpu:
-            score += f" + 0.5 * {_pct('free_vram_pct', 0.0)}"
+        score = _score(selectors)
         # The best healthy score among the candidates (an InitPlan: computed once).
-        best = (
+        best = best or (
             f"coalesce((SELECT max({score}) FROM {ledger.AGENTS} a "
             f"WHERE {CANDIDATES} AND NOT ({DEGRADED_SQL})), -1)"
         )

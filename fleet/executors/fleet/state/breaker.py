@@ -112,7 +112,7 @@ WITH n AS (
            OR (a.breaker_open_until IS NULL AND a.breaker_failures + n.n >= %(threshold)s) AS trip
     FROM agents_agent a JOIN n ON n.agent_id = a.id
     WHERE a.state IN ('live', 'draining')
-    ORDER BY a.id FOR UPDATE OF a
+    ORDER BY a.id FOR NO KEY UPDATE OF a
 )
 UPDATE agents_agent a SET
     breaker_failures = CASE WHEN l.trip THEN 0 WHEN l.open THEN a.breaker_failures
@@ -135,7 +135,7 @@ WITH locked AS (
     FROM agents_agent a
     WHERE a.id = ANY(%(agents)s::uuid[])
       AND (a.breaker_failures > 0 OR a.breaker_open_until <= now())
-    ORDER BY a.id FOR UPDATE OF a
+    ORDER BY a.id FOR NO KEY UPDATE OF a
 )
 UPDATE agents_agent a SET
     breaker_failures = 0,

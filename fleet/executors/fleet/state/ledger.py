@@ -14,8 +14,18 @@ records it) are built elsewhere from these fragments, so each stays ONE statemen
 the hot path.  Readers name the tables through :data:`AGENTS` and :data:`OUTBOX` and
 the state predicates below.  tests/unit/test_state_owners.py enforces it.
 
-Lock order everywhere: task (and workflow) rows → outbox row → agent row; statements
-that lock several agent rows lock them in id order, so two of them never deadlock.
+Lock order everywhere (docs/fleet.md, "Lock order"): task and workflow rows → outbox
+rows → affinity keys → agent rows, the agent rows last.  A transaction waits for agent
+row locks at most ONCE — in one statement that locks every agent row it will write, in
+id order — and after that either writes only rows it already holds or takes more
+without waiting (``SKIP LOCKED``).  A single reservation waits for one agent row while
+holding none (its savepoints let go of the rows it found full).  Two such transactions
+never wait for each other in a cycle, whichever tenants and agents they touch: a
+placement batch spanning ten tenants, a result batch freeing slots all over the fleet,
+a batch of heartbeats and a breaker update all take their agent rows in the one order.
+Explicit locks of agent (and workflow) rows are ``FOR NO KEY UPDATE``, the lock their
+UPDATE takes anyway: the foreign-key check of a row that references them (``KEY SHARE``,
+at commit, in no particular order) never waits for it.
 """
 
 from __future__ import annotations
@@ -84,7 +94,7 @@ def reserve_one_sql(candidates: str, order: str, skip_locked: bool) -> str:
     row: a blocking ``FOR UPDATE`` in the ranking would lock a row, find it full once its
     lock came, keep it and wait for the next — two such reservations, ranking two agents
     in opposite orders, deadlock."""
-    lock = "FOR UPDATE OF a SKIP LOCKED" if skip_locked else ""
+    lock = "FOR NO KEY UPDATE OF a SKIP LOCKED" if skip_locked else ""
     return f"""
     UPDATE agents_agent AS r
     SET {take_slots("r")}, last_selected_at = clock_timestamp(), {breaker.probe_taken("r")}
@@ -96,6 +106,14 @@ def reserve_one_sql(candidates: str, order: str, skip_locked: bool) -> str:
     ) AND r.state = 'live' AND {has_free_slot("r")} AND {breaker.admits("r")}
     RETURNING r.id, r.name, r.target_triple
     """
+
+
+def lock_in_order_sql(candidates: str) -> str:
+    """SQL: lock every agent row ``candidates`` selects (SQL over ``agents_agent a``), in
+    id order — a placement batch's one wait for agent rows, before it reserves any."""
+    return (
+        f"SELECT a.id FROM agents_agent a WHERE {candidates} ORDER BY a.id FOR NO KEY UPDATE OF a"
+    )
 
 
 def any_candidate_sql(candidates: str) -> str:
@@ -131,36 +149,52 @@ ENQUEUE_ON_RESERVED = """
 SELECT id, name, target_triple FROM reserved, relax
 """
 
-# N slots and N packets in one statement (plain tasks of one package).  The agents are
-# locked in id order — waiting for a result batch that is releasing slots rather than
-# skipping its agents as full — and their free slots dealt out by the selection's own
-# ranking, its first key applied per slot: the n-th slot of an agent is taken when that
-# agent has ``free - n + 1`` slots left, so the slots go most-free-first as the agents
-# fill, ties broken by the rest of the ranking ({tiebreak}: health, host score, least
-# recently selected, id) — spread like consecutive single reservations.  A half-open
-# agent is dealt one slot at most: its breaker's probe (fleet/executors/fleet/state/breaker.py).  A packet for an agent whose socket THIS process holds is written
-# as delivered (its result clock started) and pushed by the caller right after the
-# commit; the others are pending, for the relay that holds their socket.
+# N slots and N packets in one statement: plain tasks of one or more tenants (each task
+# with its tenant, and its package's digests), the candidates of every tenant among them
+# ({candidates}).  The agents are locked in id order, all tenants at once ({lock}:
+# ``FOR NO KEY UPDATE OF a``) — waiting for a result batch that is releasing slots rather
+# than skipping its agents as full; a batch that locked its agents up front
+# (``lock_in_order_sql``) passes ``SKIP LOCKED`` instead, so it never waits a second time,
+# out of order.  Each tenant's free slots are dealt to its own tasks by the selection's
+# own ranking ({best}: the best healthy score per tenant, for {tiebreak}), its first key
+# applied per slot: the n-th slot of an agent is taken when that agent has
+# ``free - n + 1`` slots left, so the slots go most-free-first as the agents fill, ties
+# broken by the rest of the ranking (health, host score, least recently selected, id) —
+# spread like consecutive single reservations.  A half-open agent is dealt one slot at
+# most: its breaker's probe (fleet/executors/fleet/state/breaker.py).  A packet for an
+# agent whose socket THIS process holds is written as delivered (its result clock
+# started) and pushed by the caller right after the commit; the others are pending, for
+# the relay that holds their socket.
 RESERVE_AND_ENQUEUE = (
     """
 WITH locked AS (
-    SELECT a.* FROM agents_agent a WHERE {candidates} ORDER BY a.id FOR UPDATE OF a
+    SELECT a.* FROM agents_agent a WHERE {candidates} ORDER BY a.id {lock}
+), scored AS (
+    SELECT a.*, {best} AS best_score FROM locked a
 ), ranked AS (
-    SELECT a.id, a.name, a.target_triple, """
+    SELECT a.id, a.tenant_id, a.name, a.target_triple, """
     + breaker.slot_cap("a", free_slots("a"))
     + """ AS free,
-           a.connected_to = %(me)s AS local, row_number() OVER (ORDER BY {tiebreak}) AS rank
-    FROM locked a
+           a.connected_to = %(me)s AS local,
+           row_number() OVER (PARTITION BY a.tenant_id ORDER BY {tiebreak}) AS rank
+    FROM scored a
+), todo AS (
+    SELECT u.*, row_number() OVER (PARTITION BY u.tenant_id ORDER BY u.i) AS k,
+           count(*) OVER (PARTITION BY u.tenant_id) AS wanted
+    FROM unnest(%(tasks)s::uuid[], %(assignments)s::int[], %(payloads)s::jsonb[],
+                %(task_tenants)s::bigint[], %(digests)s::jsonb[], %(digest)s::text[])
+         WITH ORDINALITY AS u(task_execution_id, assignment, payload, tenant_id, digests, digest, i)
+), wanted AS (
+    SELECT DISTINCT tenant_id, wanted FROM todo
 ), slots AS (
-    SELECT r.id, r.name, r.target_triple, r.local,
-           row_number() OVER (ORDER BY r.free - s.n DESC, r.rank) AS k
-    FROM ranked r CROSS JOIN LATERAL generate_series(1, LEAST(r.free, %(count)s)) AS s(n)
+    SELECT r.id, r.tenant_id, r.name, r.target_triple, r.local,
+           row_number() OVER (PARTITION BY r.tenant_id ORDER BY r.free - s.n DESC, r.rank) AS k
+    FROM ranked r JOIN wanted c ON c.tenant_id = r.tenant_id
+    CROSS JOIN LATERAL generate_series(1, LEAST(r.free, c.wanted)) AS s(n)
 ), work AS (
-    SELECT w.task_execution_id, w.assignment, w.payload, s.id AS agent_id, s.name, s.target_triple,
-           s.local
-    FROM unnest(%(tasks)s::uuid[], %(assignments)s::int[], %(payloads)s::jsonb[])
-         WITH ORDINALITY AS w(task_execution_id, assignment, payload, k)
-    JOIN slots s ON s.k = w.k
+    SELECT w.task_execution_id, w.assignment, w.payload, w.tenant_id, w.digests, w.digest,
+           s.id AS agent_id, s.name, s.target_triple, s.local
+    FROM todo w JOIN slots s ON s.tenant_id = w.tenant_id AND s.k = w.k
 ), reserved AS (
     UPDATE agents_agent r SET """
     + take_slots("r", "c.n")
@@ -172,11 +206,11 @@ WITH locked AS (
 ), packets AS (
     INSERT INTO delivery_outbox (tenant_id, agent_id, task_execution_id, assignment, state, payload,
                                  attempts, delivered_at, created_at, updated_at, former_agents)
-    SELECT %(tenant)s, w.agent_id, w.task_execution_id, w.assignment,
+    SELECT w.tenant_id, w.agent_id, w.task_execution_id, w.assignment,
            CASE WHEN w.local THEN 'delivered' ELSE 'pending' END,
            w.payload || jsonb_build_object(
                'target_triple', w.target_triple,
-               'artifact_digest', coalesce(%(digests)s::jsonb ->> w.target_triple, %(digest)s)
+               'artifact_digest', coalesce(w.digests ->> w.target_triple, w.digest)
            ),
            CASE WHEN w.local THEN 1 ELSE 0 END, CASE WHEN w.local THEN now() END,
            now(), now(), '[]'::jsonb
@@ -357,16 +391,23 @@ SETTLE_FREE = f""", freed AS (
     WHERE id IN (SELECT holder FROM held)
 )"""
 
-# Every agent row once, in id order (so two such transactions never deadlock), each
-# slot counter lowered by the number of its packets acked.
+# Every agent row once, in id order (the result batch's one wait for agent rows: see the
+# module docstring), each slot counter lowered by the number of its packets acked.
 _RELEASE_SLOTS = f"""
 WITH n AS (
     SELECT agent_id, count(*) AS n FROM unnest(%s::uuid[]) AS r(agent_id) GROUP BY agent_id
 ), locked AS (
-    SELECT a.id FROM agents_agent a JOIN n ON n.agent_id = a.id ORDER BY a.id FOR UPDATE OF a
+    SELECT a.id FROM agents_agent a JOIN n ON n.agent_id = a.id ORDER BY a.id FOR NO KEY UPDATE OF a
 )
 UPDATE agents_agent a SET {give_back_slots("a", "n.n")}
 FROM n, locked WHERE a.id = n.agent_id AND locked.id = a.id
+"""
+
+# The agent rows a transaction is about to write, locked in id order in one statement,
+# when they are more than one statement's worth (a result batch whose breaker updates
+# touch agents its slot release does not).
+_LOCK_AGENTS = """
+SELECT a.id FROM agents_agent a WHERE a.id = ANY(%s::uuid[]) ORDER BY a.id FOR NO KEY UPDATE OF a
 """
 
 _ACK_AND_RELEASE = f"""
@@ -379,17 +420,24 @@ UPDATE agents_agent a SET {give_back_slots("a")}
 WHERE id IN (SELECT agent_id FROM acked)
 """
 
+# The workflow row is locked first (the cancel writes it next): as in an outcome, task
+# rows → workflow row → outbox rows → agent rows, never an agent row before the workflow.
 _WITHDRAW_UNDELIVERED = f"""
-WITH rows AS (
+WITH workflow AS (
+    SELECT id FROM fleet_workflowexecution WHERE id = %s FOR NO KEY UPDATE
+), rows AS (
     UPDATE delivery_outbox o SET state = 'acked', acked_at = now(), updated_at = now()
     FROM fleet_taskexecution t
     WHERE o.task_execution_id = t.id AND o.assignment = t.assignment AND o.state = 'pending'
-      AND t.workflow_execution_id = %s AND t.status = 'Running'
+      AND t.workflow_execution_id = (SELECT id FROM workflow) AND t.status = 'Running'
     RETURNING o.agent_id, o.task_execution_id
+), n AS (
+    SELECT agent_id, count(*) AS cnt FROM rows GROUP BY agent_id
+), locked AS (  -- in id order, as every writer of several agent rows (module docstring)
+    SELECT a.id FROM agents_agent a JOIN n ON n.agent_id = a.id ORDER BY a.id FOR NO KEY UPDATE OF a
 ), freed AS (
     UPDATE agents_agent a SET {give_back_slots("a", "n.cnt")}
-    FROM (SELECT agent_id, count(*) AS cnt FROM rows GROUP BY agent_id) n
-    WHERE a.id = n.agent_id
+    FROM n, locked WHERE a.id = n.agent_id AND locked.id = a.id
 )
 UPDATE fleet_taskexecution SET status = %s, finished_at = now(), error_message = 'cancelled'
 WHERE id IN (SELECT task_execution_id FROM rows)
@@ -423,6 +471,14 @@ def release_slots(agent_ids: list[uuid.UUID]) -> None:
     if agent_ids:
         with connection.cursor() as cursor:
             cursor.execute(_RELEASE_SLOTS, [list(agent_ids)])
+
+
+def lock_agents(agent_ids: list[uuid.UUID]) -> None:
+    """Lock these agent rows in id order, in one statement (in the caller's transaction),
+    before writing them in several statements (module docstring)."""
+    if agent_ids:
+        with connection.cursor() as cursor:
+            cursor.execute(_LOCK_AGENTS, [sorted(set(agent_ids))])
 
 
 def withdraw_undelivered(workflow_execution_id: uuid.UUID) -> int:
