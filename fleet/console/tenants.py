@@ -25,6 +25,7 @@ from fleet.console.access import (
     require_platform_admin,
 )
 from fleet.console.fleet_rows import tenant_rows
+from fleet.console.health import health_context
 from fleet.console.responses import ConsoleError, action_done, console_view
 from fleet.control import limits, pools
 from fleet.executors.fleet.routing import health, phases
@@ -111,6 +112,10 @@ def _roster_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict:
     return {"roster": roster(tenant), "liveness_window_s": get_config().liveness_window_s}
 
 
+def _health_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict:
+    return health_context(request, tenant)
+
+
 def _decisions_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict:
     return {"decisions": AutoscaleDecision.objects.filter(tenant=tenant)[:DECISIONS_SHOWN]}
 
@@ -135,6 +140,7 @@ PARTIALS = {
     "fleet": ("console/partials/tenant_fleet.html", _fleet_part),
     "agents": ("console/partials/tenant_roster.html", _roster_part),
     "pools": ("console/partials/tenant_pools.html", _pools_part),
+    "health": ("console/partials/tenant_health.html", _health_part),
     "decisions": ("console/partials/tenant_decisions.html", _decisions_part),
     "changes": ("console/partials/tenant_changes.html", _changes_part),
     "builds": ("console/partials/tenant_builds.html", _builds_part),
