@@ -15,6 +15,7 @@ from django.db.models import Case, F, IntegerField, QuerySet, Value, When
 from django.db.models.expressions import RawSQL
 
 from agents.models import AgentState
+from fleet.control.pools import LABEL_PATTERN
 from fleet.executors.fleet.routing.health import Health, health_q
 from fleet.models import DEFAULT_POOL, AgentPool, Tenant
 from fleet.models.pools import POOL_NAME_PATTERN, POOL_TAG_PREFIX, pool_tag
@@ -63,8 +64,14 @@ class AgentFilter:
                 raise BadListing(
                     ErrorKind.INVALID, f"{name} must be one of {', '.join(choices)}, got {value!r}"
                 )
-        if len(self.tag) > TAG_MAX_CHARS:
-            raise BadListing(ErrorKind.INVALID, f"tag must be at most {TAG_MAX_CHARS} characters")
+        if self.tag and (
+            len(self.tag) > TAG_MAX_CHARS or not re.fullmatch(LABEL_PATTERN, self.tag)
+        ):
+            raise BadListing(
+                ErrorKind.INVALID,
+                f"tag must be an agent tag: at most {TAG_MAX_CHARS} characters, no comma or "
+                "control character, no space at either end",
+            )
         if self.pool and self.pool != DEFAULT_POOL:
             known = re.fullmatch(POOL_NAME_PATTERN, self.pool) and (
                 AgentPool.objects.filter(tenant=tenant, name=self.pool).exists()

@@ -101,11 +101,15 @@ class FleetQuery(Schema):
         default=None, description="only this health class (docs/routing.md)"
     )
     tag: str | None = Field(
-        default=None, max_length=agent_list.TAG_MAX_CHARS, description="only agents with this tag"
+        default=None,
+        max_length=agent_list.TAG_MAX_CHARS,
+        pattern=agent_list.LABEL_PATTERN,
+        description="only agents with this tag",
     )
     pool: str | None = Field(
         default=None,
         max_length=24,
+        pattern=agent_list.POOL_NAME_PATTERN,
         description="only this pool's agents (``default``: those without a pool tag); "
         "404 for a pool the tenant does not have",
     )
