@@ -164,6 +164,12 @@ def line_chart_svg(
     if values:
         for s in series:
             for run in _runs(s.points):
+                if len(run) == 1:  # a lone point draws no line: mark it
+                    at, v = run[0]
+                    parts.append(
+                        f'<circle class="dot {s.css_class}" cx="{x(at):.1f}" cy="{y(v):.1f}" r="2.5"/>'
+                    )
+                    continue
                 line = " ".join(f"{x(at):.1f},{y(v):.1f}" for at, v in run)
                 parts.append(f'<polyline class="{s.css_class}" points="{line}"/>')
     else:

@@ -43,7 +43,7 @@ CHANGES_SHOWN = 30
 BUILDS_SHOWN = 10
 # A heartbeat this many intervals old is late (shown amber) before it is fatal.
 LATE_AFTER_INTERVALS = 1.5
-ROSTER_PAGE_SIZE = 50
+ROSTER_PAGE_SIZE = 25  # rows are rendered by the template engine: its cost is per row
 ROSTER_SORT = "state"  # live, draining, stopped, dead; by name within each
 
 

@@ -257,11 +257,11 @@ def _agent_names(body: str) -> list[str]:
 def test_the_agents_table_pages_filters_and_sorts(admin_client, fleet):
     first = admin_client.get("/console/tenants/acme/partials/agents/").content.decode()
     names = _agent_names(first)
-    assert len(names) == 50 and names[0] == "agent-0002"  # live first, then by name
-    assert "400 agents · page 1 of 8" in first
+    assert len(names) == 25 and names[0] == "agent-0002"  # live first, then by name
+    assert "400 agents · page 1 of 16" in first
     assert 'rel="next"' in first and 'rel="prev"' not in first
     page3 = admin_client.get("/console/tenants/acme/partials/agents/?page=3").content.decode()
-    assert len(_agent_names(page3)) == 50 and not set(_agent_names(page3)) & set(names)
+    assert len(_agent_names(page3)) == 25 and not set(_agent_names(page3)) & set(names)
     assert 'rel="prev"' in page3
     none = admin_client.get(
         "/console/tenants/acme/partials/agents/?health=unhealthy&tag=gpu"
@@ -273,7 +273,7 @@ def test_the_agents_table_pages_filters_and_sorts(admin_client, fleet):
     ).content.decode()
     listed = _agent_names(healthy)
     assert listed[0] == "agent-0399" and listed == sorted(listed, reverse=True)
-    assert "240 agents matching · page 1 of 5" in healthy
+    assert "240 agents matching · page 1 of 10" in healthy
     # The next page keeps the filter and the sort, and so does the poll.
     assert "health=healthy&amp;sort=-name&amp;page=2" in healthy
     assert "partials/agents/?health=healthy&amp;sort=-name&amp;page=1" in healthy
@@ -381,16 +381,26 @@ def test_queries_per_page_do_not_grow_with_the_fleet(
 
 
 def test_page_times_at_scale(admin_client, client, read_key, big_fleet):
-    """Prints the p50 of 15 requests per page (run with -s); docs/console.md quotes them."""
+    """Prints the p50 of 15 requests per page (run with -s); docs/console.md quotes them.
+
+    Wall time includes PostgreSQL; CPU is this process's own (the view, the ORM, the
+    templates), which other load on the machine distorts less.
+    """
+    pages = {
+        **PAGES,
+        # For comparison: one page as large as allowed, the nearest to the old unpaged list.
+        "GET /api/v1/fleet?limit=500": ("api", "/api/v1/fleet?limit=500"),
+    }
     lines = []
-    for name, (kind, url) in PAGES.items():
+    for name, (kind, url) in pages.items():
         _get(admin_client, client, read_key, kind, url)
-        times = []
+        walls, cpus = [], []
         for _ in range(15):
-            started = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             response = _get(admin_client, client, read_key, kind, url)
-            times.append((time.perf_counter() - started) * 1000)
+            walls.append((time.perf_counter() - wall) * 1000)
+            cpus.append((time.process_time() - cpu) * 1000)
             assert response.status_code == 200
-        lines.append(f"  {name:<58} p50 {statistics.median(times):6.1f} ms  "
-                     f"max {max(times):6.1f} ms")  # fmt: skip
+        lines.append(f"  {name:<58} p50 {statistics.median(walls):6.1f} ms wall, "
+                     f"{statistics.median(cpus):6.1f} ms CPU")  # fmt: skip
     print(f"\npage times, {BIG_TENANTS} tenants, {BIG_AGENTS} agents in acme:\n" + "\n".join(lines))

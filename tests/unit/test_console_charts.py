@@ -39,7 +39,11 @@ def test_it_labels_the_unit_the_legend_and_a_fractional_axis():
 
 def test_a_gap_breaks_the_line_and_no_data_says_so():
     svg = _chart(Series("p50", "line-p50", [(_at(0), 1.0), (_at(10), None), (_at(20), 2.0)]))
-    assert svg.count('class="line-p50" points=') == 2
+    assert svg.count('class="line-p50" points=') == 0  # two lone points: two dots
+    assert svg.count('<circle class="dot line-p50"') == 2
+    joined = _chart(Series("p50", "line-p50", [(_at(0), 1.0), (_at(5), 1.5), (_at(10), None),
+                                               (_at(20), 2.0), (_at(25), 1.0)]))  # fmt: skip
+    assert joined.count('class="line-p50" points=') == 2 and "<circle" not in joined
     empty = _chart(Series("p50", "line-p50", [(_at(0), None)]))
     assert "no samples in this range" in empty and "points=" not in empty
 
