@@ -67,18 +67,13 @@ def throughput_chart(
 ) -> SafeString:
     completed = [(s[0], per_minute(s[2], s[1])) for s in samples]
     failed = [(s[0], per_minute(s[3], s[1])) for s in samples]
-    now_c = completed[-1][1] if completed else 0
-    now_f = failed[-1][1] if failed else 0
-    return line_chart_svg(
+    c, f = tick(_last(completed)), tick(_last(failed))
+    return _health_chart(
         [Series("completed", "line-completed", completed), Series("failed", "line-failed", failed)],
-        since,
-        until,
-        unit="tasks / min",
-        summary=f"Tasks of {name}: {tick(now_c)} completed and {tick(now_f)} failed per minute "
-        "in the last sample",
-        css_class="health-chart",
-        data={"completed-now": tick(now_c), "failed-now": tick(now_f)},
-    )
+        since, until, "tasks / min",
+        f"Tasks of {name}: {c} completed and {f} failed per minute in the last sample",
+        {"completed-now": c, "failed-now": f},
+    )  # fmt: skip
 
 
 def latency_chart(samples: list[tuple], since: datetime, until: datetime, name: str) -> SafeString:
@@ -98,30 +93,34 @@ def latency_chart(samples: list[tuple], since: datetime, until: datetime, name: 
         if last
         else "no task finished in this range"
     )
-    return line_chart_svg(
+    return _health_chart(
         [Series("p50", "line-p50", p50), Series("p95", "line-p95", p95)],
-        since,
-        until,
-        unit=unit,
-        summary=f"Ready→started latency of {name}: {said}",
-        css_class="health-chart",
-        data={"p95-now": tick(scaled(last[5])) if last else ""},
-    )
+        since, until, unit, f"Ready→started latency of {name}: {said}",
+        {"p95-now": tick(scaled(last[5])) if last else ""},
+    )  # fmt: skip
 
 
 def agents_chart(samples: list[tuple], since: datetime, until: datetime, name: str) -> SafeString:
     live = [(s[0], s[6]) for s in samples]
     desired = [(s[0], s[7]) for s in samples]
-    now_live = live[-1][1] if live else 0
-    now_desired = desired[-1][1] if desired else 0
-    return line_chart_svg(
+    n_live, n_desired = _last(live), _last(desired)
+    return _health_chart(
         [Series("desired_count", "line-desired", desired), Series("live", "line-live", live)],
-        since,
-        until,
-        unit="agents",
-        summary=f"Agents of {name}: {now_live} live of {now_desired} desired in the last sample",
-        css_class="health-chart",
-        data={"live-now": now_live, "desired-now": now_desired},
+        since, until, "agents",
+        f"Agents of {name}: {n_live} live of {n_desired} desired in the last sample",
+        {"live-now": n_live, "desired-now": n_desired},
+    )  # fmt: skip
+
+
+def _last(points: list[tuple]) -> float:
+    return points[-1][1] if points else 0
+
+
+def _health_chart(
+    series: list[Series], since: datetime, until: datetime, unit: str, summary: str, data: dict
+) -> SafeString:
+    return line_chart_svg(
+        series, since, until, unit=unit, summary=summary, css_class="health-chart", data=data
     )
 
 
