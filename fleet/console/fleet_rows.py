@@ -101,7 +101,8 @@ def tenant_rows(tenants: Iterable[Tenant], writable: set[int] | None) -> list[Te
         .distinct("tenant_id")
     }
     oldest = oldest_open_rows(ids)
-    snapshots = limits.fleet_snapshots(tenants)
+    # The console's views read the tenants in this request: no need to read them again.
+    snapshots = limits.fleet_snapshots(tenants, refresh=False)
     rows = []
     for tenant in tenants:
         snap = snapshots[tenant.pk]

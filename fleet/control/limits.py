@@ -562,14 +562,16 @@ def fleet_snapshot(tenant: Tenant) -> dict:
 SNAPSHOT_FIELDS = ("desired_count", "max_agents_override", "is_active", "last_autoscaled_at")
 
 
-def fleet_snapshots(tenants: list[Tenant]) -> dict[int, dict]:
+def fleet_snapshots(tenants: list[Tenant], refresh: bool = True) -> dict[int, dict]:
     """:func:`fleet_snapshot` of many tenants in four grouped queries, whatever their number
     (the console's overview lists hundreds): tenant id → snapshot.  Each tenant object is
-    refreshed in place, as a caller holding a stale row (after a change) expects."""
+    refreshed in place, as a caller holding a stale row (after a change) expects; a caller
+    that has just read the rows passes ``refresh=False`` and saves that query."""
     ids = [t.pk for t in tenants]
-    fresh = {
-        row["id"]: row for row in Tenant.objects.filter(pk__in=ids).values("id", *SNAPSHOT_FIELDS)
-    }
+    fresh = {}
+    if refresh:
+        rows = Tenant.objects.filter(pk__in=ids).values("id", *SNAPSHOT_FIELDS)
+        fresh = {row["id"]: row for row in rows}
     live = Q(state=AgentState.LIVE)
     agents = {
         row["tenant_id"]: row
