@@ -13,6 +13,7 @@ from fleet.models.executions import (
 )
 from fleet.models.health import TenantHealthSample
 from fleet.models.pools import DEFAULT_POOL, AgentPool
+from fleet.models.reruns import ExecutionLink, RerunKind
 from fleet.models.routing import AffinityBinding, AgentEventCount, BindingKind
 from fleet.models.schedules import (
     Catchup,
@@ -23,6 +24,7 @@ from fleet.models.schedules import (
     ScheduleSource,
 )
 from fleet.models.servers import Installation, ServerInstance
+from fleet.models.task_logs import TaskAttemptLog
 from fleet.platform.tenancy import ApiKey, Role, Tenant, TenantMembership
 
 __all__ = [
@@ -43,12 +45,15 @@ __all__ = [
     "ChangeReason",
     "DeliveryOutbox",
     "Eviction",
+    "ExecutionLink",
     "FleetChange",
     "OutboxDepthSample",
     "OutboxState",
     "Outcome",
+    "RerunKind",
     "Role",
     "ServerInstance",
+    "TaskAttemptLog",
     "TASK_TERMINAL",
     "TaskExecution",
     "TaskOutcome",

@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('agents', '0006_agent_stopped_state_and_breaker'),
-        ('fleet', '0014_installation'),
+        ('fleet', '0016_task_attempt_logs'),
     ]
 
     operations = [
