@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
+from typing import Literal
 
 from django.http import HttpRequest
 from django.utils import timezone
@@ -16,6 +17,7 @@ from ninja.errors import HttpError
 from pydantic import ConfigDict
 
 from agents.models import ENDED_STATES, Agent
+from fleet.api import agent_list
 from fleet.api.contract import optional_body, optional_body_doc
 from fleet.control import limits
 from fleet.executors.fleet.routing import health, phases
@@ -77,7 +79,49 @@ class FleetOut(Schema):
     outbox_open: int
     in_flight: int
     capacity: int
-    agents: list[AgentOut]
+    agents_live: int = Field(description="live agents (all of them, whatever the filter)")
+    agents_draining: int
+    agents_total: int = Field(description="live and draining agents")
+    agents_count: int = Field(
+        description="agents matching the filter over all pages (``agents`` is one page of them)"
+    )
+    limit: int = Field(description="the page size asked for")
+    offset: int
+    next_offset: int | None = Field(description="the offset of the next page; null on the last")
+    agents: list[AgentOut] = Field(
+        description="one page of agents (``limit`` from ``offset``) matching the filter, "
+        "in the ``sort`` order"
+    )
+
+
+class FleetQuery(Schema):
+    state: Literal[agent_list.STATES] | None = Field(default=None, description="only this state")
+    health: Literal[agent_list.HEALTHS] | None = Field(
+        default=None, description="only this health class (docs/routing.md)"
+    )
+    tag: str | None = Field(
+        default=None,
+        max_length=agent_list.TAG_MAX_CHARS,
+        pattern=agent_list.LABEL_PATTERN,
+        description="only agents with this tag",
+    )
+    pool: str | None = Field(
+        default=None,
+        max_length=24,
+        pattern=agent_list.POOL_NAME_PATTERN,
+        description="only this pool's agents (``default``: those without a pool tag); "
+        "404 for a pool the tenant does not have",
+    )
+    sort: Literal[agent_list.SORTS] = Field(
+        default="name", description="the order; a leading ``-`` reverses it (name breaks ties)"
+    )
+    limit: int = Field(default=agent_list.DEFAULT_LIMIT, ge=1, le=agent_list.LIMIT_MAX)
+    offset: int = Field(default=0, ge=0, le=agent_list.OFFSET_MAX)
+
+    def agent_filter(self) -> agent_list.AgentFilter:
+        return agent_list.AgentFilter(
+            self.state or "", self.health or "", self.tag or "", self.pool or "", self.sort
+        )
 
 
 def _count_schema(nullable: bool):
@@ -174,35 +218,41 @@ def actor_of(request: HttpRequest) -> str:
     return f"{key.role} key {key.lookup}"
 
 
-def _agents(tenant: Tenant) -> list[dict]:
-    cutoff = timezone.now() - RECENT_DEAD
-    rows = Agent.objects.filter(tenant=tenant).exclude(state__in=ENDED_STATES, dead_at__lt=cutoff)
+def agents_page(
+    tenant: Tenant,
+    wanted: agent_list.AgentFilter,
+    limit: int = agent_list.DEFAULT_LIMIT,
+    offset: int = 0,
+) -> agent_list.AgentPage:
+    """One page of the tenant's agents (the recently dead included), as the API shows them."""
     config, now = get_config(), timezone.now()
-    agents = list(
-        rows.order_by("name").values(
-            "id",
-            "name",
-            "state",
-            "target_triple",
-            "max_concurrency",
-            "in_flight",
-            "last_heartbeat",
-            "managed_by",
-            "connected_to",
-            "tags",
-            "capabilities",
-            "exclusive",
-            "version",
-            *PHASE_AND_BREAKER_FIELDS,
-        )
+    rows = Agent.objects.filter(tenant=tenant).exclude(
+        state__in=ENDED_STATES, dead_at__lt=now - RECENT_DEAD
     )
-    for agent in agents:
+    rows = agent_list.filter_agents(rows, wanted.checked(tenant), now).values(
+        "id",
+        "name",
+        "state",
+        "target_triple",
+        "max_concurrency",
+        "in_flight",
+        "last_heartbeat",
+        "managed_by",
+        "connected_to",
+        "tags",
+        "capabilities",
+        "exclusive",
+        "version",
+        *PHASE_AND_BREAKER_FIELDS,
+    )
+    page = agent_list.page_of(rows, limit, offset)
+    for agent in page.rows:
         add_phase_and_breaker(agent, now)
         agent["health"] = health.classify(
             agent["state"], agent.pop("connected_to"), agent["last_heartbeat"], now,
             config.heartbeat_interval_s, config.liveness_window_s,
         )  # fmt: skip
-    return agents
+    return page
 
 
 PHASE_AND_BREAKER_FIELDS = ("connection_generation", "breaker_open_until")
@@ -218,8 +268,22 @@ def add_phase_and_breaker(agent: dict, now: datetime) -> None:
     agent["breaker"] = breaker.state_of(agent["breaker_open_until"], now)
 
 
-def fleet_view(tenant: Tenant) -> dict:
-    return {**limits.fleet_snapshot(tenant), "agents": _agents(tenant)}
+def fleet_view(
+    tenant: Tenant,
+    wanted: agent_list.AgentFilter | None = None,
+    limit: int = agent_list.DEFAULT_LIMIT,
+    offset: int = 0,
+) -> dict:
+    """The fleet numbers (always the whole tenant's) and one page of its agents."""
+    page = agents_page(tenant, wanted or agent_list.AgentFilter(), limit, offset)
+    return {
+        **limits.fleet_snapshot(tenant),
+        "agents": page.rows,
+        "agents_count": page.total,
+        "limit": page.limit,
+        "offset": page.offset,
+        "next_offset": page.next_offset,
+    }
 
 
 def reason_of(request: HttpRequest) -> str:
@@ -243,9 +307,11 @@ def _change(func, request: HttpRequest) -> dict:
 
 
 @router.get("/fleet", auth=read_auth, response={200: FleetOut, **ERRORS})
-def get_fleet(request: HttpRequest):
-    """The tenant's desired_count, limit, utilization, backlog, outbox and agents."""
-    return fleet_view(request.tenant)
+def get_fleet(request: HttpRequest, query: Query[FleetQuery]):
+    """The tenant's desired_count, limit, utilization, backlog, outbox, and its agents a page
+    at a time (``limit`` from ``offset``, default the first 100 by name), filtered by
+    ``state``, ``health``, ``tag`` and ``pool`` and ordered by ``sort``."""
+    return fleet_view(request.tenant, query.agent_filter(), query.limit, query.offset)
 
 
 @router.post(

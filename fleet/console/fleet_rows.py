@@ -1,10 +1,11 @@
 """The numbers behind the overview: one row per tenant, with what is wrong spelled out.
 
-The fleet numbers themselves come from the control plane's ``fleet_snapshot``
+The fleet numbers themselves come from the control plane's ``fleet_snapshots``
 (one definition of utilization and backlog for the API, the autoscaler and the
 console).  What the snapshot does not carry (evictions in the last hour, the
 last autoscaler decision, the age of the oldest outbox rows) is read here in
-one grouped query per kind for all tenants at once.
+one grouped query per kind for all tenants at once: a page of the overview costs
+the same handful of queries for 5 tenants or 500.
 """
 
 from __future__ import annotations
@@ -100,9 +101,11 @@ def tenant_rows(tenants: Iterable[Tenant], writable: set[int] | None) -> list[Te
         .distinct("tenant_id")
     }
     oldest = oldest_open_rows(ids)
+    # The console's views read the tenants in this request: no need to read them again.
+    snapshots = limits.fleet_snapshots(tenants, refresh=False)
     rows = []
     for tenant in tenants:
-        snap = limits.fleet_snapshot(tenant)
+        snap = snapshots[tenant.pk]
         pending_at, delivered_at = oldest.get(tenant.pk, (None, None))
         row = TenantRow(
             tenant=tenant,

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from urllib.parse import urlencode
 
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 
-from agents.models import ENDED_STATES, Agent, AgentState
+from agents.models import ENDED_STATES, Agent
 from artifacts.builds import jobs as build_jobs
+from fleet.api import agent_list
 from fleet.api.error_status import http_status
+from fleet.console import filters
 from fleet.console.access import (
     get_rw_tenant_for_user,
     get_tenant_for_user,
@@ -25,6 +28,7 @@ from fleet.console.access import (
     require_platform_admin,
 )
 from fleet.console.fleet_rows import tenant_rows
+from fleet.console.health import health_context
 from fleet.console.responses import ConsoleError, action_done, console_view
 from fleet.control import limits, pools
 from fleet.executors.fleet.routing import health, phases
@@ -39,6 +43,8 @@ CHANGES_SHOWN = 30
 BUILDS_SHOWN = 10
 # A heartbeat this many intervals old is late (shown amber) before it is fatal.
 LATE_AFTER_INTERVALS = 1.5
+ROSTER_PAGE_SIZE = 25  # rows are rendered by the template engine: its cost is per row
+ROSTER_SORT = "state"  # live, draining, stopped, dead; by name within each
 
 
 @dataclass
@@ -68,38 +74,83 @@ def phase_and_breaker(agent: Agent, now: datetime) -> dict[str, str]:
     return {"phase": phase, "breaker": breaker.state_of(agent.breaker_open_until, now)}
 
 
-def roster(tenant: Tenant) -> list[RosterEntry]:
-    """Live and draining agents, then the recently dead or stopped, each with its
-    heartbeat age, phase and breaker."""
+def roster_entry(agent: Agent, now: datetime) -> RosterEntry:
+    """One row of the agents table: heartbeat age, lateness, health, phase and breaker."""
     config = get_config()
+    age = (now - agent.last_heartbeat).total_seconds()
+    alive = agent.state not in ENDED_STATES
+    return RosterEntry(
+        agent=agent,
+        heartbeat_age_s=age,
+        late=alive and age > config.heartbeat_interval_s * LATE_AFTER_INTERVALS,
+        overdue=alive and age > config.liveness_window_s,
+        health=health.classify(
+            agent.state,
+            agent.connected_to,
+            agent.last_heartbeat,
+            now,
+            config.heartbeat_interval_s,
+            config.liveness_window_s,
+        ),
+        **phase_and_breaker(agent, now),
+    )
+
+
+def roster_filter(request: HttpRequest, tenant: Tenant) -> agent_list.AgentFilter:
+    """The agents table's ``?state=&health=&tag=&pool=&sort=`` (live first, then by name)."""
+    get = request.GET
+    wanted = agent_list.AgentFilter(
+        state=get.get("state", "").strip(),
+        health=get.get("health", "").strip(),
+        tag=get.get("tag", "").strip(),
+        pool=get.get("pool", "").strip(),
+        sort=get.get("sort", "").strip() or ROSTER_SORT,
+    )
+    try:
+        return wanted.checked(tenant)
+    except agent_list.BadListing as exc:
+        raise ConsoleError(exc.detail, http_status(exc)) from None
+
+
+def roster(request: HttpRequest, tenant: Tenant) -> dict:
+    """One page of live and draining agents, then the recently dead or stopped, filtered
+    and sorted as the query string says (two queries, whatever the fleet's size)."""
     now = timezone.now()
+    wanted = roster_filter(request, tenant)
     agents = Agent.objects.filter(tenant=tenant).exclude(
         state__in=ENDED_STATES, dead_at__lt=now - RECENTLY_DEAD
     )
-    order = {AgentState.LIVE: 0, AgentState.DRAINING: 1, AgentState.STOPPED: 2, AgentState.DEAD: 3}
-    entries = []
-    for agent in agents:
-        age = (now - agent.last_heartbeat).total_seconds()
-        alive = agent.state not in ENDED_STATES
-        entries.append(
-            RosterEntry(
-                agent=agent,
-                heartbeat_age_s=age,
-                late=alive and age > config.heartbeat_interval_s * LATE_AFTER_INTERVALS,
-                overdue=alive and age > config.liveness_window_s,
-                health=health.classify(
-                    agent.state,
-                    agent.connected_to,
-                    agent.last_heartbeat,
-                    now,
-                    config.heartbeat_interval_s,
-                    config.liveness_window_s,
-                ),
-                **phase_and_breaker(agent, now),
-            )
-        )
-    entries.sort(key=lambda e: (order.get(e.agent.state, 4), e.agent.name))
-    return entries
+    listed = agent_list.filter_agents(agents, wanted, now)
+    number = filters.page_number(request)
+    page = agent_list.page_of(listed, ROSTER_PAGE_SIZE, (number - 1) * ROSTER_PAGE_SIZE)
+    pages = max(1, -(-page.total // ROSTER_PAGE_SIZE))
+    if number > pages:  # the list shrank under a polled page (or a stale link): its last page
+        number = pages
+        page = agent_list.page_of(listed, ROSTER_PAGE_SIZE, (number - 1) * ROSTER_PAGE_SIZE)
+    return {
+        "roster": [roster_entry(agent, now) for agent in page.rows],
+        "roster_filter": wanted,
+        "roster_total": page.total,
+        "roster_page": number,
+        "roster_pages": pages,
+        "roster_query": filters.query_without_page(request),
+        "sort_links": sort_links(request, wanted.sort),
+        "sorts": agent_list.SORT_KEYS,
+        "states": agent_list.STATES,
+        "healths": agent_list.HEALTHS,
+    }
+
+
+def sort_links(request: HttpRequest, current: str) -> dict[str, dict[str, str]]:
+    """Per sortable column: the link that sorts by it (reversed when it already does) and
+    the arrow that shows the current order."""
+    kept = [(k, v) for k, v in request.GET.items() if k not in ("page", "sort") and v]
+    links = {}
+    for key in agent_list.SORT_KEYS:
+        target = f"-{key}" if current == key else key
+        arrow = "▲" if current == key else "▼" if current == f"-{key}" else ""
+        links[key] = {"href": "?" + urlencode([*kept, ("sort", target)]), "arrow": arrow}
+    return links
 
 
 def _fleet_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict:
@@ -108,7 +159,11 @@ def _fleet_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict:
 
 
 def _roster_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict:
-    return {"roster": roster(tenant), "liveness_window_s": get_config().liveness_window_s}
+    return {**roster(request, tenant), "liveness_window_s": get_config().liveness_window_s}
+
+
+def _health_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict:
+    return health_context(request, tenant)
 
 
 def _decisions_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict:
@@ -135,6 +190,7 @@ PARTIALS = {
     "fleet": ("console/partials/tenant_fleet.html", _fleet_part),
     "agents": ("console/partials/tenant_roster.html", _roster_part),
     "pools": ("console/partials/tenant_pools.html", _pools_part),
+    "health": ("console/partials/tenant_health.html", _health_part),
     "decisions": ("console/partials/tenant_decisions.html", _decisions_part),
     "changes": ("console/partials/tenant_changes.html", _changes_part),
     "builds": ("console/partials/tenant_builds.html", _builds_part),

@@ -539,45 +539,81 @@ def set_tenant_limits(
 
 def backlog_count(tenant_id: int, now: datetime | None = None) -> int:
     """Ready tasks of the tenant that are due and waiting for an agent to take them."""
+    return backlog_counts([tenant_id], now).get(tenant_id, 0)
+
+
+def backlog_counts(tenant_ids: list[int], now: datetime | None = None) -> dict[int, int]:
+    """:func:`backlog_count` of many tenants in one grouped query (absent: 0)."""
     now = now or timezone.now()
-    return (
-        TaskExecution.objects.filter(tenant_id=tenant_id, status=TaskStatus.READY)
+    return dict(
+        TaskExecution.objects.filter(tenant_id__in=tenant_ids, status=TaskStatus.READY)
         .filter(Q(ready_at__isnull=True) | Q(ready_at__lte=now))
-        .count()
+        .values_list("tenant_id")
+        .annotate(n=Count("id"))
+        .values_list("tenant_id", "n")
     )
 
 
 def fleet_snapshot(tenant: Tenant) -> dict:
     """The tenant's fleet numbers in one dict (GET /fleet and the console read this)."""
-    tenant.refresh_from_db(
-        fields=["desired_count", "max_agents_override", "is_active", "last_autoscaled_at"]
-    )
+    return fleet_snapshots([tenant])[tenant.pk]
+
+
+SNAPSHOT_FIELDS = ("desired_count", "max_agents_override", "is_active", "last_autoscaled_at")
+
+
+def fleet_snapshots(tenants: list[Tenant], refresh: bool = True) -> dict[int, dict]:
+    """:func:`fleet_snapshot` of many tenants in four grouped queries, whatever their number
+    (the console's overview lists hundreds): tenant id → snapshot.  Each tenant object is
+    refreshed in place, as a caller holding a stale row (after a change) expects; a caller
+    that has just read the rows passes ``refresh=False`` and saves that query."""
+    ids = [t.pk for t in tenants]
+    fresh = {}
+    if refresh:
+        rows = Tenant.objects.filter(pk__in=ids).values("id", *SNAPSHOT_FIELDS)
+        fresh = {row["id"]: row for row in rows}
     live = Q(state=AgentState.LIVE)
-    agg = Agent.objects.filter(tenant=tenant).aggregate(
-        total=Count("id", filter=Q(state__in=ACTIVE_STATES)),
-        live=Count("id", filter=live),
-        draining=Count("id", filter=Q(state=AgentState.DRAINING)),
-        in_flight=Sum("in_flight", filter=live),
-        capacity=Sum("max_concurrency", filter=live),
-    )
-    in_flight, capacity = agg["in_flight"] or 0, agg["capacity"] or 0
-    outbox_open = (
-        DeliveryOutbox.objects.filter(tenant=tenant).exclude(state=OutboxState.ACKED).count()
-    )
-    return {
-        "tenant": tenant.name,
-        "is_active": tenant.is_active,
-        "desired_count": tenant.desired_count,
-        "effective_limit": effective_limit(tenant),
-        "max_agents_override": tenant.max_agents_override,
-        "overridden": tenant.max_agents_override is not None,
-        "utilization": (in_flight / capacity) if capacity else None,
-        "backlog": backlog_count(tenant.pk),
-        "outbox_open": outbox_open,
-        "agents_live": agg["live"],
-        "agents_draining": agg["draining"],
-        "agents_total": agg["total"],
-        "in_flight": in_flight,
-        "capacity": capacity,
-        "last_autoscaled_at": tenant.last_autoscaled_at,
+    agents = {
+        row["tenant_id"]: row
+        for row in Agent.objects.filter(tenant_id__in=ids)
+        .values("tenant_id")
+        .annotate(
+            total=Count("id", filter=Q(state__in=ACTIVE_STATES)),
+            live=Count("id", filter=live),
+            draining=Count("id", filter=Q(state=AgentState.DRAINING)),
+            in_flight=Sum("in_flight", filter=live),
+            capacity=Sum("max_concurrency", filter=live),
+        )
     }
+    outbox = dict(
+        DeliveryOutbox.objects.filter(tenant_id__in=ids)
+        .exclude(state=OutboxState.ACKED)
+        .values_list("tenant_id")
+        .annotate(n=Count("id"))
+        .values_list("tenant_id", "n")
+    )
+    backlog = backlog_counts(ids)
+    snapshots = {}
+    for tenant in tenants:
+        for name in SNAPSHOT_FIELDS:
+            setattr(tenant, name, fresh.get(tenant.pk, {}).get(name, getattr(tenant, name)))
+        agg = agents.get(tenant.pk, {})
+        in_flight, capacity = agg.get("in_flight") or 0, agg.get("capacity") or 0
+        snapshots[tenant.pk] = {
+            "tenant": tenant.name,
+            "is_active": tenant.is_active,
+            "desired_count": tenant.desired_count,
+            "effective_limit": effective_limit(tenant),
+            "max_agents_override": tenant.max_agents_override,
+            "overridden": tenant.max_agents_override is not None,
+            "utilization": (in_flight / capacity) if capacity else None,
+            "backlog": backlog.get(tenant.pk, 0),
+            "outbox_open": outbox.get(tenant.pk, 0),
+            "agents_live": agg.get("live", 0),
+            "agents_draining": agg.get("draining", 0),
+            "agents_total": agg.get("total", 0),
+            "in_flight": in_flight,
+            "capacity": capacity,
+            "last_autoscaled_at": tenant.last_autoscaled_at,
+        }
+    return snapshots

@@ -11,6 +11,7 @@ from fleet.models.executions import (
     WorkflowExecution,
     WorkflowStatus,
 )
+from fleet.models.health import TenantHealthSample
 from fleet.models.pools import DEFAULT_POOL, AgentPool
 from fleet.models.reruns import ExecutionLink, RerunKind
 from fleet.models.routing import AffinityBinding, AgentEventCount, BindingKind
@@ -58,6 +59,7 @@ __all__ = [
     "TaskOutcome",
     "TaskStatus",
     "Tenant",
+    "TenantHealthSample",
     "TenantMembership",
     "TriggerRule",
     "WORKFLOW_TERMINAL",

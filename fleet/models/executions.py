@@ -127,6 +127,12 @@ class TaskExecution(models.Model):
         indexes = [
             models.Index(fields=["status", "ready_at"], name="task_ready_idx"),
             models.Index(fields=["tenant", "status"]),
+            # The health sampler reads the tasks that finished in the last minute.
+            models.Index(
+                fields=["finished_at"],
+                name="task_finished_at_idx",
+                condition=models.Q(finished_at__isnull=False),
+            ),
         ]
 
 

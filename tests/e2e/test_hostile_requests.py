@@ -130,7 +130,7 @@ def test_a_database_restart_is_a_503_with_retry_after(read_key, monkeypatch):
     from fleet.api import fleet_status
     from tests.support.keys import bearer
 
-    def away(tenant):
+    def away(*_args):  # fleet_view(tenant, filter, limit, offset)
         raise OperationalError("server closed the connection unexpectedly")
 
     monkeypatch.setattr(fleet_status, "fleet_view", away)

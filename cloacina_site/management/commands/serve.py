@@ -27,8 +27,8 @@ from cloacina_site.daphne_limits import apply_daphne_limits, close_websockets, w
 from cloacina_site.tls import PLAINTEXT_WARNING, ServerTLS, daphne_endpoint, server_tls
 from cloacina_site.web_security import apply_tls_settings
 from fleet.api import metrics as executor_metrics
+from fleet.control import health_samples, limits, substrate
 from fleet.control import jobs as control
-from fleet.control import limits, substrate
 from fleet.engine import leader, recovery, server_registry, task_logs
 from fleet.engine.dispatcher import Dispatcher
 from fleet.engine.events import ExecutorNotFound
@@ -273,6 +273,7 @@ class ServeProcess:
             *recovery.recovery_jobs(),
             *task_logs.task_log_jobs(),
             *control.control_plane_jobs(self.config),
+            *health_samples.health_sample_jobs(),
             *schedule_firing.schedule_jobs(self.config.schedule_tick_s),
             *(self.builds.periodic_jobs() if self.builds is not None else []),
             *executor_jobs,

@@ -15,7 +15,9 @@ connection never clears a newer one, so a freshly reconnected agent stays health
 from __future__ import annotations
 
 import enum
-from datetime import datetime
+from datetime import datetime, timedelta
+
+from django.db.models import Q
 
 DEGRADED_AFTER_INTERVALS = 2.0
 
@@ -57,3 +59,27 @@ def classify(
 
 # SQL over ``agents_agent a``: true for a degraded candidate (it is sorted last).
 DEGRADED_SQL = "a.last_heartbeat < now() - make_interval(secs => %(degraded_s)s)"
+
+
+def health_q(
+    health: str, now: datetime, heartbeat_interval_s: float, liveness_window_s: float
+) -> Q:
+    """The rows :func:`classify` puts in ``health`` at ``now``, as an ORM filter on Agent.
+
+    Lists filter and sort by health in the database with this (a page of 1,000 agents
+    is never classified in Python); tests/integration/test_console_agent_list.py checks
+    that it agrees with :func:`classify` on every class and boundary.
+    """
+    if health in (Health.DEAD, Health.STOPPED, Health.DRAINING):
+        return Q(state=str(health))
+    stale = now - timedelta(seconds=liveness_window_s)
+    late = now - timedelta(seconds=degraded_after_s(heartbeat_interval_s))
+    live, socket = Q(state="live"), ~Q(connected_to="")
+    if health == Health.UNHEALTHY:
+        return live & (Q(connected_to="") | Q(last_heartbeat__lt=stale))
+    in_window = live & socket & Q(last_heartbeat__gte=stale)
+    if health == Health.DEGRADED:
+        return in_window & Q(last_heartbeat__lt=late)
+    if health == Health.HEALTHY:
+        return in_window & Q(last_heartbeat__gte=late)
+    raise ValueError(f"unknown health class {health!r}")
