@@ -246,6 +246,9 @@ def _start_run(
 
 
 @pytest.mark.e2e
+# Every operation for every role (several schemathesis runs, each bounded by RUN_TIMEOUT_S):
+# more than the suite's default per-test timeout when the machine is shared.
+@pytest.mark.timeout(1200)
 def test_every_operation_for_every_caller_keeps_to_the_document(procs, tmp_path):
     seeded = _seed()
     server = procs.serve()
