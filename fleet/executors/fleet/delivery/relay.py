@@ -3,7 +3,10 @@ delivery socket THIS process holds.
 
 Wake-ups come from the ``delivery_outbox`` NOTIFY (payload: the agent id) via
 the listener, from a consumer registering a socket, and from a short poll, so
-a lost notification costs at most ``RELAY_POLL_S``.  Each round takes a batch
+a lost notification costs at most ``RELAY_POLL_S``.  A row this process itself
+committed as pending for an agent whose socket is here wakes the relay directly
+(:meth:`Relay.wake_for`, called by the executor right after the placement's
+commit): no NOTIFY → LISTEN round trip on the way to a local socket.  Each round takes a batch
 with one ``UPDATE … FOR UPDATE SKIP LOCKED … RETURNING`` (pending → delivered,
 attempts + 1) restricted to locally connected agents, so rows of agents that
 are not here (or nowhere) never block the rows behind them, and a full channel
@@ -80,6 +83,7 @@ class Relay:
         self.batch = batch
         self.wake = asyncio.Event()
         self.pushed = 0
+        self.rounds = 0  # rounds run (tests wait for the first one)
         self._backoff: dict[uuid.UUID, float] = {}
         self._task: asyncio.Task | None = None
         self._conn: psycopg.AsyncConnection | None = None
@@ -94,6 +98,15 @@ class Relay:
             return
         if local_sockets.get(agent_id) is not None:
             self.wake.set()
+
+    def wake_for(self, agent_id: uuid.UUID) -> bool:
+        """A row this process just committed as pending for ``agent_id``: wake now if the
+        agent's socket is here (the NOTIFY would say the same one round trip later).
+        Returns whether it woke."""
+        if local_sockets.get(agent_id) is None:
+            return False
+        self.wake.set()
+        return True
 
     def on_socket(self, _socket: local_sockets.LocalSocket) -> None:
         self.wake.set()
@@ -162,6 +175,7 @@ class Relay:
             self.wake.clear()
             try:
                 await self.run_once()
+                self.rounds += 1
                 delay = self.poll_s
             except asyncio.CancelledError:
                 raise
