@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 from agents.models import Agent
+from agents.protocol import wire
 from agents.surface import consumers
 from fleet.executors.fleet.delivery import local_sockets
 from fleet.executors.fleet.delivery.placement import place_task
@@ -426,6 +427,41 @@ def test_a_packet_placed_for_a_socket_here_is_pushed_at_once_without_the_relay(t
     row = DeliveryOutbox.objects.get(task_execution=task)
     assert pushed and frame == {"type": "work", "packet": {**row.payload, "outbox_id": row.id}}
     assert (row.state, row.attempts) == ("delivered", 1)
+
+
+def test_a_msgpack_agent_gets_binary_frames_and_confirms_in_msgpack(tenant, agent_key):
+    from fleet.executors.fleet.delivery.batch_placement import place_tasks
+    from fleet.executors.fleet.delivery.placement import Delivered
+
+    two_task_package(tenant)
+    agent = make_agent(tenant, connected=False, wire_format="msgpack")
+    _, task = ready_root(tenant, {"n": 1})
+
+    async def scenario():
+        from asgiref.sync import sync_to_async
+
+        relay = Relay(poll_s=600)
+        comm = socket(agent.id, agent_key)
+        connected, _ = await comm.connect()
+        assert connected
+        await comm.send_to(bytes_data=wire.encode({"type": "hello", "holding": []}, "msgpack"))
+        await until(lambda: local_sockets.get(agent.id) is not None)
+        placed = (await sync_to_async(place_tasks)([task.pk], "s"))[task.pk]
+        assert isinstance(placed, Delivered)
+        await relay.push_delivered(placed.agent_id, placed.outbox_id, placed.packet, 0.0)
+        data = await comm.receive_from(timeout=5)
+        frame = wire.decode(data, "msgpack")  # a str (a JSON text frame) would be refused
+        confirm = {"type": "received", "outbox_id": frame["packet"]["outbox_id"]}
+        await comm.send_to(bytes_data=wire.encode(confirm, "msgpack"))
+        await until(lambda: DeliveryOutbox.objects.get(task_execution=task).received_at is not None)
+        await comm.disconnect()
+        await relay.stop()
+        return data, frame
+
+    data, frame = run_async(scenario())
+    row = DeliveryOutbox.objects.get(task_execution=task)
+    assert isinstance(data, bytes)
+    assert frame == {"type": "work", "packet": {**row.payload, "outbox_id": row.id}}
 
 
 def test_a_delivered_packet_that_cannot_be_pushed_goes_back_to_pending(tenant):

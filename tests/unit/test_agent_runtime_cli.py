@@ -44,3 +44,24 @@ def test_bad_flags_are_refused_with_exit_code_2(monkeypatch, args, message):
         call_command("runagent", *[part for item in flags.items() for part in item])
     assert info.value.returncode == 2
     assert message in str(info.value) and SECRET not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [(None, "msgpack"), ("auto", "msgpack"), ("json", "json"), ("msgpack", "msgpack")],
+)
+def test_the_agent_speaks_msgpack_unless_told_json(monkeypatch, env, expected):
+    monkeypatch.setattr(runagent, "install_db_guard", lambda: None)
+    monkeypatch.setattr(runagent, "_configure_logging", lambda: None)
+    if env is None:
+        monkeypatch.delenv("CLOACINA_WIRE_FORMAT", raising=False)
+    else:
+        monkeypatch.setenv("CLOACINA_WIRE_FORMAT", env)
+    command = runagent.Command()
+    options = {
+        "server": "http://127.0.0.1:9", "api_key": SECRET, "name": "a", "target_triple": "",
+        "max_concurrency": 1, "cache_max_mb": 64, "cache_dir": None, "tags": "",
+        "capabilities": "", "exclusive": False, "ca_cert": None, "client_cert": None,
+        "client_key": None,
+    }  # fmt: skip
+    assert command._config(options).wire_format == expected
