@@ -128,20 +128,36 @@ class Relay:
         """
         socket = local_sockets.get(agent_id)
         if socket is not None and agent_id not in self._backoff:
-            try:
-                await get_channel_layer().send(
-                    socket.channel_name, {"type": "delivery.work", "packet": packet}
-                )
-            except ChannelFull:
-                CHANNEL_FULL.labels(where="placement").inc()
-                self._backoff[agent_id] = time.monotonic() + FULL_CHANNEL_BACKOFF_S
-            else:
+            if await self._send(socket, packet, "placement"):
                 self.pushed += 1
                 _observe_latency([(1, waited_s)])
                 return True
         conn = await self._connection()
         await conn.execute(ledger.UNTAKE, [[outbox_id]])  # NOTIFY: a relay takes it from here
         return False
+
+    async def _send(self, socket: local_sockets.LocalSocket, packet: dict, where: str) -> bool:
+        """Hand ``packet`` to the socket's consumer: a direct call when it registered one
+        (local_sockets.py says why), else a channel-layer message.  False (the agent backed
+        off) only when its channel is full."""
+        if socket.push is not None:
+            try:
+                await socket.push(packet)
+            except Exception:
+                # A packet the socket cannot carry stays delivered and unconfirmed:
+                # redelivery retries it and, past its pushes, fails it with a reason.
+                log.exception("pushing packet %s to agent %s failed",
+                              packet.get("outbox_id"), socket.agent_id)  # fmt: skip
+            return True
+        try:
+            await get_channel_layer().send(
+                socket.channel_name, {"type": "delivery.work", "packet": packet}
+            )
+        except ChannelFull:
+            CHANNEL_FULL.labels(where=where).inc()
+            self._backoff[socket.agent_id] = time.monotonic() + FULL_CHANNEL_BACKOFF_S
+            return False
+        return True
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -219,20 +235,15 @@ class Relay:
         rows = await cursor.fetchall()
         if not rows:
             return 0
-        layer = get_channel_layer()
         failed: list[int] = []
         delivered: list[tuple] = []
         for outbox_id, agent_id, task_execution_id, assignment, attempts, payload in rows:
             socket = local_sockets.get(agent_id)
-            if socket is None:
+            if socket is None or agent_id in self._backoff:
                 failed.append(outbox_id)
                 continue
-            packet = dict(payload, outbox_id=outbox_id)
-            try:
-                await layer.send(socket.channel_name, {"type": "delivery.work", "packet": packet})
-            except ChannelFull:
-                CHANNEL_FULL.labels(where="relay").inc()
-                self._backoff[agent_id] = time.monotonic() + FULL_CHANNEL_BACKOFF_S
+            payload["outbox_id"] = outbox_id  # the row's own dict: no copy per packet
+            if not await self._send(socket, payload, "relay"):
                 failed.append(outbox_id)
                 continue
             delivered.append((task_execution_id, assignment, attempts))
