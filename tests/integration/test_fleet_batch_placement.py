@@ -236,3 +236,23 @@ def test_batch_contexts_are_the_single_builders_exact_contexts(tenant):
             build_task_context(task_execution_id)
         )
     assert batch[tasks["d"].pk] == {"in": "✓", "k": 2, "a": 1, "c": 1.5}
+
+
+@pytest.mark.django_db
+def test_a_batch_reads_its_executions_packages_in_one_statement(tenant):
+    from django.test.utils import CaptureQueriesContext
+
+    wide_package(tenant, 2)
+    make_agent(tenant, "a", max_concurrency=16)
+    ids = ready_tasks(tenant, executions=5)  # 10 tasks of 5 executions none placed before
+    with CaptureQueriesContext(connection) as queries:
+        placed = place_tasks(ids, "server-1")
+    assert all(isinstance(p, Placed) for p in placed.values())
+    package_reads = [q["sql"] for q in queries if "JOIN workflow_packages p" in q["sql"]]
+    assert len(package_reads) == 1, package_reads
+    package = TaskExecution.objects.get(pk=ids[0]).workflow_execution.package
+    packets = DeliveryOutbox.objects.filter(task_execution_id__in=ids)
+    assert packets.count() == 10
+    assert {(r.payload["tenant"], r.payload["artifact_digest"]) for r in packets} == {
+        (tenant.name, package.digest)
+    }
