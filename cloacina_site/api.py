@@ -13,7 +13,9 @@ from fleet.api.contract import (
 from fleet.api.executions import router as executions_router
 from fleet.api.fleet_status import router as fleet_router
 from fleet.api.pools import router as pools_router
+from fleet.api.reruns import router as reruns_router
 from fleet.api.schedules import router as schedules_router
+from fleet.api.task_logs import router as task_logs_router
 
 
 class CloacinaAPI(NinjaAPI):
@@ -34,6 +36,8 @@ api = CloacinaAPI(
 install_error_handlers(api)
 api.add_router("/", artifacts_router, tags=["packages"])
 api.add_router("/", executions_router, tags=["executions"])
+api.add_router("/", reruns_router, tags=["executions"])
+api.add_router("/", task_logs_router, tags=["executions"])
 api.add_router("/", fleet_router, tags=["fleet"])
 api.add_router("/", pools_router, tags=["fleet"])
 api.add_router("/", schedules_router, tags=["schedules"])

@@ -33,6 +33,23 @@
 
   document.addEventListener("htmx:sendError", function () { stale(true); });
 
+  // A task's log tails like a terminal: after a refresh the newest lines are in view,
+  // unless the reader had scrolled up to read older ones.
+  var logAtEnd = true;
+  function isLogSwap(event) {
+    return event.detail.target && event.detail.target.id === "task-log";
+  }
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var text = document.getElementById("task-log-text");
+    if (isLogSwap(event) && text) {
+      logAtEnd = text.scrollTop + text.clientHeight >= text.scrollHeight - 8;
+    }
+  });
+  document.addEventListener("htmx:afterSettle", function (event) {
+    var text = document.getElementById("task-log-text");
+    if (isLogSwap(event) && text && logAtEnd) text.scrollTop = text.scrollHeight;
+  });
+
   document.addEventListener("htmx:afterRequest", function (event) {
     if (event.detail.successful) stale(false);
   });

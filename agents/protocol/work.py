@@ -172,9 +172,11 @@ def result_body(
     error_type: str = "",
     error_message: str = "",
     traceback: str = "",
+    log: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The body of ``POST /agents/{id}/results``."""
-    return {
+    """The body of ``POST /agents/{id}/results``; ``log``: what the run printed
+    (``{text, bytes, truncated_bytes}``), when it ran."""
+    body = {
         "outbox_id": packet.outbox_id,
         "task_execution_id": packet.task_execution_id,
         "assignment": packet.assignment,
@@ -184,6 +186,9 @@ def result_body(
         "error_message": error_message,
         "traceback": traceback,
     }
+    if log is not None:
+        body["log"] = log
+    return body
 
 
 def refusal(packet: WorkPacket, reason: str) -> dict[str, Any]:
@@ -207,12 +212,16 @@ def refusal_for_ids(ids: tuple[int, str, int], reason: str) -> dict[str, Any]:
 
 def run_result(packet: WorkPacket, run: Any) -> dict[str, Any]:
     """Turn a task_runner.RunOutcome into the outcome body (a timeout is a failure)."""
+    # A silent run sends no log at all: the commonest outcome stays as small as before.
+    printed = getattr(run, "log", None)
+    log = printed.as_body() if printed is not None and printed.bytes > 0 else None
     if run.status == "success":
-        return result_body(packet, OUTCOME_SUCCESS, output=run.output or {})
+        return result_body(packet, OUTCOME_SUCCESS, output=run.output or {}, log=log)
     return result_body(
         packet,
         OUTCOME_FAILURE,
         error_type=run.error_type or ("TaskTimeout" if run.status == "timeout" else "Error"),
         error_message=run.error_message,
         traceback=run.traceback,
+        log=log,
     )

@@ -33,6 +33,7 @@ ENTRY_OVERHEAD_BYTES = 512  # the dict, its keys and ids, roughly
 def outcome_size(body: dict[str, Any], output_bytes: int = 0) -> int:
     """A cheap upper estimate of a kept outcome's memory (no serialisation on the hot path)."""
     texts = sum(len(body.get(k) or "") for k in ("error_type", "error_message", "traceback"))
+    texts += len((body.get("log") or {}).get("text") or "")
     return ENTRY_OVERHEAD_BYTES + output_bytes + texts
 
 

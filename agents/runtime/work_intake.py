@@ -14,6 +14,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from agents.protocol import frames
@@ -40,7 +41,8 @@ from agents.runtime.outcome_reporter import HeldTask, OutcomeReporter, ResultSoc
 from agents.runtime.recent_outcomes import RecentOutcomes, outcome_size
 from agents.sandbox.archive import ArchiveError
 from agents.sandbox.package_cache import PackageCache, PackageCacheError
-from agents.sandbox.task_runner import TaskRunner
+from agents.sandbox.task_log import LogChunk, follow
+from agents.sandbox.task_runner import RunOutcome, TaskRunner
 
 log = logging.getLogger("cloacina.agent")
 
@@ -63,7 +65,9 @@ class WorkIntake:
         send: Callable[[dict[str, Any]], Awaitable[None]],
         on_auth_rejected: Callable[[AuthRejected], None],
         result_socket: Callable[[str], ResultSocket | None] | None = None,
+        send_log: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None,
     ) -> None:
+        """``send_log(agent_id, frame)``: ship a running task's ``log`` frame (live tail)."""
         self.client = client
         self.cache = cache
         self.runner = runner
@@ -76,6 +80,7 @@ class WorkIntake:
         self.idle.set()
         self.reporter = OutcomeReporter(client, self._settled, on_auth_rejected, result_socket)
         self._send = send
+        self._send_log = send_log
         self._slots = asyncio.Semaphore(max_concurrency)
         self._tasks: set[asyncio.Task] = set()
 
@@ -200,9 +205,7 @@ class WorkIntake:
                         log.warning("%s: %s", packet.describe(), exc)
                         self._report(held, exc.outcome(packet))
                         return
-                run = await self.runner.run(
-                    package_dir, packet.function, context_json, packet.timeout_s
-                )
+                run = await self._run_tailed(packet, held, package_dir, context_json)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the runner itself broke: still tell the server
@@ -228,6 +231,28 @@ class WorkIntake:
         )
         body = run_result(packet, run)
         self._report(held, body, outcome_size(body, run.output_bytes))
+
+    async def _run_tailed(
+        self, packet: WorkPacket, held: HeldTask, package_dir: Path, context_json: str
+    ) -> RunOutcome:
+        """Run the task, shipping its new output every second or so while it runs."""
+        ring = self.runner.new_log()
+        tail = None
+        if self._send_log is not None:
+            tail = asyncio.ensure_future(follow(ring, functools.partial(self._ship, packet, held)))
+        try:
+            return await self.runner.run(
+                package_dir, packet.function, context_json, packet.timeout_s, ring
+            )
+        finally:
+            if tail is not None:
+                tail.cancel()
+
+    async def _ship(self, packet: WorkPacket, held: HeldTask, chunk: LogChunk) -> None:
+        frame = frames.log_chunk(
+            packet.task_execution_id, packet.assignment, chunk.text, chunk.end, chunk.skipped
+        )
+        await self._send_log(held.agent_id, frame)
 
     async def _fetch_artifact(self, digest: str) -> bytes:
         """The artifact's bytes, retrying an unreachable server for a while."""

@@ -16,6 +16,7 @@ import asyncio
 import importlib
 import inspect
 import json
+import logging
 import os
 import signal
 import sys
@@ -28,6 +29,9 @@ from types import ModuleType
 # How often a child checks that the process that started it is still alive.
 PARENT_CHECK_INTERVAL_S = 1.0
 PR_SET_DUMPABLE = 4
+# How the ``logging`` records of a task read in its log (the parent keeps stdout and
+# stderr, these included, in the attempt's bounded log: agents/sandbox/task_log.py).
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class InvalidTaskOutput(Exception):
@@ -94,6 +98,29 @@ def _encode_output(result: object) -> str:
         raise InvalidTaskOutput(f"task output is not valid JSON: {exc}") from None
     except TypeError as exc:
         raise InvalidTaskOutput(f"task output is not JSON-serialisable: {exc}") from None
+
+
+def capture_output() -> None:
+    """Make what a task prints reach the parent as it happens, in order: stdout and stderr
+    flush at each line (both are the one pipe the parent reads), and ``logging`` records
+    (INFO and up, unless the task configures logging itself) go to stderr."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True, errors="backslashreplace")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+def _flush_output() -> None:
+    # Before the reply: the parent reads the pipe up to the reply, so what the task wrote
+    # without a final newline must be in the pipe by then.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # the task closed or broke it: nothing more to send
+            pass
 
 
 def run_task(imports: _PackageImports, request: dict) -> dict:
@@ -169,6 +196,7 @@ def serve(conn: Connection, parent_pid: int, limits: str = "") -> None:
     # Ctrl-C in a terminal reaches the whole process group; the parent decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
+    capture_output()
     imports = _PackageImports()
     while True:
         try:
@@ -179,6 +207,7 @@ def serve(conn: Connection, parent_pid: int, limits: str = "") -> None:
             reply = {"op": "pong"}
         else:
             reply = run_task(imports, request)
+            _flush_output()
         try:
             conn.send_bytes(json.dumps(reply).encode())
         except (BrokenPipeError, OSError):

@@ -12,6 +12,11 @@ A child inherits an allow-listed environment only, and when the parent is root i
 runs as an unprivileged user (:mod:`agents.sandbox.task_isolation`).
 A task that outlives its timeout gets its child SIGKILLed and replaced; so
 does a child that dies on its own.  The pool keeps its capacity either way.
+
+What a task prints (stdout, stderr, ``logging``) goes into one pipe per child, which
+the parent reads on its event loop while the task runs, into the run's bounded
+:class:`~agents.sandbox.task_log.LogRing`: the log survives a task that times out or
+crashes its child, and the caller can tail it while the task runs.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from agents.sandbox.task_isolation import (
     unreachable_for,
 )
 from agents.sandbox.task_limits import ChildLimits
+from agents.sandbox.task_log import LogRing, TaskLog, task_log_bytes
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,14 @@ CHILD_SCRIPT = str(Path(__file__).with_name("task_child.py"))
 CHILD_BOOT_TIMEOUT_S = 60.0
 # How long close() waits for an idle child to exit before killing it.
 CHILD_EXIT_GRACE_S = 2.0
+# One read of a child's output pipe, and how many such reads draining it may take: a
+# child's background thread (or a process it left behind) printing without end must not
+# keep the parent in a loop.
+OUTPUT_READ_BYTES = 64 * 1024
+OUTPUT_DRAIN_READS = 64
+# How long a run goes before its output is read as it comes (until then it waits in the
+# pipe, 64 KiB at most, and is read after the reply).
+OUTPUT_WATCH_AFTER_S = 0.05
 
 Status = Literal["success", "failure", "timeout"]
 
@@ -62,6 +76,7 @@ class RunOutcome:
     traceback: str = ""
     duration_s: float = 0.0
     output_bytes: int = 0  # the output's JSON text, as the child sent it
+    log: TaskLog | None = None  # what the attempt printed (bounded), when it ran at all
 
 
 class TaskRunnerClosed(RuntimeError):
@@ -120,10 +135,13 @@ class _Slot:
         self.launch = launch
         self.process: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
+        self.output: int | None = None  # read end of the child's stdout+stderr pipe
+        self._watching: asyncio.AbstractEventLoop | None = None
         self.fresh = False  # started but not yet known to answer
 
     def spawn(self) -> None:
         parent_sock, child_sock = socket.socketpair()
+        output, child_output = os.pipe()
         try:
             # -I: the child sees neither the server's working directory nor PYTHON* variables,
             # only the interpreter's own site-packages plus the package's workflow/ and vendor/.
@@ -139,21 +157,56 @@ class _Slot:
                 ],
                 pass_fds=[child_sock.fileno()],
                 stdin=subprocess.DEVNULL,
+                stdout=child_output,
+                stderr=child_output,
                 close_fds=True,
                 env=self.launch.env,
                 **self.launch.user_kwargs(),
             )
         except PermissionError as exc:
             parent_sock.close()
+            os.close(output)
             raise RuntimeError(self.launch.denied(exc)) from exc
         except BaseException:
             parent_sock.close()
+            os.close(output)
             raise
         finally:
             child_sock.close()
+            os.close(child_output)
+        os.set_blocking(output, False)
         parent_sock.setblocking(False)
-        self.sock = parent_sock
+        self.sock, self.output = parent_sock, output
         self.fresh = True
+
+    def read_output(self, ring: LogRing | None, reads: int = OUTPUT_DRAIN_READS) -> None:
+        """Move what the child wrote into ``ring`` (None: discard it), without blocking."""
+        for _ in range(reads):
+            try:
+                data = os.read(self.output, OUTPUT_READ_BYTES)
+            except OSError:  # BlockingIOError: nothing more for now
+                return
+            if not data:
+                return  # EOF: the child (and whatever it started) has closed it
+            if ring is not None:
+                ring.append(data)
+
+    def watch_output(self, ring: LogRing) -> None:
+        """Read the child's output into ``ring`` whenever there is some (this event loop)."""
+        self._watching = asyncio.get_running_loop()
+        self._watching.add_reader(self.output, self.read_output, ring, 1)
+
+    def unwatch_output(self) -> None:
+        if self._watching is not None and self.output is not None:
+            self._watching.remove_reader(self.output)
+        self._watching = None
+
+    def close_output(self) -> None:
+        # Unwatched first: the descriptor's number is reused by the next child's pipe.
+        self.unwatch_output()
+        if self.output is not None:
+            os.close(self.output)
+            self.output = None
 
     def wait_ready(self, timeout_s: float) -> None:
         """Ping the child, blocking (at start), so its boot never counts against a task."""
@@ -219,6 +272,7 @@ class _Slot:
                 pass
         code = self.process.wait()
         self.sock.close()
+        self.close_output()
         self.process = self.sock = None
         return code
 
@@ -232,6 +286,7 @@ class _Slot:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        self.close_output()
         self.process = self.sock = None
 
 
@@ -271,17 +326,20 @@ class TaskRunner:
         python: str | None = None,
         limits: ChildLimits | None = None,
         fresh_child_per_task: bool = False,
+        log_bytes: int | None = None,
     ) -> None:
         """``user``: who children run as (default: CLOACINA_TASK_USER or nobody when this
         process is root, else this process's own user); ``python``: their interpreter
         (default: CLOACINA_TASK_PYTHON or this one); ``limits``: rlimits of every child;
         ``fresh_child_per_task``: retire a child after each task (nothing a task leaves
-        behind, CPU seconds used included, reaches the next one)."""
+        behind, CPU seconds used included, reaches the next one); ``log_bytes``: how much
+        of each run's output is kept (default: CLOACINA_TASK_LOG_BYTES, 256 KiB)."""
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.capacity = workers
         self.limits = limits
         self.fresh_child_per_task = fresh_child_per_task
+        self.log_bytes = task_log_bytes() if log_bytes is None else log_bytes
         self.user: TaskUser | None = task_user() if user is _FROM_ENVIRONMENT else user
         launch = _Launch(python or task_python(), task_environment(), self.user, limits)
         self._slots = [_Slot(i, launch) for i in range(workers)]
@@ -348,10 +406,21 @@ class TaskRunner:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, signal.SIGKILL)
 
+    def new_log(self) -> LogRing:
+        """An empty ring of this runner's size, for a caller that tails a run's output."""
+        return LogRing(self.log_bytes)
+
     async def run(
-        self, package_dir: Path, function: str, context_json: str, timeout_s: float
+        self,
+        package_dir: Path,
+        function: str,
+        context_json: str,
+        timeout_s: float,
+        log: LogRing | None = None,
     ) -> RunOutcome:
-        """Run ``function`` ("module:function") of the package unpacked at ``package_dir``."""
+        """Run ``function`` ("module:function") of the package unpacked at ``package_dir``;
+        what it prints goes into ``log`` (default: a ring of ``log_bytes``) as it runs, and
+        into the outcome's ``log`` at the end."""
         if not self._started:
             raise TaskRunnerClosed("the task runner is not running")
         request = json.dumps(
@@ -370,7 +439,8 @@ class TaskRunner:
             try:
                 if slot.fresh:
                     await slot.wait_ready_async(CHILD_BOOT_TIMEOUT_S)
-                outcome = await self._exchange(slot, request, timeout_s)
+                ring = log if log is not None else self.new_log()
+                outcome = await self._exchange_logged(slot, request, timeout_s, ring)
                 if self.fresh_child_per_task and slot.process is not None and not slot.fresh:
                     self._replace(slot)  # used once: the next task gets a new interpreter
                 return outcome
@@ -414,13 +484,33 @@ class TaskRunner:
         else:
             future.set_result(slot)
 
-    async def _exchange(self, slot: _Slot, request: bytes, timeout_s: float) -> RunOutcome:
+    async def _exchange_logged(
+        self, slot: _Slot, request: bytes, timeout_s: float, ring: LogRing
+    ) -> RunOutcome:
+        """:meth:`_exchange` with the child's output read into ``ring`` while it runs."""
+        slot.read_output(None)  # left over from between runs: nobody's log
+        # Most tasks answer before this and never pay for a reader (two epoll_ctl calls):
+        # their output waits in the pipe and is read after the reply.  A task that fills
+        # the pipe sooner waits that long once, then is read as it writes.
+        watch = asyncio.get_running_loop().call_later(OUTPUT_WATCH_AFTER_S, slot.watch_output, ring)
+        try:
+            outcome = await self._exchange(slot, request, timeout_s, ring)
+        finally:
+            watch.cancel()
+            slot.unwatch_output()
+        outcome.log = ring.snapshot()
+        return outcome
+
+    async def _exchange(
+        self, slot: _Slot, request: bytes, timeout_s: float, ring: LogRing
+    ) -> RunOutcome:
         started = time.monotonic()
         await slot.send(request)
         try:
             async with asyncio.timeout(max(timeout_s, 0.0)):
                 raw = await slot.recv()
         except TimeoutError:
+            slot.read_output(ring)  # up to the kill: where it hung
             self._replace(slot)
             return RunOutcome(
                 "timeout",
@@ -432,6 +522,7 @@ class TaskRunner:
             )
         except (EOFError, OSError):
             closing = not self._started  # close() killed it, the task did not crash
+            slot.read_output(ring)  # what it printed before it died
             code = self._replace(slot)
             if closing:
                 return RunOutcome(
@@ -451,6 +542,7 @@ class TaskRunner:
                 time.monotonic() - started,
             )
         duration = time.monotonic() - started
+        slot.read_output(ring)  # flushed before the reply: all of it is in the pipe
         reply = json.loads(raw)
         if reply["status"] == "success":
             output_json = reply["output_json"]

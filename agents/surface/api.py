@@ -75,6 +75,8 @@ class RegisterOut(Schema):
     server_protocol_version: int
     # This server answers ``result`` frames on the delivery socket (docs/agent-protocol.md).
     result_frames: bool
+    # This server takes ``log`` frames (a running task's new output) on the socket.
+    log_frames: bool = False
 
 
 class HeartbeatIn(Schema):
@@ -133,6 +135,7 @@ def register_agent(request: HttpRequest, body: RegisterIn):
             "ws_path": f"/ws/agents/{agent.id}/",
             "server_protocol_version": roster.PROTOCOL_VERSION,
             "result_frames": True,
+            "log_frames": True,
         },
     )
 

@@ -21,7 +21,8 @@ from typing import NamedTuple
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from fleet.engine import hooks, scheduler
+from agents.sandbox.task_log import TaskLog
+from fleet.engine import hooks, scheduler, task_logs
 from fleet.engine.context import ContextError, encode_context, storable_text, validate_context
 from fleet.engine.events import ExecutionStatus, TaskReadyEvent
 from fleet.models import (
@@ -55,6 +56,7 @@ class TaskReport:
     agent_name: str = ""
     # False: a failure no retry could change (e.g. no agent could ever run the task).
     retryable: bool = True
+    log: TaskLog | None = None  # what the attempt printed (bounded), when it ran
 
 
 @dataclass
@@ -262,6 +264,7 @@ class TaskResultHandler:
                 if report.outcome == Outcome.SUCCESS:
                     head = self._complete_if_current(cursor, report, output_json)
                     if head is not None:
+                        self._store_log(cursor, head, report)
                         return self._settle(cursor, head, Applied(True, ExecutionStatus.COMPLETED))
                 return self._apply_locked(cursor, report, output_json)
         except IntegrityError:
@@ -300,6 +303,7 @@ class TaskResultHandler:
             self._record(cursor, head, report, applied=False, reason=stale)
             return Applied(False, ExecutionStatus.SUPERSEDED, stale)
         self._record(cursor, head, report, applied=True)
+        self._store_log(cursor, head, report)
         if report.outcome == Outcome.SUCCESS:  # only reached when racing a reassignment
             cursor.execute(_COMPLETE, [output_json, head.id])
             return self._settle(cursor, head, Applied(True, ExecutionStatus.COMPLETED))
@@ -334,6 +338,16 @@ class TaskResultHandler:
         _closed(head, open_tasks, status, agents, deferred)
 
     @staticmethod
+    def _store_log(cursor, head: _TaskHead, report: TaskReport) -> None:
+        """The applied attempt's log and traceback, when it left any (a refusal never ran)."""
+        if report.outcome != Outcome.REFUSED and task_logs.has_content(
+            report.log, report.traceback
+        ):
+            task_logs.store_final(
+                cursor, head.id, head.attempt, head.assignment, report.log, report.traceback
+            )
+
+    @staticmethod
     def _stale_reason(task: _TaskHead, report: TaskReport) -> str:
         if task.status != TaskStatus.RUNNING:
             return f"task is {task.status}, not Running"
@@ -355,7 +369,7 @@ class TaskResultHandler:
             failure = TaskReport(
                 report.task_execution_id, report.assignment, Outcome.FAILURE,
                 error_type="InvalidTaskOutput", error_message=str(exc),
-                agent_id=report.agent_id, agent_name=report.agent_name,
+                agent_id=report.agent_id, agent_name=report.agent_name, log=report.log,
             )  # fmt: skip
             return failure, ""
         return TaskReport(**{**report.__dict__, "output": output}), encode_context(output)

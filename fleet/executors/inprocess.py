@@ -30,9 +30,10 @@ from django.db import DatabaseError, connection
 
 from agents.sandbox.archive import ArchiveError
 from agents.sandbox.package_cache import PackageCache, PackageCacheError
+from agents.sandbox.task_log import LogChunk, follow
 from agents.sandbox.task_runner import RunOutcome, TaskRunner, TaskRunnerClosed
 from artifacts.store.storage import load_blob
-from fleet.engine import ready_queue
+from fleet.engine import ready_queue, task_logs
 from fleet.engine.batcher import Batcher
 from fleet.engine.claims import Claim, claim_tasks, release_claim
 from fleet.engine.context import build_task_contexts, encode_context
@@ -42,6 +43,7 @@ from fleet.engine.executor import TaskExecutor
 from fleet.engine.outcome_batches import apply_reports
 from fleet.engine.results import Applied, TaskReport
 from fleet.models import Outcome
+from fleet.platform.config import get_config
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +91,11 @@ def report_for(claim: Claim, outcome: RunOutcome) -> TaskReport:
     """The result handler's view of one run."""
     if outcome.status == "success":
         return TaskReport(
-            claim.task_execution_id, claim.assignment, Outcome.SUCCESS, output=outcome.output
+            claim.task_execution_id,
+            claim.assignment,
+            Outcome.SUCCESS,
+            output=outcome.output,
+            log=outcome.log,
         )
     return TaskReport(
         claim.task_execution_id,
@@ -98,6 +104,7 @@ def report_for(claim: Claim, outcome: RunOutcome) -> TaskReport:
         error_type=outcome.error_type,
         error_message=outcome.error_message,
         traceback=outcome.traceback,
+        log=outcome.log,
     )
 
 
@@ -119,7 +126,7 @@ class InProcessExecutor(TaskExecutor):
             raise ValueError(f"the runner has {runner.capacity} children, not {workers}")
         self.workers = workers
         self.claimer = claimer
-        self.runner = runner or TaskRunner(workers)
+        self.runner = runner or TaskRunner(workers, log_bytes=get_config().task_log_bytes)
         self.cache = PackageCache(Path(cache_root), cache_bytes)
         self.drain_timeout_s = drain_timeout_s
         self._digests: OrderedDict[uuid.UUID, str] = OrderedDict()
@@ -332,9 +339,11 @@ class InProcessExecutor(TaskExecutor):
         if prepared.error_type:
             return RunOutcome("failure", None, prepared.error_type, prepared.error_message)
         claim = prepared.claim
+        ring = self.runner.new_log()
+        tail = asyncio.ensure_future(follow(ring, partial(self._ship_live, claim)))
         try:
             outcome = await self.runner.run(
-                prepared.package_dir, claim.function, prepared.context_json, claim.timeout_s
+                prepared.package_dir, claim.function, prepared.context_json, claim.timeout_s, ring
             )
         except TaskRunnerClosed:
             return None
@@ -342,10 +351,18 @@ class InProcessExecutor(TaskExecutor):
             log.exception("running task %s failed in the runner", claim.task_execution_id)
             return RunOutcome("failure", None, "ExecutorError", f"the task runner failed: {exc}")
         finally:
+            tail.cancel()
             self.cache.unpin(prepared.digest)
         if outcome.error_type == "TaskRunnerClosed":
             return None
         return outcome
+
+    async def _ship_live(self, claim: Claim, chunk: LogChunk) -> None:
+        """A running task's new output, for the console's live tail (fenced on the claim)."""
+        live = task_logs.LiveChunk(
+            claim.task_execution_id, claim.assignment, chunk.text, chunk.end, chunk.skipped
+        )
+        await self._db.call(task_logs.append_live, live, claim.tenant_id)
 
     async def _record(self, claim: Claim, report: TaskReport) -> Applied:
         for attempt in range(1, APPLY_ATTEMPTS + 1):

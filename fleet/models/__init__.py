@@ -12,6 +12,7 @@ from fleet.models.executions import (
     WorkflowStatus,
 )
 from fleet.models.pools import DEFAULT_POOL, AgentPool
+from fleet.models.reruns import ExecutionLink, RerunKind
 from fleet.models.routing import AffinityBinding, AgentEventCount, BindingKind
 from fleet.models.schedules import (
     Catchup,
@@ -22,6 +23,7 @@ from fleet.models.schedules import (
     ScheduleSource,
 )
 from fleet.models.servers import Installation, ServerInstance
+from fleet.models.task_logs import TaskAttemptLog
 from fleet.platform.tenancy import ApiKey, Role, Tenant, TenantMembership
 
 __all__ = [
@@ -42,12 +44,15 @@ __all__ = [
     "ChangeReason",
     "DeliveryOutbox",
     "Eviction",
+    "ExecutionLink",
     "FleetChange",
     "OutboxDepthSample",
     "OutboxState",
     "Outcome",
+    "RerunKind",
     "Role",
     "ServerInstance",
+    "TaskAttemptLog",
     "TASK_TERMINAL",
     "TaskExecution",
     "TaskOutcome",

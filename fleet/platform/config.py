@@ -92,6 +92,30 @@ SETTINGS: tuple[Setting, ...] = (
         str,
         "auto",
     ),
+    # Registration storms (docs/scaling.md): registrations per API key and per tenant in
+    # any sliding minute (0 = unlimited), and registrations + socket opens one server
+    # process admits per second (0 = unlimited); past each, 429 / close 4013 with a wait.
+    Setting(
+        "registrations_per_key_per_minute",
+        "CLOACINA_AGENT_REGISTRATIONS_PER_KEY_PER_MINUTE",
+        "agent_registrations_per_key_per_minute",
+        int,
+        600,
+    ),
+    Setting(
+        "registrations_per_tenant_per_minute",
+        "CLOACINA_AGENT_REGISTRATIONS_PER_TENANT_PER_MINUTE",
+        "agent_registrations_per_tenant_per_minute",
+        int,
+        0,
+    ),
+    Setting(
+        "agent_admissions_per_s",
+        "CLOACINA_AGENT_ADMISSIONS_PER_S",
+        "agent_admissions_per_s",
+        float,
+        500.0,
+    ),
     Setting(
         "heartbeat_interval_s",
         "CLOACINA_AGENT_HEARTBEAT_INTERVAL_S",
@@ -249,6 +273,17 @@ SETTINGS: tuple[Setting, ...] = (
         float,
         30 * 24 * 3600.0,
     ),
+    # Task logs (docs/executors.md, "Task logs"): the last bytes of each attempt's output
+    # kept (the agent reads the same variable); logs older than this many days are pruned
+    # (0 = kept for ever).
+    Setting("task_log_bytes", "CLOACINA_TASK_LOG_BYTES", "task_log_bytes", int, 256 * 1024, 1024),
+    Setting(
+        "task_log_retention_days",
+        "CLOACINA_TASK_LOG_RETENTION_DAYS",
+        "task_log_retention_days",
+        float,
+        14.0,
+    ),
     AGENT_DRAIN_TIMEOUT,
     Setting("secret_key", "CLOACINA_SECRET_KEY", "secret_key", str, ""),
     # TLS (cloacina_site/tls.py): empty = plain HTTP; a client CA turns on mutual TLS.
@@ -319,6 +354,9 @@ class Config:
     default_max_agents: int = 4
     initial_agents: int = 0
     max_registered_agents: str = "auto"
+    registrations_per_key_per_minute: int = 600
+    registrations_per_tenant_per_minute: int = 0
+    agent_admissions_per_s: float = 500.0
     heartbeat_interval_s: float = 15.0
     liveness_misses: int = 3
     autoscale: bool = True
@@ -351,6 +389,8 @@ class Config:
     schedule_grace_s: float = 10.0
     schedule_catchup_max: int = 100
     schedule_fire_retention_s: float = 30 * 24 * 3600.0
+    task_log_bytes: int = 256 * 1024
+    task_log_retention_days: float = 14.0
     agent_drain_timeout_s: float = 300.0
     secret_key: str = ""
     tls_cert: str = ""

@@ -142,6 +142,8 @@ def _seed() -> dict:
             "version": package.version,
             "workflow": package.workflow_name,
             "tenant": tenant.name,
+            # Run by the server as soon as it starts: its log is there to read.
+            "task_name": "extract",
         },
     }
 

@@ -24,6 +24,8 @@ TENANT_PAGES = [
 EXECUTION_PAGES = [
     "/console/executions/{id}/",
     "/console/executions/{id}/partials/graph/",
+    "/console/executions/{id}/tasks/extract/log/",
+    "/console/executions/{id}/tasks/extract/log/partials/panel/",
 ]
 LIST_PAGES = [
     "/console/",

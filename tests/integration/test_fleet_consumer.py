@@ -15,7 +15,7 @@ from fleet.executors.fleet.delivery import local_sockets
 from fleet.executors.fleet.delivery.placement import place_task
 from fleet.executors.fleet.delivery.relay import Relay
 from fleet.executors.fleet.lifecycle import revoke_key
-from fleet.models import ApiKey, DeliveryOutbox, TaskExecution
+from fleet.models import ApiKey, DeliveryOutbox, TaskAttemptLog, TaskExecution
 from tests.support.agents import make_agent
 from tests.support.factories import ready_root, two_task_package
 from tests.support.loop import run_async
@@ -134,6 +134,25 @@ HELD_EXECUTION = "5a0f1c52-7d3e-4e0b-9c1a-2b6f0d4e8a17"
         (f'{{"type": "hello", "holding": [["{HELD_EXECUTION}", "3"]]}}', "assignment a string"),
         (f'{{"type": "hello", "holding": [["{HELD_EXECUTION}", 1.5]]}}', "assignment a float"),
         (f'{{"type": "hello", "holding": [["{HELD_EXECUTION}", true]]}}', "assignment a bool"),
+        (
+            '{"type": "log", "task_execution_id": "x", "assignment": 1, "text": "", "bytes": 0}',
+            "log: task id not a uuid",
+        ),
+        (
+            f'{{"type": "log", "task_execution_id": "{HELD_EXECUTION}", "assignment": 0, '
+            '"text": "", "bytes": 0}',
+            "log: assignment zero",
+        ),
+        (
+            f'{{"type": "log", "task_execution_id": "{HELD_EXECUTION}", "assignment": 1, '
+            '"text": 5, "bytes": 0}',
+            "log: text not a string",
+        ),
+        (
+            f'{{"type": "log", "task_execution_id": "{HELD_EXECUTION}", "assignment": 1, '
+            '"text": "x", "bytes": -1}',
+            "log: bytes negative",
+        ),
     ],
 )
 def test_a_malformed_frame_is_closed_4400(tenant, agent_key, frame, why):
@@ -339,6 +358,49 @@ def test_results_over_the_socket_are_applied_and_acknowledged(tenant, agent_key)
     assert foreign["status"] == 404 and "never addressed to this agent" in foreign["detail"]
     task.refresh_from_db()
     assert (task.status, task.output_context) == ("Completed", {"a": 1})
+
+
+def test_log_frames_tail_the_running_task_and_its_result_carries_the_whole_log(tenant, agent_key):
+    two_task_package(tenant)
+    agent = make_agent(tenant, connected=False)
+    Agent.objects.filter(pk=agent.pk).update(connected_to=local_sockets.server_id())
+    _, task = ready_root(tenant)
+    place_task(task.pk, "s")
+    row = DeliveryOutbox.objects.get(task_execution=task)
+    DeliveryOutbox.objects.filter(pk=row.pk).update(state="delivered")
+    other = make_agent(tenant, "other")
+
+    def log(text: str, end: int) -> dict:
+        return {"type": "log", "task_execution_id": str(task.pk),
+                "assignment": row.assignment, "text": text, "bytes": end, "skipped": 0}  # fmt: skip
+
+    def stored() -> str | None:
+        entry = TaskAttemptLog.objects.filter(task_execution=task).first()
+        return entry and entry.text
+
+    async def scenario():
+        stranger = socket(other.id, agent_key)  # not the agent holding the task: ignored
+        await opened(stranger)
+        await stranger.send_json_to(log("not mine\n", 9))
+        await stranger.send_json_to({"type": "heartbeat", "in_flight": 0})
+        await stranger.disconnect()
+        comm = socket(agent.id, agent_key)
+        await opened(comm)
+        await comm.send_json_to(log("one\n", 4))
+        await comm.send_json_to(log("two\n", 8))
+        await until(lambda: stored() == "one\ntwo\n", timeout=10)
+        await comm.send_json_to(
+            {"type": "result", "outbox_id": row.id, "task_execution_id": str(task.pk),
+             "assignment": row.assignment, "outcome": "success", "output": {},
+             "log": {"text": "one\ntwo\nthree\n", "bytes": 14, "truncated_bytes": 0}}
+        )  # fmt: skip
+        ack = await comm.receive_json_from(timeout=5)
+        await comm.disconnect()
+        return ack
+
+    assert run_async(scenario())["applied"] is True
+    entry = TaskAttemptLog.objects.get(task_execution=task)
+    assert (entry.text, entry.bytes, entry.finished) == ("one\ntwo\nthree\n", 14, True)
 
 
 def test_a_result_frame_without_an_outbox_id_is_closed_4400(tenant, agent_key):

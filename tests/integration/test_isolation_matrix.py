@@ -30,6 +30,7 @@ from django.utils import timezone
 pytestmark = pytest.mark.django_db(transaction=True)
 
 GLOBEX_AGENT = "globex-secret-agent"
+GLOBEX_LOG = "globex-secret-log-line"
 MISSING_DIGEST = "0" * 64
 
 
@@ -71,6 +72,7 @@ class World:
             str(self.b_build.pk),
             str(self.b_schedule.pk),
             GLOBEX_AGENT,
+            GLOBEX_LOG,
         ]
 
 
@@ -89,6 +91,7 @@ def world(transactional_db) -> World:
         ApiKey,
         DeliveryOutbox,
         Eviction,
+        TaskAttemptLog,
         TaskExecution,
         TenantMembership,
     )
@@ -113,6 +116,11 @@ def world(transactional_db) -> World:
         assignment=claim.assignment, payload={"task": "extract"},
     )  # fmt: skip
     TaskExecution.objects.filter(pk=b_tasks["extract"].pk).update(agent=b_agent)
+    # What B's running task printed so far: a log no caller of A may read or extend.
+    TaskAttemptLog.objects.create(
+        task_execution_id=b_tasks["extract"].pk, attempt=claim.attempt,
+        assignment=claim.assignment, text=f"{GLOBEX_LOG}\n", bytes=len(GLOBEX_LOG) + 1,
+    )  # fmt: skip
     Eviction.objects.create(
         agent=b_agent, tenant=b, agent_name=GLOBEX_AGENT, reason="matrix",
         last_heartbeat=timezone.now() - timedelta(minutes=1),
@@ -184,8 +192,10 @@ def snapshot_of_b(world: World) -> dict:
     from fleet.models import (
         AgentPool,
         DeliveryOutbox,
+        ExecutionLink,
         Schedule,
         ScheduleFire,
+        TaskAttemptLog,
         TaskExecution,
         Tenant,
         WorkflowExecution,
@@ -203,6 +213,10 @@ def snapshot_of_b(world: World) -> dict:
         "builds": list(BuildJob.objects.filter(tenant=b).values()),
         "schedules": list(Schedule.objects.filter(tenant=b).values()),
         "fires": list(ScheduleFire.objects.filter(schedule__tenant=b).values()),
+        "links": list(ExecutionLink.objects.filter(tenant=b).order_by("id").values()),
+        "logs": list(
+            TaskAttemptLog.objects.filter(task_execution__tenant=b).order_by("id").values()
+        ),
     }
 
 
@@ -537,6 +551,15 @@ CASES: dict[str, Callable[[World], None]] = {
     "api-v1:cancel_execution": _refused_like_missing(
         "write", "POST", "/executions/{execution}/cancel"
     ),
+    "api-v1:rerun_execution": _refused_like_missing(
+        "write", "POST", "/executions/{execution}/rerun", lambda w: {"context": {"x": 1}}
+    ),
+    "api-v1:retry_execution": _refused_like_missing(
+        "write", "POST", "/executions/{execution}/retry"
+    ),
+    "api-v1:task_log": _refused_like_missing(
+        "read", "GET", "/executions/{execution}/tasks/extract/logs"
+    ),
     "api-v1:create_schedule": _lists_nothing_of_b(
         "write", "POST", "/schedules", {"workflow": "etl-demo", "cron": "* * * * *"}
     ),
@@ -609,6 +632,16 @@ CASES: dict[str, Callable[[World], None]] = {
     "console:execution": console_execution("/console/executions/{id}/"),
     "console:execution_graph": console_execution("/console/executions/{id}/partials/graph/"),
     "console:cancel_execution": console_execution("/console/executions/{id}/cancel/", "POST"),
+    "console:rerun_execution": console_execution("/console/executions/{id}/rerun/", "POST"),
+    "console:retry_execution": console_execution("/console/executions/{id}/retry/", "POST"),
+    "console:packages": console_tenant("/console/tenants/{name}/packages/"),
+    "console:packages_table": console_tenant("/console/tenants/{name}/packages/partials/table/"),
+    "console:upload_package": console_tenant("/console/tenants/{name}/packages/upload/", "POST"),
+    "console:start_execution": console_tenant("/console/tenants/{name}/executions/start/", "POST"),
+    "console:task_log": console_execution("/console/executions/{id}/tasks/extract/log/"),
+    "console:task_log_panel": console_execution(
+        "/console/executions/{id}/tasks/extract/log/partials/panel/"
+    ),
 }
 # Every admin URL is Django's admin site: staff only (see test_the_admin_site_is_staff_only).
 ADMIN_NAMESPACE = "admin:"
@@ -751,9 +784,48 @@ def result_frame_for_bs_packet(world: World) -> None:
     b_unchanged(world)
 
 
+def log_frame_for_bs_task(world: World) -> None:
+    """Over A's own socket, a live ``log`` frame for B's running task (its real assignment):
+    it extends nothing of B's log."""
+    from channels.testing import WebsocketCommunicator
+
+    from cloacina_site.asgi import application
+    from tests.support.loop import run_async
+
+    task_id = world.b_outbox.task_execution_id
+    assignment = world.b_outbox.assignment
+
+    async def send_log() -> None:
+        comm = WebsocketCommunicator(
+            application, f"/ws/agents/{world.a_agent.pk}/",
+            headers=[(b"authorization", f"Bearer {world.keys['agent']}".encode())],
+        )  # fmt: skip
+        connected, _ = await comm.connect()
+        assert connected
+        await comm.send_json_to({"type": "hello", "holding": []})
+        await comm.send_json_to(
+            {"type": "log", "task_execution_id": str(task_id), "assignment": assignment,
+             "text": "acme writes into globex's log\n", "bytes": 10_000, "skipped": 0}
+        )  # fmt: skip
+        # A result for a missing packet after it: once it is answered, the log frame
+        # (handled first, in order) has been too.
+        await comm.send_json_to(
+            {"type": "result", "outbox_id": world.missing["outbox"],
+             "task_execution_id": world.missing["task"], "assignment": 1,
+             "outcome": "success", "output": {}}
+        )  # fmt: skip
+        while (await comm.receive_json_from(5)).get("type") != "result_ack":
+            pass
+        await comm.disconnect()
+
+    run_async(send_log())
+    b_unchanged(world)
+
+
 def socket_cases(world: World) -> None:
     socket_of_bs_agent(world)
     result_frame_for_bs_packet(world)
+    log_frame_for_bs_task(world)
 
 
 SOCKET_CASES = {"ws/agents/<str:agent_id>/": socket_cases}

@@ -19,6 +19,7 @@ from agents.runtime import recent_outcomes
 from agents.runtime.client import ServerUnavailable
 from agents.runtime.recent_outcomes import RecentOutcomes
 from agents.runtime.work_intake import WorkIntake
+from agents.sandbox.task_log import LogRing
 from agents.sandbox.task_runner import RunOutcome
 from tests.support.loop import run_async
 
@@ -66,7 +67,10 @@ class Runner:
         self.runs = 0
         self.output_bytes = output_bytes
 
-    async def run(self, package_dir, function, context_json, timeout_s) -> RunOutcome:
+    def new_log(self) -> LogRing:
+        return LogRing(1024)
+
+    async def run(self, package_dir, function, context_json, timeout_s, log=None) -> RunOutcome:
         self.runs += 1
         return RunOutcome(
             "success", {"run": self.runs}, duration_s=0.01, output_bytes=self.output_bytes

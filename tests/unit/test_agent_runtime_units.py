@@ -31,6 +31,7 @@ from agents.runtime.client import (
 )
 from agents.runtime.heartbeat import BeatBody, BeatTarget, HeartbeatLoop
 from agents.runtime.outcome_reporter import HeldTask, OutcomeReporter
+from agents.sandbox.task_log import TaskLog
 from tests.support.loop import run_async
 
 DIGEST = "ab" * 32
@@ -171,6 +172,23 @@ def test_run_outcomes_map_to_protocol_outcomes():
     assert (failed["outcome"], failed["error_type"]) == ("failure", "TaskTimeout")
     refused = work.refusal(packet, "agent draining")
     assert (refused["outcome"], refused["error_message"]) == ("refused", "agent draining")
+
+
+def test_an_outcome_carries_what_the_run_printed_and_a_silent_one_nothing():
+    packet = work.parse_packet(PACKET)
+    printed = SimpleNamespace(status="success", output={}, log=TaskLog("hi\n", 900, 897))
+    assert work.run_result(packet, printed)["log"] == {
+        "text": "hi\n",
+        "bytes": 900,
+        "truncated_bytes": 897,
+    }
+    failed = SimpleNamespace(
+        status="failure", output=None, error_type="E", error_message="m", traceback="T",
+        log=TaskLog("before the fall\n", 16, 0),
+    )  # fmt: skip
+    assert work.run_result(packet, failed)["log"]["text"] == "before the fall\n"
+    silent = SimpleNamespace(status="success", output={}, log=TaskLog("", 0, 0))
+    assert "log" not in work.run_result(packet, silent)
 
 
 # -- URLs and close codes ------------------------------------------------------------------

@@ -269,3 +269,69 @@ def test_the_limit_scan_sees_the_owners_own_writes():
     assert list(_audit_writes(limits_tree))
     assert list(_audit_writes(trees["fleet/management/commands/createtenant.py"]))
     assert [what for _, what in _limit_writes(ast.parse("Tenant.objects.update(max_backlog=1)"))]
+
+
+RERUNS_OWNER = "fleet/engine/reruns.py"
+LINK_INSERT = re.compile(r"\b(INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+fleet_executionlink\b", re.I)
+TASK_LOG_OWNER = "fleet/engine/task_logs.py"
+TASK_LOG_TABLE = re.compile(r"\bfleet_taskattemptlog\b")
+ORM_WRITES = {"create", "bulk_create", "get_or_create", "update_or_create", "update", "delete"}
+
+
+def _model_writes(tree: ast.Module, model: str) -> Iterator[int]:
+    """Lines of ORM writes of ``model``: ``Model.objects.<write>(…)`` or ``Model(…)``."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == model:
+            yield node.lineno
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr in ORM_WRITES
+            and isinstance(func.value, ast.Attribute)
+            and isinstance(func.value.value, ast.Name)
+            and func.value.value.id == model
+        ):
+            yield node.lineno
+
+
+def test_only_the_reruns_owner_writes_the_rerun_and_retry_history():
+    """Re-runs and retries are recorded (who, when) in the transaction that makes them, by
+    fleet/engine/reruns.py alone: nobody else can forge or drop a link."""
+    found = []
+    for path, tree in _sources():
+        if path == RERUNS_OWNER:
+            continue
+        found += _sql_hits(path, tree, LINK_INSERT)
+        found += [
+            f"{path}:{line}: an ExecutionLink write"
+            for line in _model_writes(tree, "ExecutionLink")
+        ]
+    assert not found, "writes of ExecutionLink outside " + RERUNS_OWNER + ":\n" + "\n".join(found)
+    # Guards the scanner: the owner's own writes are what it would flag elsewhere.
+    assert list(_model_writes(dict(_sources())[RERUNS_OWNER], "ExecutionLink"))
+
+
+def test_only_the_task_log_owner_writes_task_logs():
+    violations = []
+    for path, tree in _sources():
+        if path == TASK_LOG_OWNER:
+            continue
+        violations += _sql_hits(path, tree, TASK_LOG_TABLE)
+        violations += [
+            f"{path}:{line}: a TaskAttemptLog write"
+            for line in _model_writes(tree, "TaskAttemptLog")
+        ]
+    assert not violations, (
+        f"{len(violations)} write(s) of task logs outside {TASK_LOG_OWNER} — call "
+        "task_logs.store_final / append_live / prune_logs:\n" + "\n".join(violations)
+    )
+
+
+def test_the_task_log_scan_sees_the_owners_own_sql():
+    owner = dict(_sources())[TASK_LOG_OWNER]
+    assert any(TASK_LOG_TABLE.search(text) for _, text in _strings(owner))
+    assert list(
+        _model_writes(ast.parse("TaskAttemptLog.objects.create(text='x')"), "TaskAttemptLog")
+    )

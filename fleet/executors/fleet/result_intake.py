@@ -24,6 +24,7 @@ from typing import Any, Literal, NamedTuple
 from django.db import DatabaseError, connection, transaction
 from ninja import Field, Schema
 
+from agents.sandbox.task_log import TaskLog
 from fleet.engine import ready_queue
 from fleet.engine.outcome_batches import batch_transaction
 from fleet.engine.results import (
@@ -47,6 +48,20 @@ MAX_BIGINT = 2**63 - 1  # delivery_outbox.id
 MAX_INT = 2**31 - 1  # fleet_taskexecution.assignment
 
 
+MAX_LOG_BYTES = 2**62  # bytes a task wrote in all (a bigint column)
+
+
+class LogIn(Schema):
+    """What the attempt printed: the tail the agent kept, and how much it wrote in all."""
+
+    text: str = ""
+    bytes: int = Field(0, ge=0, le=MAX_LOG_BYTES, strict=True)
+    truncated_bytes: int = Field(0, ge=0, le=MAX_LOG_BYTES, strict=True)
+
+    def task_log(self) -> TaskLog:
+        return TaskLog(self.text, self.bytes, min(self.truncated_bytes, self.bytes))
+
+
 class ResultIn(Schema):
     outbox_id: int = Field(..., ge=1, le=MAX_BIGINT, strict=True)
     task_execution_id: uuid.UUID
@@ -56,6 +71,7 @@ class ResultIn(Schema):
     error_type: str = Field("", max_length=200)
     error_message: str = ""
     traceback: str = ""
+    log: LogIn | None = None
 
 
 Answer = tuple[int, dict]
@@ -129,6 +145,7 @@ def _record(agent_id: uuid.UUID, body: ResultIn, check: Check) -> tuple[int, dic
             traceback=body.traceback,
             agent_id=check.successor_id or agent_id,
             agent_name=check.agent_name,
+            log=body.log.task_log() if body.log is not None else None,
         )
     )
     return 200, {"applied": applied.applied, "reason": applied.reason}, applied

@@ -4,7 +4,8 @@ Runs a real server against a database of its own (``cloacina_bench``, flushed
 on every run), submits no-op tasks over the REST API and prints throughput and
 Ready→started latency percentiles measured from the database rows.  ``--schedules N``
 instead makes N cron schedules due in the same second and prints how long the server
-took to start them all (fleet/bench/schedules.py).
+took to start them all (fleet/bench/schedules.py).  ``--replicas N`` runs N fleet servers
+on the database with the agents spread over them (fleet/bench/replicas.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from fleet.bench.database import use_bench_database
 from fleet.bench.default import run_default_bench
+from fleet.bench.replicas import run_replicas_bench
 from fleet.bench.schedules import run_schedule_bench
 from fleet.platform.config import get_config
 
@@ -40,6 +42,12 @@ class Command(BaseCommand):
             help="tasks/s offered in the paced phase (default executor; 0 skips it)",
         )
         parser.add_argument(
+            "--replicas",
+            type=int,
+            default=0,
+            help="instead: N fleet servers on the database, the agents spread over them",
+        )
+        parser.add_argument(
             "--schedules",
             type=int,
             default=0,
@@ -56,12 +64,19 @@ class Command(BaseCommand):
             raise CommandError(f"--paced-rate must be >= 0, got {options['paced_rate']:g}")
         if options["schedules"] < 0:
             raise CommandError(f"--schedules must be >= 0, got {options['schedules']}")
+        if options["replicas"] < 0:
+            raise CommandError(f"--replicas must be >= 0, got {options['replicas']}")
         workers = options["workers"] or get_config().worker_processes
         url = use_bench_database()
         logging.getLogger("httpx").setLevel(logging.WARNING)
         self.stderr.write(f"fleetbench: using database {url.split('?')[0]} (flushed)")
         if options["schedules"]:
             result = run_schedule_bench(url, options["schedules"], workers)
+        elif options["replicas"]:
+            result = run_replicas_bench(
+                url, options["replicas"], options["agents"], options["tasks"],
+                options["width"], options["poll"],
+            )  # fmt: skip
         elif options["executor"] == "fleet":
             result = self._fleet(url, options, workers)
         else:
