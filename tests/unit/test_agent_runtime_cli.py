@@ -46,6 +46,10 @@ def test_bad_flags_are_refused_with_exit_code_2(monkeypatch, args, message):
     assert message in str(info.value) and SECRET not in str(info.value)
 
 
+class _Configured(Exception):
+    """Raised once the command has built its AgentConfig (nothing is run)."""
+
+
 @pytest.mark.parametrize(
     "env, expected",
     [(None, "msgpack"), ("auto", "msgpack"), ("json", "json"), ("msgpack", "msgpack")],
@@ -57,11 +61,12 @@ def test_the_agent_speaks_msgpack_unless_told_json(monkeypatch, env, expected):
         monkeypatch.delenv("CLOACINA_WIRE_FORMAT", raising=False)
     else:
         monkeypatch.setenv("CLOACINA_WIRE_FORMAT", env)
-    command = runagent.Command()
-    options = {
-        "server": "http://127.0.0.1:9", "api_key": SECRET, "name": "a", "target_triple": "",
-        "max_concurrency": 1, "cache_max_mb": 64, "cache_dir": None, "tags": "",
-        "capabilities": "", "exclusive": False, "ca_cert": None, "client_cert": None,
-        "client_key": None,
-    }  # fmt: skip
-    assert command._config(options).wire_format == expected
+    built = runagent.Command._config
+
+    def stop_after_config(self, options):
+        raise _Configured(built(self, options).wire_format)
+
+    monkeypatch.setattr(runagent.Command, "_config", stop_after_config)
+    with pytest.raises(_Configured) as info:
+        call_command("runagent", "--server", "http://127.0.0.1:9", "--api-key", SECRET)
+    assert str(info.value) == expected
