@@ -1,7 +1,11 @@
 """The wire format of work packets and results: JSON (readable) or MessagePack (compact).
 
-The server picks one format (``CLOACINA_WIRE_FORMAT``); an agent states the one it
-speaks when it registers, and a mismatch is refused there.  This codec is the last
+An agent states the format it speaks when it registers; each socket then speaks its
+agent's format.  A server accepts both (``CLOACINA_WIRE_FORMAT=auto``, the default) or
+insists on one (``json`` or ``msgpack``: an agent speaking the other is refused at
+registration).  Agents speak MessagePack unless told otherwise (smaller frames, cheaper
+to encode and decode on both sides); JSON stays accepted for any agent that speaks only
+it, and an agent refused for its format tries the other once.  This codec is the last
 fence: a frame in the other format, or one that does not hold a plain JSON object,
 raises :class:`WireFormatError` instead of decoding into a garbled task.
 
@@ -22,6 +26,10 @@ import msgpack
 
 WireFormat = Literal["json", "msgpack"]
 SUPPORTED_FORMATS: tuple[str, ...] = ("json", "msgpack")
+# What a server may be set to: either format, each socket in its agent's ("auto"), or one.
+ACCEPT_ANY = "auto"
+SERVER_SETTINGS: tuple[str, ...] = (ACCEPT_ANY, *SUPPORTED_FORMATS)
+DEFAULT_AGENT_FORMAT: WireFormat = "msgpack"
 # JSON frames go out as WebSocket text, MessagePack frames as binary.
 BINARY_FORMATS = frozenset({"msgpack"})
 
@@ -53,9 +61,12 @@ def is_binary(fmt: str) -> bool:
 
 
 def require_same_format(server_format: str, agent_format: str) -> None:
-    """Refuse an agent whose format differs from the server's, naming both (registration)."""
-    check_format(server_format)
+    """Refuse an agent whose format the server does not accept, naming both (registration):
+    a server set to ``auto`` accepts every supported format, one set to a format only it."""
     check_format(agent_format)
+    if server_format == ACCEPT_ANY:
+        return
+    check_format(server_format)
     if server_format != agent_format:
         raise WireFormatError(
             f"wire format mismatch: the server speaks {server_format}, the agent speaks "

@@ -7,6 +7,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agents.protocol.wire import DEFAULT_AGENT_FORMAT
 from agents.runtime.tls import AgentTLS
 
 DEFAULT_MAX_CONCURRENCY = 1
@@ -34,7 +35,7 @@ class AgentConfig:
     capabilities: tuple[str, ...] = ()
     # Take only work that names this agent, one of its tags or a capability (docs/routing.md).
     exclusive: bool = False
-    wire_format: str = "json"
+    wire_format: str = DEFAULT_AGENT_FORMAT  # msgpack; json on request, or after a 409
     tls: AgentTLS = AgentTLS()
     protocol_version: int = PROTOCOL_VERSION
     # Every server to try, in order (replicas on one database); empty: ``server_url`` alone.

@@ -403,7 +403,7 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         previous = local_sockets.register(
             local_sockets.LocalSocket(
                 grant.agent_id, grant.tenant_id, self.channel_name, grant.generation,
-                grant.wire_format, grant.key_id,
+                grant.wire_format, grant.key_id, self.push_packet,
             )
         )  # fmt: skip
         self._registered = True
@@ -427,9 +427,13 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             CHANNEL_FULL.labels(where="superseded").inc()
 
     # -- messages from the relay ---------------------------------------------------------
-    async def delivery_work(self, event: dict) -> None:
+    async def push_packet(self, packet: dict) -> None:
+        """Write one work packet (the relay calls this directly: local_sockets.py)."""
         if not self._closing:
-            await self._send_frame({"type": "work", "packet": event["packet"]})
+            await self._send_frame({"type": "work", "packet": packet})
+
+    async def delivery_work(self, event: dict) -> None:
+        await self.push_packet(event["packet"])
 
     async def delivery_close(self, event: dict) -> None:
         await self._close(event["code"], event.get("reason", ""))

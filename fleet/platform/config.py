@@ -158,7 +158,7 @@ SETTINGS: tuple[Setting, ...] = (
     # Most PostgreSQL connections one server process holds (0 = sized from worker_processes).
     Setting("db_pool_max", "CLOACINA_DB_POOL_MAX", "db_pool_max", int, 0),
     Setting("scheduler_poll_s", "CLOACINA_SCHEDULER_POLL_S", "scheduler_poll_s", float, 1.0, 0.01),
-    Setting("wire_format", "CLOACINA_WIRE_FORMAT", "wire_format", str, "json"),
+    Setting("wire_format", "CLOACINA_WIRE_FORMAT", "wire_format", str, "auto"),
     Setting(
         "outbox_redeliver_s", "CLOACINA_OUTBOX_REDELIVER_S", "outbox_redeliver_s", float, 10.0, 0.1
     ),
@@ -368,7 +368,7 @@ class Config:
     worker_processes: int = 4
     db_pool_max: int = 0
     scheduler_poll_s: float = 1.0
-    wire_format: str = "json"
+    wire_format: str = "auto"  # accept json and msgpack agents (agents/protocol/wire.py)
     outbox_redeliver_s: float = 10.0
     outbox_max_pushes: int = 5
     breaker_failures: int = 5
@@ -629,9 +629,9 @@ def _validate(config: Config) -> None:
         )
     parse_allowed_hosts(config.allowed_hosts)
     parse_max_registered_agents(config.max_registered_agents)
-    if config.wire_format not in ("json", "msgpack"):
+    if config.wire_format not in ("auto", "json", "msgpack"):
         raise ConfigError(
-            f"CLOACINA_WIRE_FORMAT must be json or msgpack, got {config.wire_format!r}"
+            f"CLOACINA_WIRE_FORMAT must be auto, json or msgpack, got {config.wire_format!r}"
         )
 
 

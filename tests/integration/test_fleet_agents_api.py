@@ -102,12 +102,29 @@ def test_registering_a_live_name_again_replaces_it_and_reclaims_its_work(client,
     ],
 )
 def test_bad_registrations_are_refused_and_change_nothing(
-    client, agent_key, extra, status, fragment
+    client, agent_key, extra, status, fragment, monkeypatch
 ):
-    response = post(client, "/agents/register", agent_key, register_body(**extra))
+    if "wire_format" in extra:
+        # A server that insists on JSON (the default, auto, accepts both formats).
+        monkeypatch.setenv("CLOACINA_WIRE_FORMAT", "json")
+        reset_config()
+    try:
+        response = post(client, "/agents/register", agent_key, register_body(**extra))
+    finally:
+        monkeypatch.undo()
+        reset_config()
     assert response.status_code == status
     assert fragment in response.json()["detail"]
     assert not Agent.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("fmt", ["msgpack", "json"])
+def test_a_server_set_to_auto_accepts_either_wire_format(client, agent_key, fmt):
+    response = post(client, "/agents/register", agent_key, register_body(wire_format=fmt))
+    assert response.status_code == 201, response.content
+    assert response.json()["wire_format"] == fmt
+    assert Agent.objects.get(pk=response.json()["agent_id"]).wire_format == fmt
 
 
 @pytest.mark.django_db

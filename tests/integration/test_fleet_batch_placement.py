@@ -301,3 +301,23 @@ def test_a_batch_with_selectors_and_plain_tasks_locks_its_agents_once_up_front(t
     assert all("SKIP LOCKED" in statements[i] for i in reserving)
     assert placed[tasks["pinned"].pk].agent_id == b.id
     assert isinstance(placed[tasks["plain"].pk], Placed)
+
+
+@pytest.mark.django_db
+def test_a_batch_reads_its_executions_packages_in_one_statement(tenant):
+    from django.test.utils import CaptureQueriesContext
+
+    wide_package(tenant, 2)
+    make_agent(tenant, "a", max_concurrency=16)
+    ids = ready_tasks(tenant, executions=5)  # 10 tasks of 5 executions none placed before
+    with CaptureQueriesContext(connection) as queries:
+        placed = place_tasks(ids, "server-1")
+    assert all(isinstance(p, Placed) for p in placed.values())
+    package_reads = [q["sql"] for q in queries if "JOIN workflow_packages p" in q["sql"]]
+    assert len(package_reads) == 1, package_reads
+    package = TaskExecution.objects.get(pk=ids[0]).workflow_execution.package
+    packets = DeliveryOutbox.objects.filter(task_execution_id__in=ids)
+    assert packets.count() == 10
+    assert {(r.payload["tenant"], r.payload["artifact_digest"]) for r in packets} == {
+        (tenant.name, package.digest)
+    }

@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 from agents.models import Agent
+from agents.protocol import wire
 from agents.surface import consumers
 from fleet.executors.fleet.delivery import local_sockets
 from fleet.executors.fleet.delivery.placement import place_task
@@ -416,6 +417,49 @@ def test_a_result_frame_without_an_outbox_id_is_closed_4400(tenant, agent_key):
     assert run_async(scenario()) == 4400
 
 
+def test_a_pending_row_for_a_socket_here_wakes_the_relay_without_notify_or_poll(tenant, agent_key):
+    two_task_package(tenant)
+    agent = make_agent(tenant, connected=False)
+    _, task = ready_root(tenant, {"n": 1})
+
+    async def scenario():
+        from asgiref.sync import sync_to_async
+
+        # No listener (no NOTIFY reaches it) and a poll far beyond the test's waits: only
+        # the direct wake can deliver the row.
+        relay = Relay(poll_s=600)
+        comm = socket(agent.id, agent_key)
+        await opened(comm)
+        await until(lambda: local_sockets.get(agent.id) is not None)
+        relay.start()
+        try:
+            await until(lambda: relay.rounds >= 1 and not relay.wake.is_set())
+            placed = await sync_to_async(place_task)(task.pk, "s")  # committed as pending
+            assert (
+                await sync_to_async(lambda: DeliveryOutbox.objects.get(task_execution=task).state)()
+                == "pending"
+            )
+            assert relay.wake_for(placed.agent_id) is True
+            frame = await comm.receive_json_from(timeout=5)
+        finally:
+            await comm.disconnect()
+            await relay.stop()
+        return frame
+
+    frame = run_async(scenario())
+    row = DeliveryOutbox.objects.get(task_execution=task)
+    assert frame == {"type": "work", "packet": {**row.payload, "outbox_id": row.id}}
+    assert (row.state, row.attempts) == ("delivered", 1)
+    task.refresh_from_db()
+    assert task.result_deadline is not None
+
+
+def test_wake_for_an_agent_whose_socket_is_elsewhere_does_nothing(tenant):
+    relay = Relay(poll_s=600)
+    assert relay.wake_for(uuid.uuid4()) is False
+    assert not relay.wake.is_set()
+
+
 def test_a_packet_placed_for_a_socket_here_is_pushed_at_once_without_the_relay(tenant, agent_key):
     from fleet.executors.fleet.delivery.batch_placement import place_tasks
     from fleet.executors.fleet.delivery.placement import Delivered
@@ -445,6 +489,41 @@ def test_a_packet_placed_for_a_socket_here_is_pushed_at_once_without_the_relay(t
     row = DeliveryOutbox.objects.get(task_execution=task)
     assert pushed and frame == {"type": "work", "packet": {**row.payload, "outbox_id": row.id}}
     assert (row.state, row.attempts) == ("delivered", 1)
+
+
+def test_a_msgpack_agent_gets_binary_frames_and_confirms_in_msgpack(tenant, agent_key):
+    from fleet.executors.fleet.delivery.batch_placement import place_tasks
+    from fleet.executors.fleet.delivery.placement import Delivered
+
+    two_task_package(tenant)
+    agent = make_agent(tenant, connected=False, wire_format="msgpack")
+    _, task = ready_root(tenant, {"n": 1})
+
+    async def scenario():
+        from asgiref.sync import sync_to_async
+
+        relay = Relay(poll_s=600)
+        comm = socket(agent.id, agent_key)
+        connected, _ = await comm.connect()
+        assert connected
+        await comm.send_to(bytes_data=wire.encode({"type": "hello", "holding": []}, "msgpack"))
+        await until(lambda: local_sockets.get(agent.id) is not None)
+        placed = (await sync_to_async(place_tasks)([task.pk], "s"))[task.pk]
+        assert isinstance(placed, Delivered)
+        await relay.push_delivered(placed.agent_id, placed.outbox_id, placed.packet, 0.0)
+        data = await comm.receive_from(timeout=5)
+        frame = wire.decode(data, "msgpack")  # a str (a JSON text frame) would be refused
+        confirm = {"type": "received", "outbox_id": frame["packet"]["outbox_id"]}
+        await comm.send_to(bytes_data=wire.encode(confirm, "msgpack"))
+        await until(lambda: DeliveryOutbox.objects.get(task_execution=task).received_at is not None)
+        await comm.disconnect()
+        await relay.stop()
+        return data, frame
+
+    data, frame = run_async(scenario())
+    row = DeliveryOutbox.objects.get(task_execution=task)
+    assert isinstance(data, bytes)
+    assert frame == {"type": "work", "packet": {**row.payload, "outbox_id": row.id}}
 
 
 def test_a_delivered_packet_that_cannot_be_pushed_goes_back_to_pending(tenant):

@@ -44,3 +44,29 @@ def test_bad_flags_are_refused_with_exit_code_2(monkeypatch, args, message):
         call_command("runagent", *[part for item in flags.items() for part in item])
     assert info.value.returncode == 2
     assert message in str(info.value) and SECRET not in str(info.value)
+
+
+class _Configured(Exception):
+    """Raised once the command has built its AgentConfig (nothing is run)."""
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [(None, "msgpack"), ("auto", "msgpack"), ("json", "json"), ("msgpack", "msgpack")],
+)
+def test_the_agent_speaks_msgpack_unless_told_json(monkeypatch, env, expected):
+    monkeypatch.setattr(runagent, "install_db_guard", lambda: None)
+    monkeypatch.setattr(runagent, "_configure_logging", lambda: None)
+    if env is None:
+        monkeypatch.delenv("CLOACINA_WIRE_FORMAT", raising=False)
+    else:
+        monkeypatch.setenv("CLOACINA_WIRE_FORMAT", env)
+    built = runagent.Command._config
+
+    def stop_after_config(self, options):
+        raise _Configured(built(self, options).wire_format)
+
+    monkeypatch.setattr(runagent.Command, "_config", stop_after_config)
+    with pytest.raises(_Configured) as info:
+        call_command("runagent", "--server", "http://127.0.0.1:9", "--api-key", SECRET)
+    assert str(info.value) == expected

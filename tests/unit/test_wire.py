@@ -150,6 +150,14 @@ def test_unknown_formats_and_mismatches_name_the_formats():
     assert "server speaks msgpack" in str(info.value) and "agent speaks json" in str(info.value)
 
 
+def test_a_server_set_to_auto_accepts_every_format_and_agents_default_to_msgpack():
+    for fmt in wire.SUPPORTED_FORMATS:
+        wire.require_same_format("auto", fmt)
+    with pytest.raises(WireFormatError, match="unknown wire format 'cbor'"):
+        wire.require_same_format("auto", "cbor")
+    assert wire.DEFAULT_AGENT_FORMAT == "msgpack"
+
+
 def test_an_extension_type_is_never_encoded():
     for fmt in wire.SUPPORTED_FORMATS:
         with pytest.raises(WireFormatError, match="ExtType"):

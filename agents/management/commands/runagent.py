@@ -18,7 +18,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agents.protocol.triples import TripleError, host_triple, parse_triple
-from agents.protocol.wire import SUPPORTED_FORMATS
+from agents.protocol.wire import ACCEPT_ANY, DEFAULT_AGENT_FORMAT, SUPPORTED_FORMATS
 from agents.runtime.agent_config import (
     DEFAULT_CACHE_MAX_MB,
     DEFAULT_MAX_CONCURRENCY,
@@ -139,7 +139,9 @@ class Command(BaseCommand):
             raise CommandError("--max-concurrency must be at least 1", returncode=2)
         if options["cache_max_mb"] < 1:
             raise CommandError("--cache-max-mb must be at least 1", returncode=2)
-        wire_format = os.environ.get(ENV_WIRE_FORMAT) or "json"
+        wire_format = os.environ.get(ENV_WIRE_FORMAT) or DEFAULT_AGENT_FORMAT
+        if wire_format == ACCEPT_ANY:  # the server's setting in a shared environment
+            wire_format = DEFAULT_AGENT_FORMAT
         if wire_format not in SUPPORTED_FORMATS:
             raise CommandError(
                 f"{ENV_WIRE_FORMAT} must be one of {', '.join(SUPPORTED_FORMATS)}, got {wire_format!r}",

@@ -251,6 +251,10 @@ class FleetExecutor(TaskExecutor):
         try:
             if isinstance(placement, Delivered):
                 await self._push(placement)
+            else:
+                # Committed as pending (selectors, bindings, a lone placement): if the
+                # agent's socket is here, the relay takes it now, not after the NOTIFY.
+                self.relay.wake_for(placement.agent_id)
             status = await self._await_outcome(task_execution_id, placement.assignment, future)
         finally:
             self._active -= 1

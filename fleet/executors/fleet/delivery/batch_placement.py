@@ -105,6 +105,7 @@ def _place_batch(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid
     with transaction.atomic():
         claims = sorted(claim_tasks(task_execution_ids, claimer, deadline=False), key=_claim_key)
         contexts = build_task_contexts([claim.task_execution_id for claim in claims])
+        placement.prime_executions(claim.workflow_execution_id for claim in claims)
         for claim in claims:
             prepared = placement.prepare(claim, contexts[claim.task_execution_id])
             if isinstance(prepared, Unroutable):

@@ -1,7 +1,11 @@
 """This process's agent sockets: agent id → the consumer's channel name and connection generation.
 
 Consumers register here once the agent's ``hello`` is handled; the relay reads
-it to know which agents it may push to.  ``server_id`` is what this process
+it to know which agents it may push to.  A socket registered with ``push`` (the
+consumer's own coroutine that writes a work frame) takes packets by a direct call
+on the event loop: no channel-layer message per packet (the in-memory layer deep-
+copies each one and wakes the consumer's task to read it back).  Closes and other
+messages still go through the channel layer.  ``server_id`` is what this process
 writes into ``agents_agent.connected_to``.  Everything here runs on the event
 loop thread, so no locking is needed.
 """
@@ -9,7 +13,7 @@ loop thread, so no locking is needed.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fleet.engine.server_registry import new_instance_id
@@ -39,6 +43,8 @@ class LocalSocket:
     generation: int
     wire_format: str
     key_id: int | None = None  # the API key the socket was opened with (closed 4401 with it)
+    # Writes one work packet to the socket (the consumer's); None: send over the channel layer.
+    push: Callable[[dict], Awaitable[None]] | None = None
 
 
 _sockets: dict[uuid.UUID, LocalSocket] = {}

@@ -102,6 +102,15 @@ class Unroutable(NotClaimed):
     status: ExecutionStatus = ExecutionStatus.FAILED
 
 
+_EXECUTION_INFO = """
+SELECT e.id, p.id, p.tenant_id, p.kind, p.digest, p.host_triple, t.name, e.workflow_name
+FROM fleet_workflowexecution e
+JOIN workflow_packages p ON p.id = e.package_id
+JOIN fleet_tenant t ON t.id = e.tenant_id
+WHERE e.id = ANY(%s::uuid[])
+"""
+
+
 class _ExecutionInfo:
     """workflow execution → (package, tenant name, workflow name); immutable for an
     execution's life."""
@@ -116,32 +125,37 @@ class _ExecutionInfo:
             if hit is not None:
                 self._cache.move_to_end(workflow_execution_id)
                 return hit
-        with connection.cursor() as cursor:
-            cursor.execute(
-                """
-                SELECT p.id, p.tenant_id, p.kind, p.digest, p.host_triple, t.name,
-                       e.workflow_name
-                FROM fleet_workflowexecution e
-                JOIN workflow_packages p ON p.id = e.package_id
-                JOIN fleet_tenant t ON t.id = e.tenant_id
-                WHERE e.id = %s
-                """,
-                [workflow_execution_id],
-            )
-            pk, tenant_id, kind, digest, host_triple, tenant_name, workflow = cursor.fetchone()
-        # Only the fields dispatch reads (the manifest can be large).
-        package = WorkflowPackage(
-            id=pk, tenant_id=tenant_id, kind=kind, digest=digest, host_triple=host_triple
-        )
-        value = (package, tenant_name, workflow)
+        self.prime([workflow_execution_id])
         with self._lock:
-            self._cache[workflow_execution_id] = value
+            return self._cache[workflow_execution_id]
+
+    def prime(self, workflow_execution_ids: Iterable[uuid.UUID]) -> None:
+        """Load the executions not cached yet in ONE query (a batch's claims: one statement,
+        not one per execution)."""
+        with self._lock:
+            missing = list({i for i in workflow_execution_ids if i not in self._cache})
+        if not missing:
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(_EXECUTION_INFO, [missing])
+            rows = cursor.fetchall()
+        with self._lock:
+            for execution_id, pk, tenant_id, kind, digest, host_triple, tenant, workflow in rows:
+                # Only the fields dispatch reads (the manifest can be large).
+                package = WorkflowPackage(
+                    id=pk, tenant_id=tenant_id, kind=kind, digest=digest, host_triple=host_triple
+                )
+                self._cache[execution_id] = (package, tenant, workflow)
             while len(self._cache) > EXECUTION_CACHE_SIZE:
                 self._cache.popitem(last=False)
-        return value
 
 
 _executions = _ExecutionInfo()
+
+
+def prime_executions(workflow_execution_ids: Iterable[uuid.UUID]) -> None:
+    """What :func:`prepare` reads of these executions, loaded in one query (batch placement)."""
+    _executions.prime(workflow_execution_ids)
 
 
 def place_task(task_execution_id: uuid.UUID, claimer: str) -> Placed | NoAgent | NotClaimed:

@@ -3,7 +3,10 @@ delivery socket THIS process holds.
 
 Wake-ups come from the ``delivery_outbox`` NOTIFY (payload: the agent id) via
 the listener, from a consumer registering a socket, and from a short poll, so
-a lost notification costs at most ``RELAY_POLL_S``.  Each round takes a batch
+a lost notification costs at most ``RELAY_POLL_S``.  A row this process itself
+committed as pending for an agent whose socket is here wakes the relay directly
+(:meth:`Relay.wake_for`, called by the executor right after the placement's
+commit): no NOTIFY → LISTEN round trip on the way to a local socket.  Each round takes a batch
 with one ``UPDATE … FOR UPDATE SKIP LOCKED … RETURNING`` (pending → delivered,
 attempts + 1) restricted to locally connected agents, so rows of agents that
 are not here (or nowhere) never block the rows behind them, and a full channel
@@ -80,6 +83,7 @@ class Relay:
         self.batch = batch
         self.wake = asyncio.Event()
         self.pushed = 0
+        self.rounds = 0  # rounds run (tests wait for the first one)
         self._backoff: dict[uuid.UUID, float] = {}
         self._task: asyncio.Task | None = None
         self._conn: psycopg.AsyncConnection | None = None
@@ -94,6 +98,15 @@ class Relay:
             return
         if local_sockets.get(agent_id) is not None:
             self.wake.set()
+
+    def wake_for(self, agent_id: uuid.UUID) -> bool:
+        """A row this process just committed as pending for ``agent_id``: wake now if the
+        agent's socket is here (the NOTIFY would say the same one round trip later).
+        Returns whether it woke."""
+        if local_sockets.get(agent_id) is None:
+            return False
+        self.wake.set()
+        return True
 
     def on_socket(self, _socket: local_sockets.LocalSocket) -> None:
         self.wake.set()
@@ -115,20 +128,36 @@ class Relay:
         """
         socket = local_sockets.get(agent_id)
         if socket is not None and agent_id not in self._backoff:
-            try:
-                await get_channel_layer().send(
-                    socket.channel_name, {"type": "delivery.work", "packet": packet}
-                )
-            except ChannelFull:
-                CHANNEL_FULL.labels(where="placement").inc()
-                self._backoff[agent_id] = time.monotonic() + FULL_CHANNEL_BACKOFF_S
-            else:
+            if await self._send(socket, packet, "placement"):
                 self.pushed += 1
                 _observe_latency([(1, waited_s)])
                 return True
         conn = await self._connection()
         await conn.execute(ledger.UNTAKE, [[outbox_id]])  # NOTIFY: a relay takes it from here
         return False
+
+    async def _send(self, socket: local_sockets.LocalSocket, packet: dict, where: str) -> bool:
+        """Hand ``packet`` to the socket's consumer: a direct call when it registered one
+        (local_sockets.py says why), else a channel-layer message.  False (the agent backed
+        off) only when its channel is full."""
+        if socket.push is not None:
+            try:
+                await socket.push(packet)
+            except Exception:
+                # A packet the socket cannot carry stays delivered and unconfirmed:
+                # redelivery retries it and, past its pushes, fails it with a reason.
+                log.exception("pushing packet %s to agent %s failed",
+                              packet.get("outbox_id"), socket.agent_id)  # fmt: skip
+            return True
+        try:
+            await get_channel_layer().send(
+                socket.channel_name, {"type": "delivery.work", "packet": packet}
+            )
+        except ChannelFull:
+            CHANNEL_FULL.labels(where=where).inc()
+            self._backoff[socket.agent_id] = time.monotonic() + FULL_CHANNEL_BACKOFF_S
+            return False
+        return True
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -162,6 +191,7 @@ class Relay:
             self.wake.clear()
             try:
                 await self.run_once()
+                self.rounds += 1
                 delay = self.poll_s
             except asyncio.CancelledError:
                 raise
@@ -205,20 +235,15 @@ class Relay:
         rows = await cursor.fetchall()
         if not rows:
             return 0
-        layer = get_channel_layer()
         failed: list[int] = []
         delivered: list[tuple] = []
         for outbox_id, agent_id, task_execution_id, assignment, attempts, payload in rows:
             socket = local_sockets.get(agent_id)
-            if socket is None:
+            if socket is None or agent_id in self._backoff:
                 failed.append(outbox_id)
                 continue
-            packet = dict(payload, outbox_id=outbox_id)
-            try:
-                await layer.send(socket.channel_name, {"type": "delivery.work", "packet": packet})
-            except ChannelFull:
-                CHANNEL_FULL.labels(where="relay").inc()
-                self._backoff[agent_id] = time.monotonic() + FULL_CHANNEL_BACKOFF_S
+            payload["outbox_id"] = outbox_id  # the row's own dict: no copy per packet
+            if not await self._send(socket, payload, "relay"):
                 failed.append(outbox_id)
                 continue
             delivered.append((task_execution_id, assignment, attempts))
