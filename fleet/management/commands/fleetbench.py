@@ -1,10 +1,13 @@
-"""`manage.py fleetbench [--agents N] [--tasks N] [--executor default|fleet] [--schedules N]`.
+"""`manage.py fleetbench [--agents N] [--tasks N] [--executor default|fleet] [--schedules N]
+[--client rest [--clients N] [--rest-poll-interval S]]`.
 
 Runs a real server against a database of its own (``cloacina_bench``, flushed
 on every run), submits no-op tasks over the REST API and prints throughput and
 Ready→started latency percentiles measured from the database rows.  ``--schedules N``
 instead makes N cron schedules due in the same second and prints how long the server
-took to start them all (fleet/bench/schedules.py).
+took to start them all (fleet/bench/schedules.py).  ``--client rest`` instead has users
+submit one execution at a time over REST and poll it until done, as a script would
+(fleet/bench/rest_client.py).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import logging
 
 from django.core.management.base import BaseCommand, CommandError
 
+from fleet.bench import rest_client
 from fleet.bench.database import use_bench_database
 from fleet.bench.default import run_default_bench
 from fleet.bench.schedules import run_schedule_bench
@@ -40,6 +44,20 @@ class Command(BaseCommand):
             help="tasks/s offered in the paced phase (default executor; 0 skips it)",
         )
         parser.add_argument(
+            "--client",
+            choices=["rest"],
+            default=None,
+            help="instead: users submit one execution at a time over REST and poll it until done "
+            "(--tasks / --width executions; fleet/bench/rest_client.py)",
+        )
+        parser.add_argument("--clients", type=int, default=1, help="parallel users (--client rest)")
+        parser.add_argument(
+            "--rest-poll-interval",
+            type=float,
+            default=0.01,
+            help="seconds between a user's GETs of its execution (--client rest)",
+        )
+        parser.add_argument(
             "--schedules",
             type=int,
             default=0,
@@ -56,12 +74,31 @@ class Command(BaseCommand):
             raise CommandError(f"--paced-rate must be >= 0, got {options['paced_rate']:g}")
         if options["schedules"] < 0:
             raise CommandError(f"--schedules must be >= 0, got {options['schedules']}")
+        if options["client"]:
+            executions = max(1, options["tasks"] // options["width"])
+            errors = rest_client.option_errors(
+                executions, options["clients"], options["rest_poll_interval"]
+            )
+            if errors:
+                raise CommandError("; ".join(errors))
         workers = options["workers"] or get_config().worker_processes
         url = use_bench_database()
         logging.getLogger("httpx").setLevel(logging.WARNING)
         self.stderr.write(f"fleetbench: using database {url.split('?')[0]} (flushed)")
         if options["schedules"]:
             result = run_schedule_bench(url, options["schedules"], workers)
+        elif options["client"] == "rest":
+            result = rest_client.run_rest_client_bench(
+                url,
+                options["executor"],
+                tasks=options["tasks"],
+                width=options["width"],
+                clients=options["clients"],
+                poll_interval_s=options["rest_poll_interval"],
+                agents=options["agents"],
+                workers=workers,
+                poll_s=options["poll"],
+            )
         elif options["executor"] == "fleet":
             result = self._fleet(url, options, workers)
         else:
