@@ -19,6 +19,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agents.models import Agent
+from artifacts.models import WorkflowPackage
+from artifacts.store.queries import active_package
 from artifacts.store.testing import build_archive, manifest_toml
 from fleet.control import limits
 from fleet.executors.fleet.lifecycle import revoke_key
@@ -115,6 +117,17 @@ def test_with_the_cache_off_every_request_verifies_its_key(client, write_key):
     execution_id = start(client, write_key, "wide").json()["id"]
     _, sql = queries(lambda: get(client, write_key, execution_id))
     assert sum("fleet_apikey" in s for s in sql) == 1
+
+
+def test_the_active_package_is_loaded_as_the_orm_loads_it(client, write_key, tenant):
+    wide_package(client, write_key, "wide", 2)
+    found = active_package(tenant, "wide")
+    expected = WorkflowPackage.objects.get(tenant=tenant, workflow_name="wide")
+    fields = [f.attname for f in WorkflowPackage._meta.concrete_fields]
+    assert [getattr(found, f) for f in fields] == [getattr(expected, f) for f in fields]
+    assert found.task_names == expected.task_names == ["t00", "t01"]  # the manifest, parsed
+    assert found._state.adding is False and found.get_deferred_fields() == set()
+    assert active_package(tenant, "nope") is None
 
 
 # --- what a GET answers ---------------------------------------------------------------------
