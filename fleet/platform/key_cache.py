@@ -7,6 +7,11 @@ hash to what the verification found (the key's id, role and lookup; its tenant's
 most :data:`MAX_TTL_S`; 0 turns the cache off).  Only keys that verified are kept: a wrong
 token costs its query every time and cannot grow the cache.
 
+Only the users' keys (read and write: the start-and-poll path) are cached.  Agent keys are
+verified on every request: the platform revokes them itself (actuators, evictions) and a
+revoked agent must lose its artifacts and its results at once on every server process
+(docs/threat-model.md); admin keys are rare and powerful.  Both are a small share of requests.
+
 Revocation and tenant changes:
 
 * in this process, at once: revoking a key (``fleet.executors.fleet.lifecycle``) forgets it;
@@ -31,13 +36,14 @@ from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
 from fleet.platform.config import get_config
-from fleet.platform.tenancy import ApiKey, Tenant
+from fleet.platform.tenancy import ApiKey, Role, Tenant
 
 MAX_TTL_S = 60.0  # a revocation must reach every server process within this, whatever is set
 MAX_ENTRIES = 10_000  # verified keys only; past this the cache starts over
 DB_ALIAS = "default"
 # Loaded on a hit, in the models' field order (Model.from_db takes them in that order).
 TENANT_FIELDS = ("id", "name", "is_active", "max_backlog")
+CACHED_ROLES = frozenset({Role.READ, Role.WRITE})
 KEY_FIELDS = ("id", "tenant_id", "role", "lookup", "last_used_at", "revoked_at")
 
 
@@ -94,9 +100,9 @@ def lookup(key_hash: str) -> ApiKey | None:
 
 
 def remember(key_hash: str, key: ApiKey) -> None:
-    """Keep ``key`` (just verified, with its tenant loaded) for the TTL."""
+    """Keep ``key`` (just verified, with its tenant loaded) for the TTL, if a user's key."""
     ttl = ttl_s()
-    if ttl <= 0:
+    if ttl <= 0 or key.role not in CACHED_ROLES:
         return
     tenant = key.tenant if key.tenant_id else None
     entry = VerifiedKey(

@@ -226,6 +226,16 @@ def test_a_key_revoked_by_another_process_is_refused_within_the_ttl(client, tena
     wait_until(lambda: executions_list(client, token) == 401, timeout=5, what="the TTL to pass")
 
 
+def test_an_agent_key_revoked_anywhere_is_refused_at_once(client, tenant):
+    """Agent keys are not cached: a revoked agent loses its artifacts and results at once,
+    whichever server process revoked the key (tests/e2e/test_secrets.py, across processes)."""
+    key, token = ApiKey.mint("agent", tenant=tenant)
+    url = f"/api/v1/artifacts/{'0' * 64}"
+    assert client.get(url, **bearer(token)).status_code == 404  # authenticated: no such blob
+    ApiKey.objects.filter(pk=key.pk).update(revoked_at=timezone.now())  # no signal here
+    assert client.get(url, **bearer(token)).status_code == 401
+
+
 def test_a_limit_changed_in_this_process_applies_to_the_next_start(client, write_key, tenant):
     wide_package(client, write_key, "wide", 2)
     assert start(client, write_key, "wide").status_code == 201  # the tenant is cached

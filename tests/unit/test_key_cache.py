@@ -45,11 +45,15 @@ def test_it_gives_back_a_fresh_key_with_its_tenant(clock):
     assert {"key_hash", "label"} <= first.get_deferred_fields()
 
 
-def test_an_admin_key_has_no_tenant(clock):
-    admin = ApiKey(pk=9, tenant=None, role="admin", lookup="adm", key_hash="h")
-    key_cache.remember("hash-admin", admin)
-    found = key_cache.lookup("hash-admin")
-    assert found.tenant is None and found.tenant_id is None and found.is_active
+def test_only_the_users_keys_are_cached(clock):
+    """Agent keys must be refused at once on every server when revoked; admin keys are rare."""
+    key_cache.remember("hash-read", a_key(1, role="read"))
+    key_cache.remember("hash-agent", a_key(2, role="agent"))
+    key_cache.remember(
+        "hash-admin", ApiKey(pk=9, tenant=None, role="admin", lookup="a", key_hash="h")
+    )
+    assert key_cache.lookup("hash-read").role == "read"
+    assert key_cache.lookup("hash-agent") is None and key_cache.lookup("hash-admin") is None
 
 
 def test_an_entry_expires_after_the_ttl(clock):
