@@ -13,6 +13,7 @@ from fleet.api.contract import (
 from fleet.api.executions import router as executions_router
 from fleet.api.fleet_status import router as fleet_router
 from fleet.api.pools import router as pools_router
+from fleet.api.reruns import router as reruns_router
 from fleet.api.schedules import router as schedules_router
 
 
@@ -34,6 +35,7 @@ api = CloacinaAPI(
 install_error_handlers(api)
 api.add_router("/", artifacts_router, tags=["packages"])
 api.add_router("/", executions_router, tags=["executions"])
+api.add_router("/", reruns_router, tags=["executions"])
 api.add_router("/", fleet_router, tags=["fleet"])
 api.add_router("/", pools_router, tags=["fleet"])
 api.add_router("/", schedules_router, tags=["schedules"])

@@ -209,3 +209,44 @@ def _resume_when_drained(protocol) -> None:
             log.debug("could not resume a websocket", exc_info=True)
         return
     reactor.callLater(RESUME_CHECK_S, _resume_when_drained, protocol)
+
+
+def _open_websockets(server, path_prefix: bytes) -> list:
+    """The server's WebSocket connections under ``path_prefix`` that are still open."""
+    from daphne.ws_protocol import WebSocketProtocol  # lazy: daphne installs its reactor
+
+    return [
+        protocol
+        for protocol in list(server.connections)
+        if isinstance(protocol, WebSocketProtocol)
+        and getattr(protocol, "path", b"").startswith(path_prefix)
+        and protocol.state == protocol.STATE_OPEN
+    ]
+
+
+def close_websockets(server, path_prefix: bytes, code: int, reason: str) -> int:
+    """Send a close frame (``code``, ``reason``) on every open WebSocket of ``server``
+    under ``path_prefix``, now, from the reactor thread; how many.
+
+    At shutdown this must run before daphne's own "before shutdown" trigger, which
+    cancels every application at once: a consumer asked to close after that never
+    runs, and its client sees the connection drop (1006) instead of the reason.
+    """
+    sockets = _open_websockets(server, path_prefix)
+    clipped = reason.encode()[:CLOSE_REASON_MAX_BYTES].decode(errors="ignore")
+    for protocol in sockets:
+        protocol.sendClose(code=code, reason=clipped)
+    return len(sockets)
+
+
+def websockets_closing(server, path_prefix: bytes) -> int:
+    """How many WebSockets under ``path_prefix`` have not finished closing yet."""
+    from daphne.ws_protocol import WebSocketProtocol  # lazy: daphne installs its reactor
+
+    return sum(
+        1
+        for protocol in list(server.connections)
+        if isinstance(protocol, WebSocketProtocol)
+        and getattr(protocol, "path", b"").startswith(path_prefix)
+        and protocol.state != protocol.STATE_CLOSED
+    )

@@ -26,6 +26,7 @@ from agents.runtime.backoff import (
     RATE_LIMITED_BASE_S,
     RATE_LIMITED_CAP_S,
     Backoff,
+    move_delay,
     rate_limited_delay,
     wait_event,
 )
@@ -41,7 +42,7 @@ from agents.runtime.client import (
     UnknownAgent,
     websocket_url,
 )
-from agents.runtime.connection import Action, Session, run_session
+from agents.runtime.connection import Action, Session, SessionEnd, run_session
 from agents.runtime.heartbeat import BeatBody, BeatTarget, HeartbeatLoop
 from agents.runtime.work_intake import WorkIntake
 from agents.sandbox.package_cache import PackageCache
@@ -69,7 +70,7 @@ class Agent:
         client: AgentClient | None = None,
     ) -> None:
         self.config = config
-        self.client = client or AgentClient(config.server_url, config.api_key, tls=config.tls)
+        self.client = client or AgentClient(config.server_urls, config.api_key, tls=config.tls)
         self.cache = cache or PackageCache(config.cache_dir, config.cache_max_bytes)
         self.runner = runner or TaskRunner(config.max_concurrency)
         self.registration: Registration | None = None
@@ -110,7 +111,7 @@ class Agent:
         c = self.config
         log.info(
             "agent %s starting: server %s, %s, %d slot(s), cache %s",
-            c.name, c.server_url, c.target_triple, c.max_concurrency, c.cache_dir,
+            c.name, ", ".join(c.server_urls), c.target_triple, c.max_concurrency, c.cache_dir,
         )  # fmt: skip
         if self.client.ssl_context is not None:
             log.info("%s", c.tls.describe())
@@ -280,15 +281,16 @@ class Agent:
 
     async def _connection_loop(self) -> None:
         backoff = Backoff()
+        limited = Backoff(RATE_LIMITED_BASE_S, RATE_LIMITED_CAP_S)
         loop = asyncio.get_running_loop()
         while not self._stopping:
             if self.registration is None and not await self._register():
                 return
             registration = self.registration
-            url = websocket_url(self.client.server_url, registration.ws_path)
+            server = self.client.server_url
             started = loop.time()
             end = await run_session(
-                url,
+                websocket_url(server, registration.ws_path),
                 self.config.api_key,
                 registration.wire_format,
                 self._on_open,
@@ -300,6 +302,7 @@ class Agent:
                 return
             if end.opened and loop.time() - started >= STABLE_SESSION_S:
                 backoff.reset()
+                limited.reset()
             if end.action is Action.CLOSED_BY_US:
                 continue  # closed to re-register: straight back round the loop
             if end.action is Action.AUTH_FAILED:
@@ -311,9 +314,29 @@ class Agent:
                 continue
             if end.action is Action.DIAGNOSE and await self._diagnose(registration.agent_id):
                 continue
-            delay = backoff.next_delay()
-            log.warning("delivery socket: %s; reconnecting in %.1fs", end.detail, delay)
-            await self._sleep_or_wake(delay)
+            await self._sleep_or_wake(self._reconnect_delay(end, server, backoff, limited))
+
+    def _reconnect_delay(
+        self, end: SessionEnd, server: str, backoff: Backoff, limited: Backoff
+    ) -> float:
+        """How long to wait before the next socket, and to which server (the client's next
+        one when this one stops, refused, failed or is busy)."""
+        if end.action is Action.MOVE:  # the server is shutting down: elsewhere, now
+            target = self.client.fail_over(server)
+            delay = move_delay()
+            log.info("delivery socket: %s; reconnecting to %s in %.1fs", end.detail, target, delay)
+            return delay
+        if end.action is Action.WAIT:  # busy: as long as it asks, with jitter
+            target = self.client.fail_over(server)
+            delay = rate_limited_delay(limited, end.retry_after_s)
+            log.warning(
+                "delivery socket: %s; reconnecting to %s in %.1fs", end.detail, target, delay
+            )
+            return delay
+        target = self.client.fail_over(server) if end.action is Action.RECONNECT else server
+        delay = backoff.next_delay()
+        log.warning("delivery socket: %s; reconnecting to %s in %.1fs", end.detail, target, delay)
+        return delay
 
     async def _diagnose(self, agent_id: str) -> bool:
         """A refused handshake does not say why; a REST heartbeat does. True: act now."""

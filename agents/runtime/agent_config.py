@@ -23,7 +23,7 @@ ENV_PROTOCOL_VERSION_OVERRIDE = "CLOACINA_TEST_AGENT_PROTOCOL_VERSION"
 
 @dataclass(frozen=True)
 class AgentConfig:
-    server_url: str
+    server_url: str  # the first server (the only one unless ``servers`` names more)
     api_key: str = field(repr=False)  # never in a repr, so never in a log line
     name: str
     target_triple: str
@@ -37,6 +37,12 @@ class AgentConfig:
     wire_format: str = "json"
     tls: AgentTLS = AgentTLS()
     protocol_version: int = PROTOCOL_VERSION
+    # Every server to try, in order (replicas on one database); empty: ``server_url`` alone.
+    servers: tuple[str, ...] = ()
+
+    @property
+    def server_urls(self) -> tuple[str, ...]:
+        return self.servers or (self.server_url,)
 
 
 def default_name() -> str:

@@ -16,6 +16,11 @@ HEARTBEAT_JITTER = 0.10  # ±10 % of the advertised interval
 # reconnect and wait up to a minute between tries, however long the server asks for.
 RATE_LIMITED_BASE_S = 1.0
 RATE_LIMITED_CAP_S = 60.0
+# Agents refused together come back spread over at least this long (10 % of a longer wait).
+RATE_LIMITED_SPREAD_S = 0.3
+# A server shutting down closes every socket at once: its agents reconnect elsewhere at
+# once, spread over this long so the other replicas do not take them all in one instant.
+MOVE_SPREAD_S = 1.0
 
 
 class Backoff:
@@ -51,13 +56,20 @@ def rate_limited_delay(
     rng: random.Random | None = None,
 ) -> float:
     """How long to wait after a 429: the longer of ``backoff``'s next (jittered) delay and
-    the server's Retry-After plus up to 10 % (agents refused together do not all come back
-    in the same second), never more than ``cap_s``."""
+    the server's Retry-After plus a random spread of 10 % of it, at least
+    RATE_LIMITED_SPREAD_S (agents refused together do not all come back in the same
+    second), never more than ``cap_s``."""
     delay = backoff.next_delay()
     if retry_after_s is not None:
         r = rng or random
-        delay = max(delay, retry_after_s * (1 + r.uniform(0, HEARTBEAT_JITTER)))
+        spread = max(retry_after_s * HEARTBEAT_JITTER, RATE_LIMITED_SPREAD_S)
+        delay = max(delay, retry_after_s + r.uniform(0, spread))
     return min(cap_s, delay)
+
+
+def move_delay(rng: random.Random | None = None) -> float:
+    """The pause before reconnecting elsewhere after a server's "go elsewhere" close."""
+    return (rng or random).uniform(0, MOVE_SPREAD_S)
 
 
 def jittered(interval_s: float, rng: random.Random | None = None) -> float:

@@ -10,7 +10,9 @@ The API key only ever travels in the Authorization header; it is in no message h
 from __future__ import annotations
 
 import json
+import logging
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -25,9 +27,13 @@ from agents.runtime.tls import (
     ssl_error_in,
 )
 
+log = logging.getLogger(__name__)
+
 API_PREFIX = "/api/v1"
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 30.0
+# A proxy whose backend is gone, or a server shutting down: another replica may answer.
+UNAVAILABLE_STATUSES = (502, 503, 504)
 # Artifacts can be tens of megabytes; allow for a slow link.
 ARTIFACT_TIMEOUT_S = 300.0
 
@@ -111,6 +117,25 @@ def normalise_server_url(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
 
 
+def server_list(raw: str | Sequence[str]) -> tuple[str, ...]:
+    """Every server URL of ``raw`` (a string, or strings, each possibly comma-separated),
+    normalised, duplicates dropped, in the order given; ValueError if none or one is
+    unusable, or if they mix http:// and https:// (one TLS setting serves them all)."""
+    items = [raw] if isinstance(raw, str) else list(raw)
+    urls: list[str] = []
+    for item in items:
+        for part in item.split(","):
+            if part.strip():
+                url = normalise_server_url(part)
+                if url not in urls:
+                    urls.append(url)
+    if not urls:
+        raise ValueError("no server URL given")
+    if len({urlsplit(url).scheme for url in urls}) > 1:
+        raise ValueError(f"server URLs must all be http:// or all https://, got {', '.join(urls)}")
+    return tuple(urls)
+
+
 def websocket_url(server_url: str, ws_path: str) -> str:
     """The delivery socket's URL: http→ws, https→wss, the server's path prefix kept."""
     parts = urlsplit(server_url)
@@ -130,16 +155,23 @@ def _detail(response: httpx.Response) -> str:
 
 
 class AgentClient:
-    """Async REST calls of one agent process, authenticated with its API key."""
+    """Async REST calls of one agent process, authenticated with its API key.
+
+    ``server_url`` may name several servers (replicas on one database): the client talks to
+    one at a time and moves to the next (:meth:`fail_over`) when a request gets no answer
+    or a 502/503/504, so every caller's retry reaches a live replica.  One URL (a load
+    balancer) never moves.
+    """
 
     def __init__(
         self,
-        server_url: str,
+        server_url: str | Sequence[str],
         api_key: str,
         transport: httpx.AsyncBaseTransport | None = None,
         tls: AgentTLS | None = None,
     ) -> None:
-        self.server_url = normalise_server_url(server_url)
+        self.servers = server_list(server_url)
+        self._current = 0
         self.tls = tls or AgentTLS()
         # The same context verifies the server for REST and for the wss:// delivery socket.
         self.ssl_context: ssl.SSLContext | None = (
@@ -153,10 +185,25 @@ class AgentClient:
             verify=self.ssl_context or True,
         )
 
+    @property
+    def server_url(self) -> str:
+        """The server this client talks to now."""
+        return self.servers[self._current]
+
+    def fail_over(self, from_url: str) -> str:
+        """Move to the server after ``from_url``, unless another caller already moved
+        away from it (many callers noticing one outage move once); the server to use."""
+        if len(self.servers) > 1 and from_url == self.server_url:
+            self._current = (self._current + 1) % len(self.servers)
+            self._http.base_url = httpx.URL(self.server_url + API_PREFIX)
+            log.warning("server %s unavailable; switching to %s", from_url, self.server_url)
+        return self.server_url
+
     async def close(self) -> None:
         await self._http.aclose()
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        used = self.server_url
         try:
             response = await self._http.request(method, path, **kwargs)
         except (httpx.TransportError, OSError) as exc:
@@ -165,11 +212,14 @@ class AgentClient:
             # escapes httpx as a bare ssl.SSLError.
             tls_error = ssl_error_in(exc)
             if tls_error is None and self._maybe_refused(exc):
-                tls_error = await handshake_refusal(self.server_url, self.ssl_context)
+                tls_error = await handshake_refusal(used, self.ssl_context)
             if tls_error is not None:
                 raise TLSFailure(f"{method} {path}: {explain(tls_error, self.tls)}") from None
+            self.fail_over(used)
             raise ServerUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from None
         if response.status_code >= 500:
+            if response.status_code in UNAVAILABLE_STATUSES:  # stopping, or its gateway failed
+                self.fail_over(used)
             raise ServerUnavailable(
                 f"{method} {path}: server error {response.status_code}: {_detail(response)}",
                 response.status_code,

@@ -3,13 +3,15 @@
 :func:`run_session` connects, hands every decoded frame to a callback and
 returns a :class:`SessionEnd` saying why the session stopped; the agent's
 connection loop decides from ``SessionEnd.action`` whether to reconnect (with
-backoff), re-register first, or stop because the key was refused.
+backoff), move to another server at once (the server is shutting down), wait as
+long as a busy server asks, re-register first, or stop because the key was refused.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import re
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,10 +33,22 @@ CLOSE_BAD_KEY = 4401
 CLOSE_KEY_NOT_ALLOWED = 4403
 CLOSE_UNKNOWN_AGENT = 4404
 CLOSE_SUPERSEDED = 4408
+# The server is shutting down (SIGTERM): reconnect at once, to another server if there is one.
+# 4000 + RFC 6455's 1012 "Service Restart" (the server's WebSocket library lets an
+# application send only 1000 and 3000-4999); a proxy's own 1012 means the same.
+CLOSE_GO_ELSEWHERE = 4012
+# The server admits no more sockets this second: come back after the reason's "retry after
+# N s".  4000 + RFC 6455's 1013 "Try Again Later" (a proxy's 1013 means the same).
+CLOSE_TRY_LATER = 4013
+_RETRY_AFTER_REASON = re.compile(r"retry after (\d+(?:\.\d+)?) ?s")
+# Refused handshakes that mean "this server, not the agent": another one may take us.
+UNAVAILABLE_HANDSHAKE = (502, 503, 504)
 
 
 class Action(enum.Enum):
-    RECONNECT = "reconnect"  # transient: try again after a backoff delay
+    RECONNECT = "reconnect"  # transient: try again (the next server) after a backoff delay
+    MOVE = "move"  # the server is going away: reconnect to the next server at once
+    WAIT = "wait"  # the server is busy: come back after SessionEnd.retry_after_s
     REREGISTER = "reregister"  # the server no longer knows this agent id
     DIAGNOSE = "diagnose"  # the handshake was refused over HTTP: ask the REST API why
     AUTH_FAILED = "auth_failed"  # the key is bad or not allowed: stop
@@ -46,6 +60,7 @@ class SessionEnd:
     action: Action
     detail: str
     opened: bool  # whether the socket was ever open (a handshake failure is not)
+    retry_after_s: float | None = None  # with Action.WAIT: how long the server asked for
 
 
 def action_for_close(code: int | None) -> Action:
@@ -53,7 +68,33 @@ def action_for_close(code: int | None) -> Action:
         return Action.AUTH_FAILED
     if code == CLOSE_UNKNOWN_AGENT:
         return Action.REREGISTER
+    if code in (CLOSE_GO_ELSEWHERE, CLOSE_GO_ELSEWHERE - 3000):
+        return Action.MOVE
+    if code in (CLOSE_TRY_LATER, CLOSE_TRY_LATER - 3000):
+        return Action.WAIT
     return Action.RECONNECT
+
+
+def retry_after_in_reason(reason: str) -> float | None:
+    """The seconds of a close reason's "retry after N s" (None when it names none)."""
+    match = _RETRY_AFTER_REASON.search(reason)
+    return float(match.group(1)) if match else None
+
+
+def handshake_refused(status: int, retry_after: str | None) -> SessionEnd:
+    """What a handshake refused with HTTP ``status`` means: a 429 (an ingress's or the
+    server's limit) waits as long as Retry-After asks, a 502/503/504 (a server stopping, a
+    proxy without a backend) tries the next server, anything else asks the REST API why."""
+    detail = f"handshake refused with HTTP {status}"
+    if status == 429:
+        try:
+            seconds = float(retry_after or "")
+        except ValueError:
+            seconds = None
+        return SessionEnd(Action.WAIT, detail, False, seconds)
+    if status in UNAVAILABLE_HANDSHAKE:
+        return SessionEnd(Action.RECONNECT, detail, False)
+    return SessionEnd(Action.DIAGNOSE, detail, False)
 
 
 class Session:
@@ -96,8 +137,7 @@ async def run_session(
             **tls,
         )
     except InvalidStatus as exc:
-        status = exc.response.status_code
-        return SessionEnd(Action.DIAGNOSE, f"handshake refused with HTTP {status}", False)
+        return handshake_refused(exc.response.status_code, exc.response.headers.get("Retry-After"))
     except InvalidURI as exc:
         return SessionEnd(Action.AUTH_FAILED, f"bad WebSocket URL: {exc}", False)
     except (OSError, TimeoutError, InvalidHandshake, EOFError) as exc:
@@ -126,4 +166,4 @@ async def run_session(
         return SessionEnd(Action.CLOSED_BY_US, "closed by the agent", True)
     code, reason = ws.close_code, ws.close_reason or ""
     detail = f"closed by the server ({code}: {reason})" if reason else f"lost ({code})"
-    return SessionEnd(action_for_close(code), detail, True)
+    return SessionEnd(action_for_close(code), detail, True, retry_after_in_reason(reason))

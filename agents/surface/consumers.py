@@ -15,7 +15,9 @@ by ``result_ack``): the same checks and handler as ``POST …/results``, without
 an HTTP request per task.
 
 Close codes: 4400 malformed frame, 4401 bad key, 4403 key not allowed,
-4404 unknown/dead agent, 4408 superseded, 4413 frame too large, 4429 flood.
+4404 unknown/dead agent, 4408 superseded, 4413 frame too large, 4429 flood,
+4012 the server is shutting down (connect to another), 4013 the server admits no
+more sockets this second (the reason says "retry after N s").
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ from pydantic import ValidationError
 from agents.protocol import wire
 from fleet.engine.context import unstorable
 from fleet.executors.fleet import result_batches, roster, socket_writes
+from fleet.executors.fleet.delivery import admission, local_sockets, redelivery
 from fleet.executors.fleet.delivery import db as delivery_db
-from fleet.executors.fleet.delivery import local_sockets, redelivery
+from fleet.executors.fleet.delivery.handover import CLOSE_GO_ELSEWHERE, GO_ELSEWHERE_REASON
 from fleet.executors.fleet.result_intake import MAX_BIGINT, MAX_INT, ResultIn
 from fleet.executors.fleet.routing.metrics import CHANNEL_FULL, HEARTBEATS
 
@@ -58,6 +61,7 @@ CLOSE_UNKNOWN_AGENT = 4404
 CLOSE_TOO_LARGE = 4413
 CLOSE_FLOOD = 4429
 CLOSE_SUPERSEDED = 4408
+CLOSE_TRY_LATER = 4013  # 4000 + RFC 6455's 1013 "Try Again Later" (docs/agent-protocol.md)
 
 
 class FrameRejected(ValueError):
@@ -200,6 +204,8 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         except ValueError:
             await self._close(CLOSE_UNKNOWN_AGENT, "unknown agent")
             return
+        if not await self._admitted():
+            return
         result = await database_sync_to_async(roster.open_socket)(
             token, agent_id, local_sockets.server_id()
         )
@@ -208,6 +214,19 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             return
         self.grant = result
         self._worker = asyncio.create_task(self._handle_inbound(), name=f"agent-{agent_id}-in")
+
+    async def _admitted(self) -> bool:
+        """Whether this process takes the socket now: not while it shuts down (4012: go to
+        another server), not past its admissions per second (4013 with when to retry)."""
+        if not local_sockets.accepting():
+            await self._close(CLOSE_GO_ELSEWHERE, GO_ELSEWHERE_REASON)
+            return False
+        wait_s = admission.agents().admit()
+        if wait_s > 0:
+            seconds = admission.retry_after_s(wait_s)
+            await self._close(CLOSE_TRY_LATER, f"server busy: retry after {seconds} s")
+            return False
+        return True
 
     async def disconnect(self, code) -> None:
         self._closing = True

@@ -40,6 +40,7 @@ __all__ = [
     "load_blob",
     "publish_package",
     "publish_target_artifact",
+    "refuse_oversized_upload",
 ]
 
 
@@ -47,13 +48,19 @@ class UploadRejected(DomainError):
     """An upload or build was refused; ``kind`` says what kind of refusal, the message says why."""
 
 
-def _check_size(data: bytes) -> None:
+def refuse_oversized_upload(size: int | None) -> None:
+    """413 for an upload of ``size`` bytes past the limit: the API and the console check the
+    declared size before reading an upload into memory, and publishing checks the bytes."""
     limit = get_config().max_package_bytes
-    if len(data) > limit:
+    if size is not None and size > limit:
         raise UploadRejected(
             ErrorKind.TOO_LARGE,
-            f"upload is {len(data)} bytes; the limit is {limit} (CLOACINA_MAX_PACKAGE_BYTES)",
+            f"upload is {size} bytes; the limit is {limit} (CLOACINA_MAX_PACKAGE_BYTES)",
         )
+
+
+def _check_size(data: bytes) -> None:
+    refuse_oversized_upload(len(data))
 
 
 def _check_built_size(built: bytes, what: str) -> None:

@@ -20,7 +20,6 @@ from artifacts.models import BuildJob, PackageArtifact, WorkflowPackage
 from artifacts.store import queries, services, wheels
 from fleet.api.error_status import http_status
 from fleet.platform.auth import agent_auth, read_auth, write_auth
-from fleet.platform.config import get_config
 from fleet.schedules import declared
 
 router = Router(tags=["packages"])
@@ -99,12 +98,7 @@ UPLOAD_ERRORS = {**ERRORS, 413: ErrorOut, 422: ErrorOut}
 
 
 def _read_upload(file: UploadedFile) -> bytes:
-    # Refuse before reading an oversized upload into memory.
-    limit = get_config().max_package_bytes
-    if file.size is not None and file.size > limit:
-        raise HttpError(
-            413, f"upload is {file.size} bytes; the limit is {limit} (CLOACINA_MAX_PACKAGE_BYTES)"
-        )
+    services.refuse_oversized_upload(file.size)  # before reading it into memory
     return file.read()
 
 

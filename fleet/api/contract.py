@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -31,6 +31,8 @@ from django.http.multipartparser import MultiPartParserError
 from ninja import NinjaAPI
 from ninja.errors import HttpError, ValidationError
 from ninja.parser import Parser
+from pydantic import BaseModel
+from pydantic import ValidationError as PydanticValidationError
 
 from fleet.api.error_status import http_status
 from fleet.engine.context import unstorable
@@ -135,6 +137,40 @@ class ObjectBodyParser(Parser):
         if problem:
             raise BodyNotAnObject(f"the request body holds {problem}")
         return data
+
+
+FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+BodyModel = TypeVar("BodyModel", bound=BaseModel)
+
+
+def optional_body(request: HttpRequest, schema: type[BodyModel]) -> BodyModel | None:
+    """An optional JSON body (not a ninja body parameter): None without one, or with a form
+    body (what a bare POST from many HTTP clients sends); any other body is parsed as
+    strictly as every other (this API's parser, whatever the content type, as for ninja's
+    own body parameters) and must be exactly ``schema`` (422 naming the field otherwise)."""
+    if not request.body or request.content_type in FORM_TYPES:
+        return None
+    try:
+        data = ObjectBodyParser().parse_body(request)
+    except BodyNotAnObject as exc:
+        raise HttpError(422, str(exc)) from None
+    except ValueError as exc:  # JSON or UTF-8 decoding
+        raise HttpError(400, f"the request body is not valid JSON: {exc}") from None
+    try:
+        return schema.model_validate(data)
+    except PydanticValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        raise ValidationError(errors) from None
+
+
+def optional_body_doc(schema: type[BaseModel]) -> dict:
+    """What OpenAPI shows for a body :func:`optional_body` reads (``openapi_extra``)."""
+    return {
+        "requestBody": {
+            "required": False,
+            "content": {"application/json": {"schema": schema.model_json_schema()}},
+        }
+    }
 
 
 def install_error_handlers(api: NinjaAPI) -> None:

@@ -1,4 +1,5 @@
-"""``GET /executions/{id}`` in one statement: the execution, its tasks and their agents.
+"""``GET /executions/{id}`` in one statement: the execution, its tasks and their agents, and
+its re-run and retry links.
 
 The REST path users poll.  Through the ORM it was two queries (the execution, then its tasks
 with their agents) and compiling them cost more CPU than running them; here it is one
@@ -12,9 +13,16 @@ import uuid
 from django.db import connection
 
 from fleet.executors.fleet.state import ledger
-from fleet.models import WORKFLOW_TERMINAL, TaskExecution, WorkflowExecution
+from fleet.models import (
+    WORKFLOW_TERMINAL,
+    ExecutionLink,
+    RerunKind,
+    TaskExecution,
+    WorkflowExecution,
+)
 
 TERMINAL = [str(status) for status in WORKFLOW_TERMINAL]
+LINKS = ExecutionLink._meta.db_table
 # The whole answer as one json value: psycopg parses it in one call (Python's json), where
 # row columns would each go through a loader (Django's timestamptz loader is Python, and
 # the jsonb columns arrive as text for JSONField to parse).  Timestamps become ISO text,
@@ -35,6 +43,28 @@ SELECT json_build_object(
         FROM {TaskExecution._meta.db_table} t
         LEFT JOIN {ledger.AGENTS} a ON a.id = t.agent_id
         WHERE t.workflow_execution_id = e.id
+    ), '[]'::json),
+    -- Re-runs and retries (fleet/api/reruns.py: history): the re-run that made this one,
+    -- the re-runs made from it, its retries; oldest first.
+    'rerun_of', (
+        SELECT l.source_id FROM {LINKS} l
+        WHERE l.tenant_id = e.tenant_id AND l.execution_id = e.id AND l.kind <> %(retry)s
+        ORDER BY l.at DESC, l.id DESC LIMIT 1),
+    'reruns', COALESCE((
+        SELECT json_agg(json_build_object(
+                   'id', l.execution_id, 'actor', l.actor, 'at', l.at,
+                   'context_edited', l.context_edited) ORDER BY l.at, l.id)
+        FROM {LINKS} l
+        WHERE l.tenant_id = e.tenant_id AND l.source_id = e.id AND l.execution_id <> e.id
+          AND l.kind <> %(retry)s
+    ), '[]'::json),
+    'retries', COALESCE((
+        SELECT json_agg(json_build_object(
+                   'actor', l.actor, 'at', l.at, 'tasks', l.tasks,
+                   'previous_error', l.previous_error) ORDER BY l.at, l.id)
+        FROM {LINKS} l
+        WHERE l.tenant_id = e.tenant_id AND l.kind = %(retry)s
+          AND (l.source_id = e.id OR l.execution_id = e.id)
     ), '[]'::json))
 FROM {WorkflowExecution._meta.db_table} e
 WHERE e.tenant_id = %(tenant)s AND e.id = %(id)s
@@ -52,7 +82,13 @@ def execution_view(tenant_id: int, execution_id: uuid.UUID) -> dict | None:
     """The execution as ``ExecutionOut`` describes it, or None when the tenant has no such one."""
     with connection.cursor() as cursor:
         cursor.execute(
-            _EXECUTION_WITH_TASKS, {"terminal": TERMINAL, "tenant": tenant_id, "id": execution_id}
+            _EXECUTION_WITH_TASKS,
+            {
+                "terminal": TERMINAL,
+                "retry": str(RerunKind.RETRY),
+                "tenant": tenant_id,
+                "id": execution_id,
+            },
         )
         row = cursor.fetchone()
     if row is None:

@@ -16,6 +16,7 @@ from ninja.errors import HttpError
 
 from artifacts.store.manifest import PRIORITY_LIMIT
 from fleet.api.execution_view import error_text, execution_view
+from fleet.api.reruns import RerunLinkOut, RetryLinkOut, links_of
 from fleet.engine import ready_queue, scheduler
 from fleet.engine.context import ContextError, validate_context
 from fleet.executors.fleet.routing import fairness
@@ -73,6 +74,9 @@ class ExecutionOut(Schema):
     started_at: datetime | None
     finished_at: datetime | None
     tasks: list[TaskOut]
+    rerun_of: uuid.UUID | None = Field(description="the execution this one re-ran, or null")
+    reruns: list[RerunLinkOut] = Field(description="executions re-run from this one")
+    retries: list[RetryLinkOut] = Field(description="this execution's retries, oldest first")
 
 
 class ExecutionSummary(Schema):
@@ -140,6 +144,7 @@ def _execution_out(execution: WorkflowExecution) -> dict:
         "context": execution.final_context if terminal else None,
         "input_context": execution.input_context,
         "tasks": [_task_out(t) for t in tasks],
+        **links_of(execution),
     }
 
 

@@ -12,12 +12,11 @@ from datetime import datetime, timedelta
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
-from ninja.errors import HttpError, ValidationError
+from ninja.errors import HttpError
 from pydantic import ConfigDict
-from pydantic import ValidationError as PydanticValidationError
 
 from agents.models import ENDED_STATES, Agent
-from fleet.api.contract import BodyNotAnObject, ObjectBodyParser
+from fleet.api.contract import optional_body, optional_body_doc
 from fleet.control import limits
 from fleet.executors.fleet.routing import health, phases
 from fleet.executors.fleet.state import breaker
@@ -223,39 +222,19 @@ def fleet_view(tenant: Tenant) -> dict:
     return {**limits.fleet_snapshot(tenant), "agents": _agents(tenant)}
 
 
-FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
-
-
 def reason_of(request: HttpRequest) -> str:
     """The optional ``{"reason": "..."}`` JSON body of provision / deprovision.
 
-    These endpoints took no body before, so a request without one, or with a form body
-    (what a bare POST from many HTTP clients sends), still means "no reason"; any other body
-    is parsed as JSON as strictly as every other (the API's own parser, whatever the content
-    type, as for ninja's own body parameters) and must be exactly ``ReasonIn``.
+    These endpoints took no body before, so a request without one (or with a form body)
+    still means "no reason" (:func:`fleet.api.contract.optional_body`); any other body must
+    be exactly ``ReasonIn``.
     """
-    if not request.body or request.content_type in FORM_TYPES:
-        return ""
-    try:
-        data = ObjectBodyParser().parse_body(request)
-    except BodyNotAnObject as exc:
-        raise HttpError(422, str(exc)) from None
-    except ValueError as exc:  # JSON or UTF-8 decoding
-        raise HttpError(400, f"the request body is not valid JSON: {exc}") from None
-    try:
-        return ReasonIn.model_validate(data).reason
-    except PydanticValidationError as exc:
-        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
-        raise ValidationError(errors) from None
+    body = optional_body(request, ReasonIn)
+    return body.reason if body is not None else ""
 
 
 # What OpenAPI shows for the body reason_of reads (it is not a ninja body parameter).
-REASON_BODY = {
-    "requestBody": {
-        "required": False,
-        "content": {"application/json": {"schema": ReasonIn.model_json_schema()}},
-    }
-}
+REASON_BODY = optional_body_doc(ReasonIn)
 
 
 def _change(func, request: HttpRequest) -> dict:

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from django.db import connection
@@ -66,7 +67,17 @@ def _agent_key() -> str:
 class Agents:
     """``count`` runagent subprocesses, each in a session of its own (so one kill takes its children)."""
 
-    def __init__(self, server_url: str, key: str, count: int, slots: int, home: Path) -> None:
+    def __init__(
+        self,
+        server_url: str,
+        key: str,
+        count: int,
+        slots: int,
+        home: Path,
+        server_for: Callable[[int], str] | None = None,
+    ) -> None:
+        """``server_for(i)``: agent i's ``--server`` value instead of ``server_url`` (the
+        replicas phase gives each agent its own order of several servers)."""
         self.processes: dict[str, subprocess.Popen] = {}
         env = {
             **os.environ,
@@ -79,7 +90,8 @@ class Agents:
             log = (home / f"{name}.log").open("wb")
             self.processes[name] = subprocess.Popen(
                 [
-                    sys.executable, str(REPO / "manage.py"), "runagent", "--server", server_url,
+                    sys.executable, str(REPO / "manage.py"), "runagent",
+                    "--server", server_for(i) if server_for else server_url,
                     "--api-key", key, "--name", name, "--max-concurrency", str(slots),
                     "--cache-dir", str(home / f"cache-{name}"),
                 ],
@@ -200,6 +212,15 @@ def failover(api: Api, agents: Agents, home: Path) -> workload.PhaseResult:
     )
 
 
+def server_env(poll_s: float) -> dict[str, str]:
+    """The fleet servers' settings for a bench run: the scheduler tick, the short beats."""
+    return {
+        "CLOACINA_SCHEDULER_POLL_S": str(poll_s),
+        "CLOACINA_AGENT_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_INTERVAL_S),
+        "CLOACINA_AGENT_LIVENESS_MISSES": str(LIVENESS_MISSES),
+    }
+
+
 def run_fleet_bench(
     database_url: str,
     agents: int,
@@ -212,11 +233,7 @@ def run_fleet_bench(
     """Burst, idle pickup and failover through the fleet (see the module docstring)."""
     key = bench_tenant_key()
     akey = _agent_key()
-    env = {
-        "CLOACINA_SCHEDULER_POLL_S": str(poll_s),
-        "CLOACINA_AGENT_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_INTERVAL_S),
-        "CLOACINA_AGENT_LIVENESS_MISSES": str(LIVENESS_MISSES),
-    }
+    env = server_env(poll_s)
     home = Path(tempfile.mkdtemp(prefix="cloacina-fleetbench-agents-"))
     # Run as root, the agents' task children run as the unprivileged task user: it must
     # pass through to the caches and write the failover marker.

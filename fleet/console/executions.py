@@ -13,6 +13,7 @@ from django.urls import reverse
 from fleet.api.error_status import http_status
 from fleet.console import filters
 from fleet.console.access import get_execution_for_user, tenants_for_user
+from fleet.console.reruns import rerun_context
 from fleet.console.responses import ConsoleError, action_done, console_view
 from fleet.engine import scheduler
 from fleet.models import (
@@ -124,6 +125,7 @@ def _detail_context(request: HttpRequest, execution_id: uuid.UUID) -> dict:
         "terminal": execution.status in WORKFLOW_TERMINAL,
         "layers": dependency_layers(tasks),
         "counts": sorted(counts.items()),
+        **rerun_context(execution, can_write),
     }
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from urllib.parse import quote
 
 from django.conf import settings
@@ -19,6 +20,9 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+
+from fleet.api.error_status import http_status
+from fleet.platform.errors import DomainError
 
 View = Callable[..., HttpResponse]
 
@@ -99,3 +103,25 @@ def action_failed(request: HttpRequest, status: int, detail: str) -> HttpRespons
     return render(
         request, "console/error.html", {"status": status, "detail": detail}, status=status
     )
+
+
+def action_done_go_to(request: HttpRequest, message: str, page: str) -> HttpResponse:
+    """A successful action whose result is another page (a new execution, a re-opened one):
+    the message is kept for that page, htmx is told to load it (``HX-Redirect``), a plain
+    form is redirected to it."""
+    messages.success(request, message)
+    if is_htmx(request):
+        response = HttpResponse(status=204)
+        response["HX-Redirect"] = page
+        return response
+    return redirect(page)
+
+
+@contextmanager
+def refusals_answered() -> Iterator[None]:
+    """A service's refusal (a DomainError) becomes the console's answer with the status its
+    kind means everywhere (fleet.api.error_status) and the service's own words."""
+    try:
+        yield
+    except DomainError as exc:
+        raise ConsoleError(exc.detail, http_status(exc)) from None

@@ -7,7 +7,9 @@ from fleet.console import (
     executions,
     outbox,
     overview,
+    packages,
     pools,
+    reruns,
     schedules,
     tenants,
 )
@@ -39,6 +41,18 @@ urlpatterns = [
     ),
     path("tenants/<str:name>/pools/<slug:pool>/edit/", pools.edit_pool, name="edit_pool"),
     path("tenants/<str:name>/pools/<slug:pool>/delete/", pools.delete_pool, name="delete_pool"),
+    path("tenants/<str:name>/packages/", packages.packages, name="packages"),
+    path(
+        "tenants/<str:name>/packages/partials/table/",
+        packages.packages_table,
+        name="packages_table",
+    ),
+    path("tenants/<str:name>/packages/upload/", packages.upload, name="upload_package"),
+    path(
+        "tenants/<str:name>/executions/start/",
+        packages.start_execution,
+        name="start_execution",
+    ),
     path("tenants/<str:name>/schedules/", schedules.schedules, name="schedules"),
     path(
         "tenants/<str:name>/schedules/partials/table/",
@@ -73,4 +87,6 @@ urlpatterns = [
         name="execution_graph",
     ),
     path("executions/<uuid:execution_id>/cancel/", executions.cancel, name="cancel_execution"),
+    path("executions/<uuid:execution_id>/rerun/", reruns.rerun, name="rerun_execution"),
+    path("executions/<uuid:execution_id>/retry/", reruns.retry, name="retry_execution"),
 ]

@@ -67,6 +67,11 @@ class TaskExecutor(abc.ABC):
     async def stop(self) -> None:  # noqa: B027 - optional hook
         """Release resources on shutdown."""
 
+    def hand_over(self) -> None:  # noqa: B027 - optional hook
+        """The server is stopping (SIGTERM), before anything else stops: let go of what
+        another server can take over at once (the fleet executor takes no more agent
+        sockets).  Called on the event loop's thread; must not block."""
+
     def add_capacity_listener(self, listener: Callable[[], None]) -> None:
         """Have ``listener`` called (on the event loop) each time a slot frees up.
 

@@ -12,6 +12,7 @@ from fleet.models.executions import (
     WorkflowStatus,
 )
 from fleet.models.pools import DEFAULT_POOL, AgentPool
+from fleet.models.reruns import ExecutionLink, RerunKind
 from fleet.models.routing import AffinityBinding, AgentEventCount, BindingKind
 from fleet.models.schedules import (
     Catchup,
@@ -42,10 +43,12 @@ __all__ = [
     "ChangeReason",
     "DeliveryOutbox",
     "Eviction",
+    "ExecutionLink",
     "FleetChange",
     "OutboxDepthSample",
     "OutboxState",
     "Outcome",
+    "RerunKind",
     "Role",
     "ServerInstance",
     "TASK_TERMINAL",

@@ -92,6 +92,30 @@ SETTINGS: tuple[Setting, ...] = (
         str,
         "auto",
     ),
+    # Registration storms (docs/scaling.md): registrations per API key and per tenant in
+    # any sliding minute (0 = unlimited), and registrations + socket opens one server
+    # process admits per second (0 = unlimited); past each, 429 / close 4013 with a wait.
+    Setting(
+        "registrations_per_key_per_minute",
+        "CLOACINA_AGENT_REGISTRATIONS_PER_KEY_PER_MINUTE",
+        "agent_registrations_per_key_per_minute",
+        int,
+        600,
+    ),
+    Setting(
+        "registrations_per_tenant_per_minute",
+        "CLOACINA_AGENT_REGISTRATIONS_PER_TENANT_PER_MINUTE",
+        "agent_registrations_per_tenant_per_minute",
+        int,
+        0,
+    ),
+    Setting(
+        "agent_admissions_per_s",
+        "CLOACINA_AGENT_ADMISSIONS_PER_S",
+        "agent_admissions_per_s",
+        float,
+        500.0,
+    ),
     Setting(
         "heartbeat_interval_s",
         "CLOACINA_AGENT_HEARTBEAT_INTERVAL_S",
@@ -322,6 +346,9 @@ class Config:
     default_max_agents: int = 4
     initial_agents: int = 0
     max_registered_agents: str = "auto"
+    registrations_per_key_per_minute: int = 600
+    registrations_per_tenant_per_minute: int = 0
+    agent_admissions_per_s: float = 500.0
     heartbeat_interval_s: float = 15.0
     liveness_misses: int = 3
     autoscale: bool = True

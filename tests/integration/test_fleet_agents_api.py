@@ -11,7 +11,6 @@ from django.test import Client
 from django.utils import timezone
 
 from agents.models import Agent
-from fleet.executors.fleet import roster
 from fleet.executors.fleet.delivery.placement import place_task
 from fleet.executors.fleet.lifecycle import revoke_key
 from fleet.models import ApiKey, DeliveryOutbox, Eviction, TaskExecution, TaskOutcome, Tenant
@@ -251,6 +250,19 @@ def test_a_malformed_result_is_422_and_changes_nothing(client, agent_key, tenant
 
 
 @pytest.fixture
+def setting(monkeypatch):
+    """Set a configuration variable for this test (the configuration is re-read)."""
+
+    def set_value(name: str, value: str) -> None:
+        monkeypatch.setenv(name, value)
+        reset_config()
+
+    yield set_value
+    monkeypatch.undo()
+    reset_config()
+
+
+@pytest.fixture
 def registered_agents_cap(monkeypatch):
     """Restart with CLOACINA_MAX_REGISTERED_AGENTS set (the configuration is re-read)."""
 
@@ -300,9 +312,9 @@ def test_the_registration_cap_is_never_below_the_limit(
 
 @pytest.mark.django_db
 def test_a_registration_past_the_rate_says_when_the_window_frees(
-    client, agent_key, tenant, monkeypatch
+    client, agent_key, tenant, setting
 ):
-    monkeypatch.setattr(roster, "REGISTRATIONS_PER_KEY_PER_MINUTE", 2)
+    setting("CLOACINA_AGENT_REGISTRATIONS_PER_KEY_PER_MINUTE", "2")
     for name in ("w0", "w1"):
         assert (
             post(client, "/agents/register", agent_key, register_body(name=name)).status_code == 201

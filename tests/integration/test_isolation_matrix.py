@@ -184,6 +184,7 @@ def snapshot_of_b(world: World) -> dict:
     from fleet.models import (
         AgentPool,
         DeliveryOutbox,
+        ExecutionLink,
         Schedule,
         ScheduleFire,
         TaskExecution,
@@ -203,6 +204,7 @@ def snapshot_of_b(world: World) -> dict:
         "builds": list(BuildJob.objects.filter(tenant=b).values()),
         "schedules": list(Schedule.objects.filter(tenant=b).values()),
         "fires": list(ScheduleFire.objects.filter(schedule__tenant=b).values()),
+        "links": list(ExecutionLink.objects.filter(tenant=b).order_by("id").values()),
     }
 
 
@@ -537,6 +539,12 @@ CASES: dict[str, Callable[[World], None]] = {
     "api-v1:cancel_execution": _refused_like_missing(
         "write", "POST", "/executions/{execution}/cancel"
     ),
+    "api-v1:rerun_execution": _refused_like_missing(
+        "write", "POST", "/executions/{execution}/rerun", lambda w: {"context": {"x": 1}}
+    ),
+    "api-v1:retry_execution": _refused_like_missing(
+        "write", "POST", "/executions/{execution}/retry"
+    ),
     "api-v1:create_schedule": _lists_nothing_of_b(
         "write", "POST", "/schedules", {"workflow": "etl-demo", "cron": "* * * * *"}
     ),
@@ -609,6 +617,12 @@ CASES: dict[str, Callable[[World], None]] = {
     "console:execution": console_execution("/console/executions/{id}/"),
     "console:execution_graph": console_execution("/console/executions/{id}/partials/graph/"),
     "console:cancel_execution": console_execution("/console/executions/{id}/cancel/", "POST"),
+    "console:rerun_execution": console_execution("/console/executions/{id}/rerun/", "POST"),
+    "console:retry_execution": console_execution("/console/executions/{id}/retry/", "POST"),
+    "console:packages": console_tenant("/console/tenants/{name}/packages/"),
+    "console:packages_table": console_tenant("/console/tenants/{name}/packages/partials/table/"),
+    "console:upload_package": console_tenant("/console/tenants/{name}/packages/upload/", "POST"),
+    "console:start_execution": console_tenant("/console/tenants/{name}/executions/start/", "POST"),
 }
 # Every admin URL is Django's admin site: staff only (see test_the_admin_site_is_staff_only).
 ADMIN_NAMESPACE = "admin:"

@@ -24,7 +24,7 @@ from artifacts.store.queries import active_package
 from artifacts.store.testing import build_archive, manifest_toml
 from fleet.control import limits
 from fleet.executors.fleet.lifecycle import revoke_key
-from fleet.models import ApiKey, TaskExecution, Tenant
+from fleet.models import ApiKey, ExecutionLink, TaskExecution, Tenant
 from fleet.platform import key_cache
 from fleet.platform.config import apply_overrides, reset_config
 from tests.support.keys import bearer
@@ -151,6 +151,22 @@ def test_a_get_answers_what_the_orm_path_answers(client, write_key, tenant):
     TaskExecution.objects.filter(workflow_execution_id=execution_id, task_name="t02").update(
         status="Running", error_message="no type"
     )
+    # It was re-run from another execution, re-run itself once, and retried once.
+    other = start(client, write_key, "wide").json()["id"]
+    derived = start(client, write_key, "wide").json()["id"]
+    link = {"tenant": tenant, "actor": "write key abc"}
+    ExecutionLink.objects.create(
+        kind="rerun", source_id=other, execution_id=execution_id, context_edited=True, **link
+    )
+    ExecutionLink.objects.create(kind="rerun", source_id=execution_id, execution_id=derived, **link)
+    ExecutionLink.objects.create(
+        kind="retry",
+        source_id=execution_id,
+        execution_id=execution_id,
+        tasks=["t01"],
+        previous_error="task(s) failed: t01",
+        **link,
+    )
     # Cancel answers through the ORM (fleet/api/executions.py: _execution_out); GET must
     # answer the same, field for field, in the same task order.
     cancelled = client.post(f"/api/v1/executions/{execution_id}/cancel", **bearer(write_key))
@@ -164,6 +180,9 @@ def test_a_get_answers_what_the_orm_path_answers(client, write_key, tenant):
     assert tasks[1]["started_at"].endswith("Z")  # the same timestamp format as elsewhere
     assert tasks[2]["error"] == "no type" and tasks[0]["error"] == "cancelled"
     assert got.json()["input_context"] == {"n": 1}  # the final context: test_executions_api.py
+    assert got.json()["rerun_of"] == other
+    assert [r["id"] for r in got.json()["reruns"]] == [derived]
+    assert got.json()["retries"][0]["tasks"] == ["t01"]
 
 
 def test_a_running_execution_shows_no_final_context(client, write_key):

@@ -178,7 +178,7 @@ def test_a_failing_job_is_logged_not_raised(caplog):
 def test_leader_connections_survive_a_dropped_session():
     lock = lock_id_for("test_drop")
     assert leader.run_as_leader(lock, lambda: None)
-    conn = leader._connections[lock]
+    conn = leader.lock_connection()
     with psycopg.connect(**_params()) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", [conn.info.backend_pid])
     assert leader.run_as_leader(lock, lambda: None) is False  # this tick: nobody knows

@@ -269,3 +269,40 @@ def test_the_limit_scan_sees_the_owners_own_writes():
     assert list(_audit_writes(limits_tree))
     assert list(_audit_writes(trees["fleet/management/commands/createtenant.py"]))
     assert [what for _, what in _limit_writes(ast.parse("Tenant.objects.update(max_backlog=1)"))]
+
+
+RERUNS_OWNER = "fleet/engine/reruns.py"
+LINK_INSERT = re.compile(r"\b(INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+fleet_executionlink\b", re.I)
+
+
+def _link_writes(tree: ast.Module) -> Iterator[int]:
+    """Lines that make or change ExecutionLink rows through the ORM."""
+    writes = {"create", "bulk_create", "get_or_create", "update_or_create", "update", "delete"}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "ExecutionLink":
+            yield node.lineno
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr in writes
+            and isinstance(func.value, ast.Attribute)
+            and isinstance(func.value.value, ast.Name)
+            and func.value.value.id == "ExecutionLink"
+        ):
+            yield node.lineno
+
+
+def test_only_the_reruns_owner_writes_the_rerun_and_retry_history():
+    """Re-runs and retries are recorded (who, when) in the transaction that makes them, by
+    fleet/engine/reruns.py alone: nobody else can forge or drop a link."""
+    found = []
+    for path, tree in _sources():
+        if path == RERUNS_OWNER:
+            continue
+        found += _sql_hits(path, tree, LINK_INSERT)
+        found += [f"{path}:{line}: an ExecutionLink write" for line in _link_writes(tree)]
+    assert not found, "writes of ExecutionLink outside " + RERUNS_OWNER + ":\n" + "\n".join(found)
+    # Guards the scanner: the owner's own writes are what it would flag elsewhere.
+    assert list(_link_writes(dict(_sources())[RERUNS_OWNER]))

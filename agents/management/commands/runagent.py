@@ -32,7 +32,7 @@ from agents.runtime.agent_config import (
     default_name,
     split_list,
 )
-from agents.runtime.client import normalise_server_url
+from agents.runtime.client import server_list
 from agents.runtime.tls import (
     ENV_CA_CERT,
     ENV_CLIENT_CERT,
@@ -75,7 +75,13 @@ class Command(BaseCommand):
     requires_system_checks: list = []  # the checks would import nothing useful and may touch the DB
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--server", help=f"server URL (or ${ENV_SERVER_URL})")
+        parser.add_argument(
+            "--server",
+            action="append",
+            default=[],
+            help=f"server URL (or ${ENV_SERVER_URL}); repeat it, or separate URLs with commas, "
+            "to name several replicas: the agent fails over between them",
+        )
         parser.add_argument("--api-key", help=f"agent API key (or ${ENV_API_KEY})")
         parser.add_argument(
             "--max-concurrency", type=int, default=DEFAULT_MAX_CONCURRENCY, help="task slots"
@@ -113,16 +119,17 @@ class Command(BaseCommand):
             sys.exit(code)
 
     def _config(self, options: dict) -> AgentConfig:
-        server = options["server"] or os.environ.get(ENV_SERVER_URL, "")
+        server = ",".join(options["server"] or []) or os.environ.get(ENV_SERVER_URL, "")
         api_key = options["api_key"] or os.environ.get(ENV_API_KEY, "")
         if not server:
             raise CommandError(f"--server (or {ENV_SERVER_URL}) is required", returncode=2)
         if not api_key:
             raise CommandError(f"--api-key (or {ENV_API_KEY}) is required", returncode=2)
         try:
-            server = normalise_server_url(server)
+            servers = server_list(server)
         except ValueError as exc:
-            raise CommandError(str(exc), returncode=2) from None
+            raise CommandError(f"--server: {exc}", returncode=2) from None
+        server = servers[0]
         triple = options["target_triple"] or host_triple()
         try:
             parse_triple(triple)
@@ -157,6 +164,7 @@ class Command(BaseCommand):
             wire_format=wire_format,
             tls=tls,
             protocol_version=_protocol_version(),
+            servers=servers,
         )
 
 

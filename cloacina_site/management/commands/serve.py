@@ -7,8 +7,9 @@ clamped to every tenant's effective limit (a lowered default) → this
 process's ServerInstance row → daphne on the asyncio Twisted reactor.  Once
 the reactor runs, :meth:`ServeProcess.start` starts the executor, the dispatch
 loop and the periodic jobs on the same event loop, then prints the ready line.
-SIGTERM/SIGINT stop intake first, then the executor, then mark the instance
-stopped and give back its unfinished in-process claims.
+SIGTERM/SIGINT stop intake first, hand the agents' sockets to the other replicas
+(close 4012), then stop the executor, then mark the instance stopped and give
+back its unfinished in-process claims.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from django.db import close_old_connections, connection
 
 from agents.sandbox.task_isolation import TaskUserError
 from artifacts.builds.runner import BuildRunner
-from cloacina_site.daphne_limits import apply_daphne_limits
+from cloacina_site.daphne_limits import apply_daphne_limits, close_websockets, websockets_closing
 from cloacina_site.tls import PLAINTEXT_WARNING, ServerTLS, daphne_endpoint, server_tls
 from cloacina_site.web_security import apply_tls_settings
 from fleet.api import metrics as executor_metrics
@@ -34,6 +35,12 @@ from fleet.engine.events import ExecutorNotFound
 from fleet.engine.executor import PeriodicJob
 from fleet.engine.loop import EngineLoop
 from fleet.engine.periodic import PeriodicJobs
+from fleet.executors.fleet.delivery.handover import (
+    AGENT_SOCKETS_PATH,
+    CLOSE_GO_ELSEWHERE,
+    GO_ELSEWHERE_REASON,
+    HAND_OVER_WAIT_S,
+)
 from fleet.executors.registry import build_dispatcher
 from fleet.platform.config import Config, ConfigError, apply_overrides, parse_flag
 from fleet.platform.isolation import current_warning
@@ -286,12 +293,38 @@ class ServeProcess:
         if self._stopping:
             return None
         self._stopping = True
+        self._hand_over_agents()  # now: daphne's own trigger, next, cancels the consumers
         return defer.Deferred.fromFuture(asyncio.ensure_future(self._stop_async()))
+
+    def _hand_over_agents(self) -> None:
+        """Send every agent connected here to another replica (close 4012), at once."""
+        if not self._executor_started:
+            return
+        try:
+            self.dispatcher.executor.hand_over()
+            closed = close_websockets(
+                self.server, AGENT_SOCKETS_PATH, CLOSE_GO_ELSEWHERE, GO_ELSEWHERE_REASON
+            )
+        except Exception:
+            log.exception("the agents were not handed over cleanly")
+            return
+        if closed:
+            log.info("sent %d agent(s) to the other servers (close %d)", closed, CLOSE_GO_ELSEWHERE)
+
+    async def _agents_gone(self) -> None:
+        """Wait (a little) for the agents' sockets to finish closing: their close frames
+        must leave before the process does."""
+        deadline = asyncio.get_running_loop().time() + HAND_OVER_WAIT_S
+        while websockets_closing(self.server, AGENT_SOCKETS_PATH):
+            if asyncio.get_running_loop().time() >= deadline:
+                return
+            await asyncio.sleep(0.05)
 
     async def _stop_async(self) -> None:
         loop = asyncio.get_running_loop()
         if self.engine is not None:
             self.engine.stop_accepting()
+        await self._agents_gone()
         if self.jobs is not None:
             self.jobs.stop()
         if self.builds is not None:

@@ -34,6 +34,7 @@ from fleet.executors.fleet.delivery import db as delivery_db
 from fleet.executors.fleet.delivery import local_sockets, outbox_ack
 from fleet.executors.fleet.delivery.batch_placement import place_tasks
 from fleet.executors.fleet.delivery.depth import SAMPLE_INTERVAL_S, sample_outbox_depth
+from fleet.executors.fleet.delivery.handover import stop_taking_sockets
 from fleet.executors.fleet.delivery.listener import NotificationListener
 from fleet.executors.fleet.delivery.pg import connect_async
 from fleet.executors.fleet.delivery.placement import (
@@ -137,6 +138,10 @@ class FleetExecutor(TaskExecutor):
         self._probe_task = asyncio.create_task(self._probe_capacity(), name="fleet-capacity")
         await wait_event(self.listener.listening, 5.0)
         log.info("fleet executor started (server %s)", self.claimer)
+
+    def hand_over(self) -> None:
+        """Take no more agent sockets: `serve` sends the agents to other replicas."""
+        stop_taking_sockets()
 
     async def stop(self) -> None:
         if self._probe_task is not None:

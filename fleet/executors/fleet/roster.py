@@ -25,6 +25,7 @@ from agents.protocol.triples import TripleError, parse_triple
 from agents.protocol.wire import WireFormatError, require_same_format
 from fleet.engine.context import unstorable
 from fleet.executors.fleet import lifecycle
+from fleet.executors.fleet.delivery import admission
 from fleet.executors.fleet.delivery.redelivery import mark_running_received
 from fleet.models import ApiKey, Role, Tenant
 from fleet.platform.auth import ROLE_IMPLIES, touch_last_used
@@ -41,9 +42,10 @@ MAX_ITEM_CHARS = 100
 MAX_METRICS_BYTES = 16 * 1024
 # Registration is bounded, so a runaway or hostile agent key cannot fill the roster: agents
 # that are not dead per tenant (CLOACINA_MAX_REGISTERED_AGENTS; a same-name registration
-# replaces one and is always let through) and registrations per key per minute (each one
-# leaves a row behind, dead ones as history).
-REGISTRATIONS_PER_KEY_PER_MINUTE = 60
+# replaces one and is always let through), registrations per key and per tenant in any
+# sliding minute (CLOACINA_AGENT_REGISTRATIONS_PER_KEY_PER_MINUTE / _PER_TENANT_PER_MINUTE:
+# each one leaves a row behind, dead ones as history), and registrations + socket opens
+# per second of this process (delivery/admission.py).  docs/scaling.md sizes them.
 RATE_WINDOW = timedelta(minutes=1)
 # The cap frees when an agent deregisters or is evicted, which nobody can predict: a hint
 # that keeps refused agents from hammering the server, short enough to notice a free place.
@@ -154,25 +156,58 @@ def _validate(reg: Registration) -> Registration:
     )
 
 
-def _check_rate(key: ApiKey) -> None:
-    """429 past the registration rate of ``key`` (checked before anyone is replaced)."""
-    now = timezone.now()
-    window = Agent.objects.filter(api_key=key, registered_at__gt=now - RATE_WINDOW)
-    recent = window.count()
-    if recent >= REGISTRATIONS_PER_KEY_PER_MINUTE:
+def registrations_per_key_per_minute() -> int:
+    """CLOACINA_AGENT_REGISTRATIONS_PER_KEY_PER_MINUTE (0: unlimited)."""
+    return get_config().registrations_per_key_per_minute
+
+
+def _check_admission() -> None:
+    """429 while this server process admits no more agents this second (a storm)."""
+    wait_s = admission.agents().admit()
+    if wait_s > 0:
         raise RosterError(
             ErrorKind.LIMITED,
-            f"this key registered {recent} agents in the last minute (at most "
-            f"{REGISTRATIONS_PER_KEY_PER_MINUTE}); an agent registers once and keeps its name",
-            retry_after_s=_rate_frees_in_s(window, recent, now),
+            "this server admits at most "
+            f"{get_config().agent_admissions_per_s:g} agent registrations and socket opens "
+            "per second (CLOACINA_AGENT_ADMISSIONS_PER_S); retry after the Retry-After delay",
+            retry_after_s=wait_s,
         )
 
 
-def _rate_frees_in_s(window: QuerySet[Agent], recent: int, now: datetime) -> float:
-    """Seconds until the window holds one registration fewer than the limit: when the
+def _check_rate(key: ApiKey) -> None:
+    """429 past the registration rate of ``key`` or of its tenant (checked before anyone is
+    replaced)."""
+    now = timezone.now()
+    per_key = registrations_per_key_per_minute()
+    if per_key > 0:
+        window = Agent.objects.filter(api_key=key, registered_at__gt=now - RATE_WINDOW)
+        recent = window.count()
+        if recent >= per_key:
+            raise RosterError(
+                ErrorKind.LIMITED,
+                f"this key registered {recent} agents in the last minute (at most {per_key}); "
+                "an agent registers once and keeps its name "
+                "(CLOACINA_AGENT_REGISTRATIONS_PER_KEY_PER_MINUTE)",
+                retry_after_s=_rate_frees_in_s(window, recent, per_key, now),
+            )
+    per_tenant = get_config().registrations_per_tenant_per_minute
+    if per_tenant > 0:
+        window = Agent.objects.filter(tenant_id=key.tenant_id, registered_at__gt=now - RATE_WINDOW)
+        recent = window.count()
+        if recent >= per_tenant:
+            raise RosterError(
+                ErrorKind.LIMITED,
+                f"tenant {key.tenant.name!r} registered {recent} agents in the last minute (at "
+                f"most {per_tenant}: CLOACINA_AGENT_REGISTRATIONS_PER_TENANT_PER_MINUTE)",
+                retry_after_s=_rate_frees_in_s(window, recent, per_tenant, now),
+            )
+
+
+def _rate_frees_in_s(window: QuerySet[Agent], recent: int, limit: int, now: datetime) -> float:
+    """Seconds until the window holds one registration fewer than ``limit``: when the
     registration that many places from the oldest ages out of it."""
     times = window.order_by("registered_at").values_list("registered_at", flat=True)
-    ages_out = times[recent - REGISTRATIONS_PER_KEY_PER_MINUTE] + RATE_WINDOW
+    ages_out = times[recent - limit] + RATE_WINDOW
     return max(0.0, (ages_out - now).total_seconds())
 
 
@@ -201,6 +236,7 @@ def register(key: ApiKey, registration: Registration) -> Agent:
     """Add an agent to the key's tenant; a live agent of the same name is replaced
     (declared dead, its work reclaimed) — a restarted agent keeps its name."""
     reg = _validate(registration)
+    _check_admission()  # first: a storm costs this process no database work per refusal
     _check_rate(key)
     _check_cap(key, reg.name)  # refuse before replacing anyone
 

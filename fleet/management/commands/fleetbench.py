@@ -5,9 +5,10 @@ Runs a real server against a database of its own (``cloacina_bench``, flushed
 on every run), submits no-op tasks over the REST API and prints throughput and
 Ready→started latency percentiles measured from the database rows.  ``--schedules N``
 instead makes N cron schedules due in the same second and prints how long the server
-took to start them all (fleet/bench/schedules.py).  ``--client rest`` instead has users
-submit one execution at a time over REST and poll it until done, as a script would
-(fleet/bench/rest_client.py).
+took to start them all (fleet/bench/schedules.py).  ``--replicas N`` runs N fleet servers
+on the database with the agents spread over them (fleet/bench/replicas.py).  ``--client rest``
+instead has users submit one execution at a time over REST and poll it until done, as a
+script would (fleet/bench/rest_client.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from django.core.management.base import BaseCommand, CommandError
 from fleet.bench import rest_client
 from fleet.bench.database import use_bench_database
 from fleet.bench.default import run_default_bench
+from fleet.bench.replicas import run_replicas_bench
 from fleet.bench.schedules import run_schedule_bench
 from fleet.platform.config import get_config
 
@@ -42,6 +44,12 @@ class Command(BaseCommand):
             type=float,
             default=300.0,
             help="tasks/s offered in the paced phase (default executor; 0 skips it)",
+        )
+        parser.add_argument(
+            "--replicas",
+            type=int,
+            default=0,
+            help="instead: N fleet servers on the database, the agents spread over them",
         )
         parser.add_argument(
             "--client",
@@ -74,6 +82,8 @@ class Command(BaseCommand):
             raise CommandError(f"--paced-rate must be >= 0, got {options['paced_rate']:g}")
         if options["schedules"] < 0:
             raise CommandError(f"--schedules must be >= 0, got {options['schedules']}")
+        if options["replicas"] < 0:
+            raise CommandError(f"--replicas must be >= 0, got {options['replicas']}")
         if options["client"]:
             executions = max(1, options["tasks"] // options["width"])
             errors = rest_client.option_errors(
@@ -87,6 +97,11 @@ class Command(BaseCommand):
         self.stderr.write(f"fleetbench: using database {url.split('?')[0]} (flushed)")
         if options["schedules"]:
             result = run_schedule_bench(url, options["schedules"], workers)
+        elif options["replicas"]:
+            result = run_replicas_bench(
+                url, options["replicas"], options["agents"], options["tasks"],
+                options["width"], options["poll"],
+            )  # fmt: skip
         elif options["client"] == "rest":
             result = rest_client.run_rest_client_bench(
                 url,

@@ -43,6 +43,18 @@ class LocalSocket:
 
 _sockets: dict[uuid.UUID, LocalSocket] = {}
 _listeners: list[Callable[[LocalSocket], None]] = []
+_accepting = True  # False once the server stops: new sockets are sent elsewhere (4012)
+
+
+def accepting() -> bool:
+    """Whether this process takes agent sockets (not once it is shutting down)."""
+    return _accepting
+
+
+def stop_accepting() -> None:
+    """The server is stopping: every socket opened from now on is closed 4012."""
+    global _accepting
+    _accepting = False
 
 
 def register(socket: LocalSocket) -> LocalSocket | None:
@@ -83,5 +95,7 @@ def remove_listener(listener: Callable[[LocalSocket], None]) -> None:
 
 
 def clear() -> None:
-    """Forget every socket (tests)."""
+    """Forget every socket and take sockets again (tests)."""
+    global _accepting
     _sockets.clear()
+    _accepting = True
