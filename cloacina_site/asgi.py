@@ -12,7 +12,12 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "cloacina_site.settings")
-django_asgi_app = get_asgi_application()
+get_asgi_application()  # django.setup(), before anything imports a model
+
+from cloacina_site.one_hop import OneHopASGIHandler  # noqa: E402
+
+# Django's handler, its middleware in one hop to the sync thread (cloacina_site/one_hop.py).
+django_asgi_app = OneHopASGIHandler()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from django.db import connection
 from django.db.models import QuerySet
 from packaging.version import InvalidVersion, Version
 
@@ -21,9 +22,14 @@ if TYPE_CHECKING:
 
 
 # Raw SQL: every execution start asks this, and compiling the ORM's ordered query was
-# the largest single cost of starting one.  The same query the ORM would run.
+# the largest single cost of starting one.  The same query the ORM would run, its columns
+# named in the model's field order so the row becomes the model without a RawQuerySet
+# (which matched columns to fields and looked up converters on every call).
+_PACKAGE_FIELDS = tuple(WorkflowPackage._meta.concrete_fields)
+_PACKAGE_ATTNAMES = tuple(field.attname for field in _PACKAGE_FIELDS)
 _ACTIVE_PACKAGE = f"""
-SELECT * FROM {WorkflowPackage._meta.db_table}
+SELECT {", ".join(field.column for field in _PACKAGE_FIELDS)}
+FROM {WorkflowPackage._meta.db_table}
 WHERE tenant_id = %s AND workflow_name = %s AND NOT superseded
 ORDER BY built_at DESC, id DESC LIMIT 1
 """
@@ -33,9 +39,16 @@ def active_package(tenant: Tenant | int, workflow_name: str) -> WorkflowPackage 
     """The package new executions of ``workflow_name`` use: the newest built, non-superseded
     package of the tenant that declares that workflow."""
     tenant_id = tenant if isinstance(tenant, int) else tenant.pk
-    return next(
-        iter(WorkflowPackage.objects.raw(_ACTIVE_PACKAGE, [tenant_id, workflow_name])), None
-    )
+    with connection.cursor() as cursor:
+        cursor.execute(_ACTIVE_PACKAGE, [tenant_id, workflow_name])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = [
+        field.from_db_value(value, None, connection) if hasattr(field, "from_db_value") else value
+        for field, value in zip(_PACKAGE_FIELDS, row, strict=True)
+    ]  # the JSON fields: psycopg hands jsonb to Django as text
+    return WorkflowPackage.from_db(connection.alias, _PACKAGE_ATTNAMES, values)
 
 
 def packages_for(tenant: Tenant | int) -> QuerySet[WorkflowPackage]:

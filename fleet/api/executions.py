@@ -15,6 +15,7 @@ from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
 
 from artifacts.store.manifest import PRIORITY_LIMIT
+from fleet.api.execution_view import error_text, execution_view
 from fleet.api.reruns import RerunLinkOut, RetryLinkOut, links_of
 from fleet.engine import ready_queue, scheduler
 from fleet.engine.context import ContextError, validate_context
@@ -119,16 +120,11 @@ def _execution_for(tenant: Tenant, execution_id: uuid.UUID | str) -> WorkflowExe
 
 
 def _task_out(task: TaskExecution) -> dict:
-    error = None
-    if task.error_type or task.error_message:
-        error = (
-            f"{task.error_type}: {task.error_message}" if task.error_type else task.error_message
-        )
     return {
         "task_id": task.task_name,  # the API keeps its published name (CONTRACT.md)
         "status": task.status,
         "attempt": task.attempt,
-        "error": error,
+        "error": error_text(task.error_type, task.error_message),
         "agent": task.agent.name if task.agent_id else None,
         "wait_reason": task.wait_reason,
         "started_at": task.started_at,
@@ -220,7 +216,11 @@ def list_executions(request: HttpRequest, filters: Query[ListFilter]):
     summary="An execution with its final context and per-task status",
 )
 def get_execution(request: HttpRequest, execution_id: uuid.UUID):
-    return _execution_out(_execution_for(request.tenant, execution_id))
+    # The path users poll: one statement (fleet/api/execution_view.py), not the ORM's two.
+    view = execution_view(request.tenant.pk, execution_id)
+    if view is None:
+        raise HttpError(404, f"execution {execution_id} not found")
+    return view
 
 
 @router.post(

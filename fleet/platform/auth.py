@@ -1,7 +1,9 @@
 """Bearer-key authentication for the REST API.
 
 Every endpoint declares which roles may call it; the key's tenant is put on
-the request (``request.tenant``) and every query must be scoped by it.
+the request (``request.tenant``) and every query must be scoped by it.  A verified key is
+reused for a few seconds (fleet/platform/key_cache.py: revocation is immediate in this
+process, within the TTL in others).
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from django.utils import timezone
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
 
-from fleet.platform.tenancy import ApiKey, Role
+from fleet.platform import key_cache
+from fleet.platform.tenancy import ApiKey, Role, hash_secret
 
 # A write key may do everything a read key may.
 ROLE_IMPLIES = {
@@ -37,7 +40,8 @@ class KeyAuth(HttpBearer):
         return super().__call__(request)
 
     def authenticate(self, request: HttpRequest, token: str) -> ApiKey:
-        key = ApiKey.verify(token)
+        key_hash = hash_secret(token)
+        key = key_cache.lookup(key_hash) or verify_and_remember(token, key_hash)
         if key is None:
             raise HttpError(401, "invalid or revoked API key")
         if not (ROLE_IMPLIES[key.role] & self.roles):
@@ -45,19 +49,32 @@ class KeyAuth(HttpBearer):
                 403,
                 f"a {key.role} key may not call this endpoint (needs {' or '.join(sorted(self.roles))})",
             )
-        touch_last_used(key)
+        if touch_last_used(key):
+            key_cache.note_used(key_hash, key.last_used_at)
         request.api_key = key
         request.tenant = key.tenant
         return key
 
 
-def touch_last_used(key: ApiKey) -> None:
+def verify_and_remember(token: str, key_hash: str) -> ApiKey | None:
+    """:meth:`ApiKey.verify`, the key kept in the cache when it verified."""
+    key = ApiKey.verify(token)
+    if key is not None:
+        key_cache.remember(key_hash, key)
+    return key
+
+
+def touch_last_used(key: ApiKey) -> bool:
+    """Record that ``key`` was used, at most once per LAST_USED_GRANULARITY_S; True if written."""
     now = timezone.now()
     if (
         key.last_used_at is None
         or (now - key.last_used_at).total_seconds() > LAST_USED_GRANULARITY_S
     ):
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+        key.last_used_at = now
+        return True
+    return False
 
 
 read_auth = KeyAuth(Role.READ)

@@ -301,6 +301,9 @@ SETTINGS: tuple[Setting, ...] = (
         "login_failure_limit", "CLOACINA_LOGIN_FAILURE_LIMIT", "login_failure_limit", int, 5, 1
     ),
     Setting("login_lockout_s", "CLOACINA_LOGIN_LOCKOUT_S", "login_lockout_s", int, 900, 1),
+    # How long a server process reuses a verified API key (fleet/platform/key_cache.py):
+    # a key revoked on another server process stops working within this (at most 60 s).
+    Setting("auth_cache_ttl_s", "CLOACINA_AUTH_CACHE_TTL_S", "auth_cache_ttl_s", float, 5.0),
     # Bearer token /metrics requires (empty = open, as before).
     Setting("metrics_token", "CLOACINA_METRICS_TOKEN", "metrics_token", str, ""),
 )
@@ -402,6 +405,7 @@ class Config:
     login_failure_limit: int = 5
     login_lockout_s: int = 900
     metrics_token: str = ""
+    auth_cache_ttl_s: float = 5.0
     # Executors registered from configuration ([executors] / CLOACINA_EXECUTORS), by key.
     executors: dict[str, ExecutorSpec] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)

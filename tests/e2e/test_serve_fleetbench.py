@@ -5,6 +5,9 @@ Here: the end-to-end tests (real processes); the rest are in tests/unit/test_ser
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 
 from tests.support.processes import Processes
@@ -43,3 +46,45 @@ def test_fleetbench_refuses_a_negative_rate(procs):
     result = procs.manage("fleetbench", "--paced-rate", "-5", timeout=60)
     assert result.returncode != 0
     assert "--paced-rate must be >= 0, got -5" in result.stderr
+
+
+def _rest_rows(stdout: str) -> dict[str, list[str]]:
+    """The rows of a --client rest table by their name (the words before the numbers)."""
+    rows = {}
+    for line in stdout.splitlines():
+        if line.startswith(("rest", "POST", "GET")):
+            name, *cells = re.split(r"\s{2,}", line.strip())  # columns: two spaces or more
+            rows[name] = cells
+    return rows
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("executor", ["default", "fleet"])
+def test_fleetbench_client_rest_submits_and_polls_like_a_user(procs, executor):
+    result = procs.manage(
+        "fleetbench", "--client", "rest", "--executor", executor, "--agents", "1",
+        "--tasks", "30", "--width", "3", "--clients", "2", "--poll", "0.2", timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith(f"fleetbench: executor={executor} client=rest users=2")
+    assert "executions=10x3" in lines[0]
+    rows = _rest_rows(result.stdout)
+    assert rows["rest (server clock)"][:2] == ["30", "0"]  # 30 tasks, none failed
+    assert rows["rest (client clock)"][:2] == ["30", "0"]
+    assert float(rows["rest (client clock)"][3]) > 0  # tasks/s by the users' clock
+    # The request table: 10 of each timed on the idle server, with the server's CPU.
+    for name in ("POST start (idle)", "GET execution (idle)"):
+        assert rows[name][0] == "10" and math.isfinite(float(rows[name][-1])), rows
+    assert rows["POST start (run)"][0] == "10"
+    assert int(rows["GET execution (run)"][0]) >= 10  # at least one poll per execution
+
+
+@pytest.mark.e2e
+def test_fleetbench_client_rest_refuses_more_users_than_executions(procs):
+    result = procs.manage(
+        "fleetbench", "--client", "rest", "--tasks", "20", "--width", "10", "--clients", "3",
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "--clients (3) must not exceed the executions (--tasks / --width = 2)" in result.stderr

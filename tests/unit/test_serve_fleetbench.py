@@ -15,3 +15,46 @@ def test_percentiles_and_throughput():
     assert phase.throughput == 200
     assert phase.percentile(50) == pytest.approx(50.5)
     assert phase.percentile(99) == pytest.approx(99.01)
+
+
+# --- --client rest (fleet/bench/rest_client.py) ------------------------------------------
+
+
+def test_the_rest_client_options_are_checked():
+    from fleet.bench.rest_client import option_errors
+
+    assert option_errors(executions=200, clients=4, poll_interval_s=0.01) == []
+    assert option_errors(200, 0, 0.0) == ["--clients must be >= 1, got 0"]
+    assert option_errors(3, 4, 0.0) == [
+        "--clients (4) must not exceed the executions (--tasks / --width = 3)"
+    ]
+    assert option_errors(3, 1, -1) == ["--rest-poll-interval must be >= 0, got -1"]
+
+
+def test_the_rest_client_table_shows_both_clocks_and_each_request():
+    from fleet.bench.rest_client import RequestCost, RestClientResult
+    from fleet.bench.workload import BenchResult
+
+    phases = [
+        PhaseResult("rest (server clock)", 100, 0.5, [1.0, 2.0], cpu={"server": 0.2}),
+        PhaseResult("rest (client clock)", 100, 0.8, [30.0, 40.0]),
+    ]
+    result = RestClientResult(
+        BenchResult("fleet", {"client": "rest", "users": 2}, phases),
+        [
+            RequestCost("GET execution (idle)", 4, [1.0, 2.0, 3.0, 9.0], 1.234),
+            RequestCost("GET execution (run)", 2, [5.0, 7.0], None),
+        ],
+    )
+    lines = result.table().splitlines()
+    assert lines[0] == "fleetbench: executor=fleet client=rest users=2"
+    rows = {
+        line.split("  ")[0].strip(): line.split()
+        for line in lines
+        if line.startswith(("rest", "GET"))
+    }
+    assert rows["rest (server clock)"][3:7] == ["100", "0", "0.50", "200"]  # tasks/s by the server
+    assert rows["rest (server clock)"][-2] == "2.00"  # server CPU ms per task
+    assert rows["rest (client clock)"][3:7] == ["100", "0", "0.80", "125"]
+    assert rows["GET execution (idle)"][3:] == ["4", "3.0", "9.0", "1.23"]
+    assert rows["GET execution (run)"][3:] == ["2", "7.0", "7.0", "-"]

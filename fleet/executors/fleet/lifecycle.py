@@ -52,6 +52,7 @@ from fleet.executors.fleet.routing import affinity, groups, phases
 from fleet.executors.fleet.routing.phases import Phase
 from fleet.executors.fleet.state import ledger
 from fleet.models import ApiKey, Eviction
+from fleet.platform import key_cache
 from fleet.platform.config import get_config
 from fleet.platform.errors import DomainError, ErrorKind
 
@@ -420,6 +421,7 @@ def revoke_key(key: ApiKey) -> bool:
         == 1
     )
     if revoked:
+        key_cache.forget_key(key.pk)  # refused at once in this process, not after the TTL
         retire_agents_of_key(key.pk)
     return revoked
 
@@ -437,6 +439,7 @@ def revoke_keys(lookups: Iterable[str]) -> int:
         now = timezone.now()
         if ApiKey.objects.filter(pk=key_id, revoked_at__isnull=True).update(revoked_at=now):
             revoked += 1
+            key_cache.forget_key(key_id)
             retire_agents_of_key(key_id)
     return revoked
 

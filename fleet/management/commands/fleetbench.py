@@ -1,14 +1,17 @@
-"""`manage.py fleetbench [--agents N] [--tasks N] [--executor default|fleet] [--schedules N]`.
+"""`manage.py fleetbench [--agents N] [--tasks N] [--executor default|fleet] [--schedules N]
+[--client rest [--clients N] [--rest-poll-interval S]]`.
 
 Runs a real server against a database of its own (``cloacina_bench``, flushed
 on every run), submits no-op tasks over the REST API and prints throughput and
 Ready→started latency percentiles measured from the database rows.  ``--schedules N``
 instead makes N cron schedules due in the same second and prints how long the server
 took to start them all (fleet/bench/schedules.py).  ``--replicas N`` runs N fleet servers
-on the database with the agents spread over them (fleet/bench/replicas.py).  ``--lock-order-tenants T`` instead
-drives placement and result batches in-process, the agents and tasks in one tenant and
-then spread over T, and prints both throughputs and the deadlocks PostgreSQL detected
-(fleet/bench/lock_order.py).
+on the database with the agents spread over them (fleet/bench/replicas.py).
+``--lock-order-tenants T`` instead drives placement and result batches in-process, the
+agents and tasks in one tenant and then spread over T, and prints both throughputs and the
+deadlocks PostgreSQL detected (fleet/bench/lock_order.py).  ``--client rest`` instead has
+users submit one execution at a time over REST and poll it until done, as a script would
+(fleet/bench/rest_client.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import logging
 
 from django.core.management.base import BaseCommand, CommandError
 
+from fleet.bench import rest_client
 from fleet.bench.database import use_bench_database
 from fleet.bench.default import run_default_bench
 from fleet.bench.lock_order import run_lock_order_bench
@@ -59,6 +63,20 @@ class Command(BaseCommand):
             "in 1 tenant, then over T tenants (fleet/bench/lock_order.py)",
         )
         parser.add_argument(
+            "--client",
+            choices=["rest"],
+            default=None,
+            help="instead: users submit one execution at a time over REST and poll it until done "
+            "(--tasks / --width executions; fleet/bench/rest_client.py)",
+        )
+        parser.add_argument("--clients", type=int, default=1, help="parallel users (--client rest)")
+        parser.add_argument(
+            "--rest-poll-interval",
+            type=float,
+            default=0.01,
+            help="seconds between a user's GETs of its execution (--client rest)",
+        )
+        parser.add_argument(
             "--schedules",
             type=int,
             default=0,
@@ -81,6 +99,13 @@ class Command(BaseCommand):
             raise CommandError(f"--schedules must be >= 0, got {options['schedules']}")
         if options["replicas"] < 0:
             raise CommandError(f"--replicas must be >= 0, got {options['replicas']}")
+        if options["client"]:
+            executions = max(1, options["tasks"] // options["width"])
+            errors = rest_client.option_errors(
+                executions, options["clients"], options["rest_poll_interval"]
+            )
+            if errors:
+                raise CommandError("; ".join(errors))
         workers = options["workers"] or get_config().worker_processes
         url = use_bench_database()
         logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -96,6 +121,18 @@ class Command(BaseCommand):
                 url, options["replicas"], options["agents"], options["tasks"],
                 options["width"], options["poll"],
             )  # fmt: skip
+        elif options["client"] == "rest":
+            result = rest_client.run_rest_client_bench(
+                url,
+                options["executor"],
+                tasks=options["tasks"],
+                width=options["width"],
+                clients=options["clients"],
+                poll_interval_s=options["rest_poll_interval"],
+                agents=options["agents"],
+                workers=workers,
+                poll_s=options["poll"],
+            )
         elif options["executor"] == "fleet":
             result = self._fleet(url, options, workers)
         else:
