@@ -20,12 +20,16 @@ T tenants, each tenant with its own keys.  Measured, in this order:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import resource
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
 import psutil
 from django.db import connection, transaction
@@ -69,6 +73,7 @@ class ScaleSettings:
 class ScaleResult:
     settings: ScaleSettings
     figures: list[tuple[str, str]] = field(default_factory=list)
+    log: str = ""  # where the server's log was kept
 
     def add(self, name: str, value: str) -> None:
         self.figures.append((name, value))
@@ -218,42 +223,67 @@ def run_scale_bench(database_url: str, settings: ScaleSettings) -> ScaleResult:
         "CLOACINA_MAX_REGISTERED_AGENTS": str(per_tenant),
     }
     deadlocks_before = deadlocks()
-    with BenchServer(database_url, "fleet", **env) as server:
-        for key in write_keys:
-            api = Api(server.url, key)
-            try:
-                api.upload(workload.noop_package(workload.WIDE_WORKFLOW, settings.width))
-            finally:
-                api.close()
+    server = BenchServer(database_url, "fleet", **env)
+    try:
+        server.start()
+        _upload(server.url, write_keys, settings.width)
         probe = ServerProbe(server.process.pid)
         base_cpu_pct, base_rss = probe.idle(BASELINE_S)
         swarm = Swarm(server.url, swarm_keys, slots=settings.slots)
-        swarm.start()
         try:
-            _connect(result, swarm, tenants)
+            _connect(result, swarm, tenants, probe)
             _idle(result, probe, swarm, base_cpu_pct, base_rss)
-            _dispatch(result, swarm, tenants, settings)
-            evicted = Eviction.objects.filter(
-                tenant__in=tenants, evicted_at__gte=_since(swarm.started_at)
-            ).count()
-            result.add("evictions", str(evicted))
+            idle_evictions = evictions(tenants, swarm.started_at)
+            _dispatch(result, swarm, tenants, settings, probe)
+            total = evictions(tenants, swarm.started_at)
+            result.add("evictions", f"{total} (connect + idle: {idle_evictions})")
         finally:
             swarm.stop()
         counts = swarm.counts()
         result.add("agents drained", f"{counts.exited - counts.failed}/{counts.started}")
+    finally:
+        server.stop()
+        result.log = _keep_log(server)
     result.add("pg deadlocks", str(deadlocks() - deadlocks_before))
+    result.add("server log", result.log)
     return result
 
 
-def _since(epoch_s: float) -> datetime:
-    return datetime.fromtimestamp(epoch_s, tz=UTC)
+def evictions(tenants: list[Tenant], since_epoch_s: float) -> int:
+    since = datetime.fromtimestamp(since_epoch_s, tz=UTC)
+    return Eviction.objects.filter(tenant__in=tenants, evicted_at__gte=since).count()
 
 
-def _connect(result: ScaleResult, swarm: Swarm, tenants: list[Tenant]) -> None:
+def _upload(url: str, write_keys: list[str], width: int) -> None:
+    for key in write_keys:
+        api = Api(url, key)
+        try:
+            api.upload(workload.noop_package(workload.WIDE_WORKFLOW, width))
+        finally:
+            api.close()
+
+
+def _keep_log(server: BenchServer) -> str:
+    """The server's log, copied out of its home (which a clean stop removes): at scale it is
+    where evictions, deadlocks and refused registrations are explained."""
+    kept = Path(tempfile.gettempdir()) / f"fleetbench-scale-{int(time.time())}-serve.log"
+    with contextlib.suppress(OSError):
+        shutil.copyfile(server.log_path, kept)
+        shutil.rmtree(server.home, ignore_errors=True)
+        return str(kept)
+    return str(server.log_path)
+
+
+def _connect(result: ScaleResult, swarm: Swarm, tenants: list[Tenant], probe: ServerProbe) -> None:
+    cpu_before = probe.cpu_s()
+    swarm.start()
     connect_s = wait_connected(swarm, tenants)
+    cpu_s = probe.cpu_s() - cpu_before
     result.add("agents connected", f"{live_connected(tenants)}/{swarm.size}")
     result.add("connect wall s", f"{connect_s:.1f}")
     result.add("registrations/s", f"{registration_rate(swarm, tenants):.0f}")
+    # Registration, socket open and hello; CPU time, which the machine's load does not inflate.
+    result.add("server CPU ms/agent connect", f"{1000.0 * cpu_s / swarm.size:.2f}")
 
 
 def _idle(
@@ -263,21 +293,31 @@ def _idle(
     cpu_pct, rss = probe.idle(window_s)
     result.add("quiet window s", f"{window_s:.1f} ({result.settings.windows} liveness windows)")
     result.add("idle server CPU %", f"{cpu_pct:.1f} (no agents: {base_cpu_pct:.1f})")
+    beats_per_s = swarm.size / result.settings.heartbeat_s
+    beat_ms = 10.0 * (cpu_pct - base_cpu_pct) / beats_per_s  # % of a core → ms per second
+    result.add("server CPU ms/beat", f"{beat_ms:.2f}")
     result.add("server RSS MB", f"{rss / KB / KB:.0f} (no agents: {base_rss / KB / KB:.0f})")
     result.add("server KB/agent", f"{(rss - base_rss) / KB / swarm.size:.1f}")
 
 
 def _dispatch(
-    result: ScaleResult, swarm: Swarm, tenants: list[Tenant], settings: ScaleSettings
+    result: ScaleResult,
+    swarm: Swarm,
+    tenants: list[Tenant],
+    settings: ScaleSettings,
+    probe: ServerProbe,
 ) -> None:
     warm = queue_spread(tenants, len(tenants))  # one execution per tenant: caches filled
     workload.wait_finished(warm)
     runs_before = swarm.counts().runs
     executions = max(1, math.ceil(settings.tasks / settings.width))
+    cpu_before = probe.cpu_s()
     ids = queue_spread(tenants, executions)
     workload.wait_finished(ids)
+    cpu_s = probe.cpu_s() - cpu_before
     phase = workload.measure_drain("dispatch", ids)
     result.add("dispatch tasks", f"{phase.tasks} (failed {phase.failed})")
     result.add("dispatch tasks/s", f"{phase.throughput:.0f}")
+    result.add("server CPU ms/task", f"{1000.0 * cpu_s / max(phase.tasks, 1):.2f}")
     result.add("completed exactly once", f"{exactly_once(ids)}/{phase.tasks}")
     result.add("simulated runs", str(swarm.counts().runs - runs_before))
