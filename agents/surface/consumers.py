@@ -29,7 +29,6 @@ import uuid
 from typing import Any
 
 from channels.consumer import get_handler_name
-from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
@@ -202,8 +201,11 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         except ValueError:
             await self._close(CLOSE_UNKNOWN_AGENT, "unknown agent")
             return
-        result = await database_sync_to_async(roster.open_socket)(
-            token, agent_id, local_sockets.server_id()
+        # On the delivery pool, whose threads keep their connections: not on the one thread
+        # every sync view shares, and not a new PostgreSQL connection per socket (a
+        # reconnect storm opens thousands at once).
+        result = await delivery_db.call(
+            roster.open_socket, token, agent_id, local_sockets.server_id()
         )
         if isinstance(result, roster.SocketRefusal):
             await self._close(result.code, result.reason)
@@ -226,8 +228,8 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             return
         local_sockets.unregister(grant.agent_id, self.channel_name)
         with contextlib.suppress(Exception):
-            await database_sync_to_async(roster.close_socket)(
-                grant.agent_id, local_sockets.server_id(), grant.generation
+            await delivery_db.call(
+                roster.close_socket, grant.agent_id, local_sockets.server_id(), grant.generation
             )
 
     async def _close(self, code: int, reason: str) -> None:

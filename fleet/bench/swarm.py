@@ -42,7 +42,9 @@ log = logging.getLogger(__name__)
 # Registrations in flight at once: the swarm starts a new agent when one of these is
 # answered, so thousands of agents do not wait in one HTTP pool until they time out.
 REGISTERING_AT_ONCE = 64
-HTTP_CONNECTIONS = 64  # the swarm's REST connections to the server, all keys together
+# The swarm's REST connections, all keys together: room for the registrations in flight
+# and for REST beats and results beside them (real agents do not queue behind each other).
+HTTP_CONNECTIONS = 512
 ADMIT_POLL_S = 0.01
 STOP_TIMEOUT_S = 120.0
 
