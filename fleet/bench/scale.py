@@ -69,6 +69,49 @@ class ScaleSettings:
         return self.heartbeat_s * self.misses
 
 
+# fleetbench's options for this phase: (flag, type, default, help).
+SWARM_ARGUMENTS: tuple[tuple[str, type, object, str], ...] = (
+    ("--simulated-agents", int, 0,
+     "instead (fleet): N simulated agents in this process; connect, idle, dispatch"),
+    ("--tenants", int, 1, "tenants the simulated agents spread over"),
+    ("--heartbeat-interval", float, 15.0,
+     "seconds between beats (simulated agents; the server's setting)"),
+    ("--liveness-misses", int, 3, "beats missed before an eviction"),
+    ("--liveness-windows", int, 3, "liveness windows the idle phase watches for evictions"),
+    ("--agents-per-key", int, AGENTS_PER_KEY, "simulated agents registering with one agent key"),
+)  # fmt: skip
+
+
+def scale_settings(options: dict) -> ScaleSettings | None:
+    """The phase's settings from fleetbench's options; None without ``--simulated-agents``.
+    Raises ValueError naming the bad option (checked before any database is touched)."""
+    agents = options["simulated_agents"]
+    if agents < 0:
+        raise ValueError(f"--simulated-agents must be >= 0, got {agents}")
+    for name in ("tenants", "liveness_misses", "liveness_windows", "agents_per_key"):
+        if options[name] < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {options[name]}")
+    if options["heartbeat_interval"] <= 0:
+        raise ValueError(f"--heartbeat-interval must be > 0, got {options['heartbeat_interval']:g}")
+    if not agents:
+        return None
+    if options["executor"] != "fleet":
+        raise ValueError("--simulated-agents needs --executor fleet")
+    if options["tenants"] > agents:
+        raise ValueError("--tenants must not exceed --simulated-agents")
+    return ScaleSettings(
+        agents=agents,
+        tenants=options["tenants"],
+        tasks=options["tasks"],
+        width=options["width"],
+        heartbeat_s=options["heartbeat_interval"],
+        misses=options["liveness_misses"],
+        windows=options["liveness_windows"],
+        agents_per_key=options["agents_per_key"],
+        poll_s=options["poll"],
+    )
+
+
 @dataclass
 class ScaleResult:
     settings: ScaleSettings

@@ -19,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from fleet.bench.database import use_bench_database
 from fleet.bench.default import run_default_bench
-from fleet.bench.scale import AGENTS_PER_KEY, ScaleSettings, run_scale_bench
+from fleet.bench.scale import SWARM_ARGUMENTS, run_scale_bench, scale_settings
 from fleet.bench.schedules import run_schedule_bench
 from fleet.platform.config import get_config
 
@@ -49,37 +49,8 @@ class Command(BaseCommand):
             default=0,
             help="instead: N cron schedules due in one second; time until all started",
         )
-
-        parser.add_argument(
-            "--simulated-agents",
-            type=int,
-            default=0,
-            help="instead (fleet): N simulated agents in this process; connect, idle, dispatch",
-        )
-        parser.add_argument(
-            "--tenants", type=int, default=1, help="tenants the simulated agents spread over"
-        )
-        parser.add_argument(
-            "--heartbeat-interval",
-            type=float,
-            default=15.0,
-            help="seconds between beats (simulated agents; the server's setting)",
-        )
-        parser.add_argument(
-            "--liveness-misses", type=int, default=3, help="beats missed before an eviction"
-        )
-        parser.add_argument(
-            "--liveness-windows",
-            type=int,
-            default=3,
-            help="liveness windows the idle phase watches for evictions",
-        )
-        parser.add_argument(
-            "--agents-per-key",
-            type=int,
-            default=AGENTS_PER_KEY,
-            help="simulated agents registering with one agent key",
-        )
+        for flag, kind, default, text in SWARM_ARGUMENTS:
+            parser.add_argument(flag, type=kind, default=default, help=text)
 
     def handle(self, *args, **options) -> None:
         for name in ("tasks", "width", "agents"):
@@ -91,15 +62,18 @@ class Command(BaseCommand):
             raise CommandError(f"--paced-rate must be >= 0, got {options['paced_rate']:g}")
         if options["schedules"] < 0:
             raise CommandError(f"--schedules must be >= 0, got {options['schedules']}")
-        self._check_swarm_options(options)
+        try:
+            swarm_settings = scale_settings(options)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         workers = options["workers"] or get_config().worker_processes
         url = use_bench_database()
         logging.getLogger("httpx").setLevel(logging.WARNING)
         self.stderr.write(f"fleetbench: using database {url.split('?')[0]} (flushed)")
         if options["schedules"]:
             result = run_schedule_bench(url, options["schedules"], workers)
-        elif options["simulated_agents"]:
-            result = run_scale_bench(url, self._scale_settings(options))
+        elif swarm_settings is not None:
+            result = run_scale_bench(url, swarm_settings)
         elif options["executor"] == "fleet":
             result = self._fleet(url, options, workers)
         else:
@@ -113,39 +87,6 @@ class Command(BaseCommand):
                 paced_rate=options["paced_rate"],
             )
         self.stdout.write(result.table())
-
-    @staticmethod
-    def _check_swarm_options(options: dict) -> None:
-        if options["simulated_agents"] < 0:
-            raise CommandError(
-                f"--simulated-agents must be >= 0, got {options['simulated_agents']}"
-            )
-        if options["simulated_agents"] and options["executor"] != "fleet":
-            raise CommandError("--simulated-agents needs --executor fleet")
-        for name in ("tenants", "liveness_misses", "liveness_windows", "agents_per_key"):
-            if options[name] < 1:
-                flag = "--" + name.replace("_", "-")
-                raise CommandError(f"{flag} must be >= 1, got {options[name]}")
-        if options["heartbeat_interval"] <= 0:
-            raise CommandError(
-                f"--heartbeat-interval must be > 0, got {options['heartbeat_interval']:g}"
-            )
-        if options["simulated_agents"] and options["tenants"] > options["simulated_agents"]:
-            raise CommandError("--tenants must not exceed --simulated-agents")
-
-    @staticmethod
-    def _scale_settings(options: dict) -> ScaleSettings:
-        return ScaleSettings(
-            agents=options["simulated_agents"],
-            tenants=options["tenants"],
-            tasks=options["tasks"],
-            width=options["width"],
-            heartbeat_s=options["heartbeat_interval"],
-            misses=options["liveness_misses"],
-            windows=options["liveness_windows"],
-            agents_per_key=options["agents_per_key"],
-            poll_s=options["poll"],
-        )
 
     def _fleet(self, url: str, options: dict, workers: int):
         try:
