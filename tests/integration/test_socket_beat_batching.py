@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
+import psycopg
 import pytest
+from django.db import connection
 
 from agents.models import Agent
 from fleet.executors.fleet import socket_writes
@@ -103,3 +105,45 @@ def test_a_held_beat_never_holds_back_the_sockets_confirmations(tenant, agent_ke
     run_async(scenario())
     agent.refresh_from_db()
     assert agent.last_heartbeat.year > 2001
+
+
+def test_a_beat_never_waits_for_a_locked_agent_row_nor_holds_up_the_others(tenant):
+    """A result batch or a placement may hold an agent's row for a while: the beats of the
+    other agents in the round are written at once, the locked agent's once the lock goes
+    (not answered "dead" meanwhile, which would close its socket)."""
+    locked, free = make_agent(tenant, "locked"), make_agent(tenant, "free")
+    Agent.objects.update(last_heartbeat="2001-01-01T00:00:00Z")
+
+    async def scenario():
+        holder = await psycopg.AsyncConnection.connect(**_dsn())
+        writes = socket_writes.writer()
+        try:
+            await holder.execute("SELECT 1 FROM agents_agent WHERE id = %s FOR UPDATE", [locked.id])
+            held = asyncio.ensure_future(writes.heartbeat(locked.id, tenant.id, [], None, False))
+            answered = await asyncio.wait_for(
+                writes.heartbeat(free.id, tenant.id, [], None, False), timeout=5
+            )
+            await asyncio.sleep(0.3)  # several retry rounds while the row stays locked
+            waiting = not held.done()
+        finally:
+            await holder.rollback()
+            await holder.close()
+        try:
+            late = await asyncio.wait_for(held, timeout=5)
+        finally:
+            await socket_writes.close_writer()
+        return answered, waiting, late
+
+    answered, waiting, late = run_async(scenario())
+    assert answered is not None and answered.state == "live"
+    assert waiting, "the locked agent's beat was answered while its row was locked"
+    assert late is not None and late.state == "live"
+    assert not Agent.objects.filter(last_heartbeat__year=2001).exists()
+
+
+def _dsn() -> dict:
+    """Connection parameters of the test database, for a second connection that holds a lock."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    return {**params, "autocommit": False}

@@ -56,6 +56,7 @@ RECEIVED_RETRY_S = 0.01
 MIN_ROUND_GAP_S = 0.01
 BEAT_GATHER_SHARE = 0.05  # of the heartbeat interval: how long a lone beat waits for company
 BEAT_GATHER_MAX_S = 1.0
+BEAT_RETRY_S = 0.05  # a beat whose agent row was locked is tried again this much later
 
 
 @dataclass(frozen=True)
@@ -216,15 +217,19 @@ class SocketWrites:
     ) -> None:
         refused: set[uuid.UUID] = set()
         try:
-            answers = await self._beat(conn, beats)
+            answers, skipped = await self._beat(conn, beats)
         except _DATA_ERRORS:
-            answers = {}
+            answers, skipped = {}, set()
             for agent_id, beat in beats.items():
                 try:
-                    answers |= await self._beat(conn, {agent_id: beat})
+                    one, one_skipped = await self._beat(conn, {agent_id: beat})
+                    answers |= one
+                    skipped |= one_skipped
                 except _DATA_ERRORS as exc:
                     refused.add(agent_id)
                     await _refuse(agent_id, "heartbeat", exc)
+        for agent_id in skipped:
+            self._retry_beat(agent_id, beats.pop(agent_id))
         for agent_id, beat in beats.items():
             for waiter in beat.waiters:
                 if waiter.done():
@@ -234,10 +239,24 @@ class SocketWrites:
                 else:
                     waiter.set_result(answers.get(agent_id))
 
+    def _retry_beat(self, agent_id: uuid.UUID, beat: _Beat) -> None:
+        """A beat whose row was locked: written again in BEAT_RETRY_S (merged with a newer
+        beat of the agent, whose data wins; every waiter gets the answer)."""
+        newer = self._beats.get(agent_id)
+        if newer is None:
+            self._beats[agent_id] = beat
+        else:
+            newer.waiters[:0] = beat.waiters
+        due = self._loop.time() - self._beat_gather_s + BEAT_RETRY_S
+        self._beats_since = min(self._beats_since, due) if len(self._beats) > 1 else due
+        self._wake.set()
+
     @staticmethod
     async def _beat(
         conn: psycopg.AsyncConnection, beats: dict[uuid.UUID, _Beat]
-    ) -> dict[uuid.UUID, BeatAnswer]:
+    ) -> tuple[dict[uuid.UUID, BeatAnswer], set[uuid.UUID]]:
+        """The answers of the beats written, and the agents whose rows were locked (their
+        beats are to be tried again)."""
         ids = list(beats)
         cursor = await conn.execute(
             lifecycle.BEAT_MANY,
@@ -258,7 +277,15 @@ class SocketWrites:
                 ledger.RUNNING_MANY,
                 {"agents": [r[0] for r in running], "tasks": [r[1] for r in running]},
             )
-        return answers
+        missing = [i for i in ids if i not in answers]
+        skipped: set[uuid.UUID] = set()
+        if missing:
+            cursor = await conn.execute(
+                lifecycle.BEAT_PENDING,
+                {"ids": missing, "tenants": [beats[i].tenant_id for i in missing]},
+            )
+            skipped = {row[0] for row in await cursor.fetchall()}
+        return answers, skipped
 
     async def close(self) -> None:
         self._task.cancel()
