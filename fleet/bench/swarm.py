@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import tempfile
 import threading
 import time
@@ -219,6 +220,7 @@ class Swarm:
             for client in clients.values():
                 await client.close()
             await transport.aclose()
+            shutil.rmtree(self._cache_root, ignore_errors=True)
 
     def _configs(self, triple: str):
         for key_index, key in enumerate(self.keys):
