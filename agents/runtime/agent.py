@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed
@@ -68,9 +69,16 @@ class Agent:
         runner: TaskRunner | None = None,
         cache: PackageCache | None = None,
         client: AgentClient | None = None,
+        metrics: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.config = config
+        # A client handed in may be shared (the bench's simulated agents share one per key):
+        # only the one made here is closed when the agent stops.
+        self._owns_client = client is None
         self.client = client or AgentClient(config.server_urls, config.api_key, tls=config.tls)
+        # What registrations and beats say about the host; the bench's simulated agents,
+        # thousands in one process, pass one reading instead of sampling the host each beat.
+        self.metrics = metrics or host_metrics.sample
         self.cache = cache or PackageCache(config.cache_dir, config.cache_max_bytes)
         self.runner = runner or TaskRunner(config.max_concurrency)
         self.registration: Registration | None = None
@@ -116,7 +124,7 @@ class Agent:
         )  # fmt: skip
         if self.client.ssl_context is not None:
             log.info("%s", c.tls.describe())
-        host_metrics.sample()  # primes cpu_percent, whose first reading is meaningless
+        self.metrics()  # primes cpu_percent, whose first reading is meaningless
         self.runner.require_reachable(self.cache.root, "the package cache")
         await asyncio.to_thread(self.runner.start)
         loops = [
@@ -134,7 +142,8 @@ class Agent:
             await asyncio.gather(*loops, return_exceptions=True)
             await self.intake.cancel_all()
             await asyncio.to_thread(self.runner.close)
-            await self.client.close()
+            if self._owns_client:
+                await self.client.close()
         if self.exit_code == EXIT_OK:
             log.info("agent %s stopped: %s", self.config.name, self.exit_message)
         else:
@@ -213,7 +222,7 @@ class Agent:
             "tags": list(c.tags),
             "capabilities": list(c.capabilities),
             "exclusive": c.exclusive,
-            "metrics": host_metrics.sample(),
+            "metrics": self.metrics(),
             "instance_id": self.instance_id,
         }
 
@@ -414,6 +423,6 @@ class Agent:
         return BeatBody(
             in_flight=len(holding),
             running=[teid for teid, _assignment in holding],
-            metrics=host_metrics.sample(),
+            metrics=self.metrics(),
             draining=self.draining,
         )

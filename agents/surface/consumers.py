@@ -31,7 +31,6 @@ import uuid
 from typing import Any
 
 from channels.consumer import get_handler_name
-from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
@@ -213,6 +212,8 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         self._results: set[asyncio.Future] = set()
         self._results_pending = 0  # results of this socket taken and not yet answered
         self._results_room = asyncio.Event()
+        self._beat: asyncio.Future | None = None  # the beat being written, if any
+        self._next_beat: dict | None = None
         self._bucket = TokenBucket(FRAME_RATE_PER_S, FRAME_BURST)
         # Accept first: a close code (and its reason) can only be sent on an open socket.
         await self.accept()
@@ -227,8 +228,11 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             return
         if not await self._admitted():
             return
-        result = await database_sync_to_async(roster.open_socket)(
-            token, agent_id, local_sockets.server_id()
+        # On the delivery pool, whose threads keep their connections: not on the one thread
+        # every sync view shares, and not a new PostgreSQL connection per socket (a
+        # reconnect storm opens thousands at once).
+        result = await delivery_db.call(
+            roster.open_socket, token, agent_id, local_sockets.server_id()
         )
         if isinstance(result, roster.SocketRefusal):
             await self._close(result.code, result.reason)
@@ -253,6 +257,8 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         self._closing = True
         for task in list(self._results):
             task.cancel()  # the outcome is applied or not; only its ack is lost (REST re-post)
+        if self._beat is not None:
+            self._beat.cancel()  # the next socket's beats, or REST, keep the agent alive
         if self._worker is not None:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -262,8 +268,8 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             return
         local_sockets.unregister(grant.agent_id, self.channel_name)
         with contextlib.suppress(Exception):
-            await database_sync_to_async(roster.close_socket)(
-                grant.agent_id, local_sockets.server_id(), grant.generation
+            await delivery_db.call(
+                roster.close_socket, grant.agent_id, local_sockets.server_id(), grant.generation
             )
 
     async def _close(self, code: int, reason: str) -> None:
@@ -327,20 +333,12 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         beats = [f for f in batch if f["type"] == "heartbeat"]
         if beats:
             HEARTBEATS.labels(via="socket").inc(len(beats))
-            beat = beats[-1]
-            try:
-                result = await writes.heartbeat(
-                    grant.agent_id, grant.tenant_id, beat["running"], beat.get("metrics"),
-                    beat["draining"],
-                )  # fmt: skip
-            except socket_writes.WriteRefused as exc:
-                await self._close(CLOSE_MALFORMED, f"malformed frame: {exc}")
-                return
-            if result is None:
-                await self._close(CLOSE_UNKNOWN_AGENT, "agent is dead; register again")
-            elif result.drain and not self._drain_sent:
-                self._drain_sent = True
-                await self._send_frame({"type": "drain"})
+            # Answered in the background: the writer holds a beat back a moment to write it
+            # with others (socket_writes), and this socket's other frames must not wait.
+            if self._beat is None or self._beat.done():
+                self._beat = asyncio.ensure_future(self._write_beat(beats[-1]))
+            else:
+                self._next_beat = beats[-1]  # one beat in flight: the newest is written next
         chunks = [frame["chunk"] for frame in batch if frame["type"] == "log"]
         if chunks:  # live output of running tasks: fenced on this agent holding them
             await delivery_db.call(
@@ -362,6 +360,28 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
                 task = asyncio.ensure_future(self._apply_results(chunk))
                 self._results.add(task)
                 task.add_done_callback(self._results.discard)
+
+    async def _write_beat(self, beat: dict) -> None:
+        """Record ``beat`` (and then any newer one that came meanwhile) and act on the answer:
+        a dead agent's socket closes 4404, a drain the server wants is sent once."""
+        writes, grant = socket_writes.writer(), self.grant
+        while beat is not None and not self._closing:
+            self._next_beat = None
+            try:
+                result = await writes.heartbeat(
+                    grant.agent_id, grant.tenant_id, beat["running"], beat.get("metrics"),
+                    beat["draining"],
+                )  # fmt: skip
+            except socket_writes.WriteRefused as exc:
+                await self._close(CLOSE_MALFORMED, f"malformed frame: {exc}")
+                return
+            if result is None:
+                await self._close(CLOSE_UNKNOWN_AGENT, "agent is dead; register again")
+                return
+            if result.drain and not self._drain_sent:
+                self._drain_sent = True
+                await self._send_frame({"type": "drain"})
+            beat = self._next_beat
 
     async def _apply_results(self, frames: list[dict]) -> None:
         try:

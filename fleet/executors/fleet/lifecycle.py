@@ -137,11 +137,14 @@ RETURNING a.state, a.drain_requested_at IS NOT NULL, {phases.before("old")}
 
 # The socket writer's batched beats (fleet/executors/fleet/socket_writes.py).  The agent rows
 # are locked in id order first, as every writer of several agent rows does (placement
-# batches, result batches): otherwise two such statements could deadlock.
+# batches, result batches), and a row locked right now is skipped, not waited for: one
+# result batch holding its agents' rows would otherwise hold up the beats of every agent
+# in the round (and a busy server's beats queued behind them got healthy agents evicted).
+# A skipped beat is written in a later round (BEAT_PENDING tells skipped from dead).
 BEAT_MANY = f"""
 WITH locked AS (
     SELECT a.id, {phases.columns("a")} FROM agents_agent a
-    WHERE a.id = ANY(%(ids)s::uuid[]) ORDER BY a.id FOR UPDATE
+    WHERE a.id = ANY(%(ids)s::uuid[]) ORDER BY a.id FOR UPDATE SKIP LOCKED
 )
 UPDATE agents_agent a SET last_heartbeat = now(),
     metrics = CASE WHEN b.has_metrics THEN b.metrics ELSE a.metrics END,
@@ -151,6 +154,16 @@ FROM unnest(%(ids)s::uuid[], %(tenants)s::bigint[], %(has)s::bool[], %(metrics)s
 WHERE a.id = b.id AND locked.id = a.id AND a.tenant_id = b.tenant_id
   AND a.state IN ('live', 'draining')
 RETURNING a.id, a.state, a.drain_requested_at IS NOT NULL, {phases.before("locked")}
+"""
+
+# Of the beats BEAT_MANY did not write, those of agents that still beat (live or draining, of
+# the tenant the socket belongs to): their rows were locked, so they are tried again; the
+# others are dead or unknown, and their sockets close.  No lock taken.
+BEAT_PENDING = """
+SELECT a.id FROM agents_agent a
+JOIN unnest(%(ids)s::uuid[], %(tenants)s::bigint[]) AS b(id, tenant_id)
+  ON a.id = b.id AND a.tenant_id = b.tenant_id
+WHERE a.state IN ('live', 'draining')
 """
 
 _CONNECT = f"""

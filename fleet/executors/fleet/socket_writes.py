@@ -8,6 +8,11 @@ Here they never wait behind anything: frames from all sockets of the process
 are gathered while the previous batch is written and written together, one
 UPDATE per kind.
 
+Confirmations are urgent (dispatch waits on them); beats are not: a beat alone waits
+a short gather window (a twentieth of the heartbeat interval, at most a second) for
+the beats of other agents, so thousands of agents cost a few statements per interval
+instead of one each, and a liveness window (interval × misses) never notices.
+
 One socket's bad write never costs another socket anything: when a batched
 statement fails on its data (not on the connection), the round's writes are
 retried agent by agent on the same connection, and only the agent whose write
@@ -34,6 +39,7 @@ from fleet.executors.fleet.delivery.pg import connect_async
 from fleet.executors.fleet.delivery.waiting import wait_event
 from fleet.executors.fleet.routing.metrics import CHANNEL_FULL
 from fleet.executors.fleet.state import ledger
+from fleet.platform.config import get_config
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +54,9 @@ RECEIVED_RETRY_S = 0.01
 # carries several (it costs the database far more than a row does); an idle server
 # writes a lone confirmation at once.
 MIN_ROUND_GAP_S = 0.01
+BEAT_GATHER_SHARE = 0.05  # of the heartbeat interval: how long a lone beat waits for company
+BEAT_GATHER_MAX_S = 1.0
+BEAT_RETRY_S = 0.05  # a beat whose agent row was locked is tried again this much later
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,8 @@ class SocketWrites:
         self._received: list[tuple[uuid.UUID, int]] = []
         self._retry: dict[tuple[uuid.UUID, int], int] = {}  # skipped confirmations → tries
         self._wake = asyncio.Event()
+        self._beat_gather_s = beat_gather_s(get_config().heartbeat_interval_s)
+        self._beats_since = 0.0  # when the oldest unwritten beat arrived
         self._conn: psycopg.AsyncConnection | None = None
         self._task = asyncio.create_task(self._run(), name="socket-writes")
 
@@ -92,6 +103,8 @@ class SocketWrites:
         """Record a beat; None when the agent is dead or unknown (its socket must close).
         Raises :class:`WriteRefused` when the database refused this beat's data."""
         future = self._loop.create_future()
+        if not self._beats:
+            self._beats_since = self._loop.time()
         beat = self._beats.get(agent_id)
         if beat is None:
             self._beats[agent_id] = _Beat(tenant_id, running, metrics, draining, [future])
@@ -117,6 +130,7 @@ class SocketWrites:
                 await wait_event(self._wake, RECEIVED_RETRY_S)
             else:
                 await self._wake.wait()
+            await self._gather_beats()
             gap = last_round + MIN_ROUND_GAP_S - self._loop.time()
             if gap > 0 and not self._beats:  # a beat never waits (liveness)
                 await asyncio.sleep(gap)
@@ -137,9 +151,20 @@ class SocketWrites:
                 # confirmations are safety-netted by redelivery + the agent's dedupe.
                 for agent_id, beat in beats.items():
                     self._beats.setdefault(agent_id, beat)
+                self._beats_since = 0.0  # already waited: written with the next round
                 self._wake.set()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RECONNECT_MAX_S)
+
+    async def _gather_beats(self) -> None:
+        """Beats alone wait until the oldest is ``beat_gather_s`` old, for others to join
+        them; a confirmation (urgent) ends the wait, and the beats go in its round."""
+        while self._beats and not self._received and not self._retry:
+            left = self._beats_since + self._beat_gather_s - self._loop.time()
+            if left <= 0:
+                return
+            self._wake.clear()
+            await wait_event(self._wake, left)
 
     async def _connection(self) -> psycopg.AsyncConnection:
         if self._conn is None or self._conn.closed or self._conn.broken:
@@ -192,15 +217,19 @@ class SocketWrites:
     ) -> None:
         refused: set[uuid.UUID] = set()
         try:
-            answers = await self._beat(conn, beats)
+            answers, skipped = await self._beat(conn, beats)
         except _DATA_ERRORS:
-            answers = {}
+            answers, skipped = {}, set()
             for agent_id, beat in beats.items():
                 try:
-                    answers |= await self._beat(conn, {agent_id: beat})
+                    one, one_skipped = await self._beat(conn, {agent_id: beat})
+                    answers |= one
+                    skipped |= one_skipped
                 except _DATA_ERRORS as exc:
                     refused.add(agent_id)
                     await _refuse(agent_id, "heartbeat", exc)
+        for agent_id in skipped:
+            self._retry_beat(agent_id, beats.pop(agent_id))
         for agent_id, beat in beats.items():
             for waiter in beat.waiters:
                 if waiter.done():
@@ -210,10 +239,24 @@ class SocketWrites:
                 else:
                     waiter.set_result(answers.get(agent_id))
 
+    def _retry_beat(self, agent_id: uuid.UUID, beat: _Beat) -> None:
+        """A beat whose row was locked: written again in BEAT_RETRY_S (merged with a newer
+        beat of the agent, whose data wins; every waiter gets the answer)."""
+        newer = self._beats.get(agent_id)
+        if newer is None:
+            self._beats[agent_id] = beat
+        else:
+            newer.waiters[:0] = beat.waiters
+        due = self._loop.time() - self._beat_gather_s + BEAT_RETRY_S
+        self._beats_since = min(self._beats_since, due) if len(self._beats) > 1 else due
+        self._wake.set()
+
     @staticmethod
     async def _beat(
         conn: psycopg.AsyncConnection, beats: dict[uuid.UUID, _Beat]
-    ) -> dict[uuid.UUID, BeatAnswer]:
+    ) -> tuple[dict[uuid.UUID, BeatAnswer], set[uuid.UUID]]:
+        """The answers of the beats written, and the agents whose rows were locked (their
+        beats are to be tried again)."""
         ids = list(beats)
         cursor = await conn.execute(
             lifecycle.BEAT_MANY,
@@ -234,7 +277,15 @@ class SocketWrites:
                 ledger.RUNNING_MANY,
                 {"agents": [r[0] for r in running], "tasks": [r[1] for r in running]},
             )
-        return answers
+        missing = [i for i in ids if i not in answers]
+        skipped: set[uuid.UUID] = set()
+        if missing:
+            cursor = await conn.execute(
+                lifecycle.BEAT_PENDING,
+                {"ids": missing, "tenants": [beats[i].tenant_id for i in missing]},
+            )
+            skipped = {row[0] for row in await cursor.fetchall()}
+        return answers, skipped
 
     async def close(self) -> None:
         self._task.cancel()
@@ -283,6 +334,12 @@ async def _refuse(agent_id: uuid.UUID, what: str, exc: Exception) -> None:
         )  # fmt: skip
     except ChannelFull:
         CHANNEL_FULL.labels(where="refused_write").inc()
+
+
+def beat_gather_s(heartbeat_interval_s: float) -> float:
+    """How long a lone beat waits for others: a small share of the interval, so the
+    liveness window (misses × interval) is unaffected, and never more than a second."""
+    return min(BEAT_GATHER_MAX_S, BEAT_GATHER_SHARE * heartbeat_interval_s)
 
 
 _writers: dict[asyncio.AbstractEventLoop, SocketWrites] = {}

@@ -1,5 +1,5 @@
 """`manage.py fleetbench [--agents N] [--tasks N] [--executor default|fleet] [--schedules N]
-[--client rest [--clients N] [--rest-poll-interval S]]`.
+[--client rest [--clients N] [--rest-poll-interval S]] [--simulated-agents N --tenants T]`.
 
 Runs a real server against a database of its own (``cloacina_bench``, flushed
 on every run), submits no-op tasks over the REST API and prints throughput and
@@ -12,6 +12,8 @@ agents and tasks in one tenant and then spread over T, and prints both throughpu
 deadlocks PostgreSQL detected (fleet/bench/lock_order.py).  ``--client rest`` instead has
 users submit one execution at a time over REST and poll it until done, as a script would
 (fleet/bench/rest_client.py).
+``--executor fleet --simulated-agents N --tenants T`` instead connects N simulated agents
+over T tenants and prints what the fleet costs at that scale (fleet/bench/scale.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from fleet.bench.database import use_bench_database
 from fleet.bench.default import run_default_bench
 from fleet.bench.lock_order import run_lock_order_bench
 from fleet.bench.replicas import run_replicas_bench
+from fleet.bench.scale import SWARM_ARGUMENTS, run_scale_bench, scale_settings
 from fleet.bench.schedules import run_schedule_bench
 from fleet.platform.config import get_config
 
@@ -82,6 +85,8 @@ class Command(BaseCommand):
             default=0,
             help="instead: N cron schedules due in one second; time until all started",
         )
+        for flag, kind, default, text in SWARM_ARGUMENTS:
+            parser.add_argument(flag, type=kind, default=default, help=text)
 
     def handle(self, *args, **options) -> None:
         for name in ("tasks", "width", "agents"):
@@ -106,6 +111,10 @@ class Command(BaseCommand):
             )
             if errors:
                 raise CommandError("; ".join(errors))
+        try:
+            swarm_settings = scale_settings(options)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         workers = options["workers"] or get_config().worker_processes
         url = use_bench_database()
         logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -133,6 +142,8 @@ class Command(BaseCommand):
                 workers=workers,
                 poll_s=options["poll"],
             )
+        elif swarm_settings is not None:
+            result = run_scale_bench(url, swarm_settings)
         elif options["executor"] == "fleet":
             result = self._fleet(url, options, workers)
         else:

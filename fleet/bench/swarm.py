@@ -1,0 +1,258 @@
+"""Many simulated agents in one process: the swarm behind ``fleetbench --simulated-agents``.
+
+Each simulated agent IS the runtime's :class:`agents.runtime.agent.Agent` — its
+registration (429 Retry-After honoured with jitter), its delivery socket and hello,
+its ``received`` confirmations, its heartbeat loop, its outcome reporter (``result``
+frames answered by ``result_ack``, REST when the socket cannot), its reconnects and
+its drain — so the protocol is written once.  Only what would make thousands of them
+in one process expensive or slow is swapped:
+
+* the task runner answers every packet at once with a no-op success (no child process);
+* the package cache never fetches the artifact (nothing runs it);
+* host metrics are read once for the whole swarm, not on every beat of every agent;
+* the REST clients are one per API key over one shared connection pool.
+
+The swarm runs on an event loop of its own in a background thread, so the benchmark's
+main thread keeps its synchronous database connection for measuring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agents.protocol.triples import host_triple
+from agents.runtime import host_metrics
+from agents.runtime.agent import EXIT_OK, Agent
+from agents.runtime.agent_config import AgentConfig
+from agents.runtime.client import AgentClient
+from agents.sandbox.task_runner import RunOutcome
+
+log = logging.getLogger(__name__)
+
+# Registrations in flight at once: the swarm starts a new agent when one of these is
+# answered, so thousands of agents do not wait in one HTTP pool until they time out.
+REGISTERING_AT_ONCE = 64
+# The swarm's REST connections, all keys together: room for the registrations in flight
+# and for REST beats and results beside them (real agents do not queue behind each other).
+HTTP_CONNECTIONS = 512
+ADMIT_POLL_S = 0.01
+STOP_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class SwarmKey:
+    """An agent key of one tenant and how many simulated agents register with it."""
+
+    tenant: str
+    token: str
+    agents: int
+
+
+@dataclass(frozen=True)
+class SwarmCounts:
+    started: int
+    registered: int
+    connected: int
+    exited: int
+    failed: int  # exited with anything but a clean drain
+    runs: int  # packets the simulated agents "ran"
+
+
+class NoopRunner:
+    """The task runner's interface (agents/sandbox/task_runner.py), answering at once."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def require_reachable(self, path: Path, what: str) -> None:
+        """Nothing runs under a task user here, so every path is reachable."""
+
+    def start(self) -> None:
+        """No child processes to start."""
+
+    def close(self) -> None:
+        """No child processes to stop."""
+
+    async def run(
+        self, package_dir: Path, function: str, context_json: str, timeout_s: float
+    ) -> RunOutcome:
+        self.runs += 1
+        return RunOutcome("success", {}, duration_s=0.0, output_bytes=2)
+
+
+class NoFetchCache:
+    """The package cache's interface (agents/sandbox/package_cache.py) for agents that
+    never run the package: no fetch, no extraction, one shared placeholder path."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def pin(self, digest: str) -> None:
+        """Nothing is ever evicted."""
+
+    def unpin(self, digest: str) -> None:
+        """Nothing is ever evicted."""
+
+    async def aget(self, digest: str, fetch: Any) -> Path:
+        return self.root
+
+
+class Swarm:
+    """``keys``' agents, started in the background by :meth:`start`, drained by :meth:`stop`."""
+
+    def __init__(
+        self,
+        server_url: str,
+        keys: list[SwarmKey],
+        slots: int = 16,
+        registering_at_once: int = REGISTERING_AT_ONCE,
+    ) -> None:
+        self.server_url = server_url
+        self.keys = keys
+        self.slots = slots
+        self.registering_at_once = registering_at_once
+        self.runner = NoopRunner()
+        self.agents: list[Agent] = []
+        self.exit_codes: list[int] = []
+        self.started_at = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._first_pending = 0  # index of the oldest agent that may still be registering
+        self._cache_root = Path(tempfile.mkdtemp(prefix="cloacina-swarm-"))
+
+    @property
+    def size(self) -> int:
+        return sum(key.agents for key in self.keys)
+
+    # -- control, from the benchmark's thread ---------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._main, name="swarm", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+
+    def counts(self) -> SwarmCounts:
+        """A snapshot (attribute reads: safe across threads for counting)."""
+        agents = list(self.agents)
+        return SwarmCounts(
+            started=len(agents),
+            registered=sum(a.registration is not None for a in agents),
+            connected=sum(a.session is not None for a in agents),
+            exited=len(self.exit_codes),
+            failed=sum(code != EXIT_OK for code in self.exit_codes),
+            runs=self.runner.runs,
+        )
+
+    def check(self) -> None:
+        """Raise what stopped the swarm's loop, if anything did."""
+        if self._error is not None:
+            raise RuntimeError(f"the swarm stopped: {self._error!r}") from self._error
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Drain every agent (each deregisters) and wait for the swarm's thread to end."""
+        if self._loop is None or self._thread is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop already ended
+            self._loop.call_soon_threadsafe(self._drain_all)
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("swarm: agents still draining after %.0fs; leaving them", timeout_s)
+
+    # -- the swarm's own thread -----------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except BaseException as exc:  # reported through check(); the thread must not die silently
+            self._error = exc
+            self._ready.set()
+
+    async def _run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        self._ready.set()
+        transport = httpx.AsyncHTTPTransport(
+            limits=httpx.Limits(
+                max_connections=HTTP_CONNECTIONS, max_keepalive_connections=HTTP_CONNECTIONS
+            )
+        )
+        clients = {
+            key.token: AgentClient(self.server_url, key.token, transport=transport)
+            for key in self.keys
+        }
+        reading = host_metrics.sample()
+        triple = host_triple()
+        runs: list[asyncio.Task] = []
+        self.started_at = time.time()
+        try:
+            for config in self._configs(triple):
+                while (
+                    not self._stopping.is_set() and self._registering() >= self.registering_at_once
+                ):
+                    await asyncio.sleep(ADMIT_POLL_S)
+                if self._stopping.is_set():
+                    break
+                agent = Agent(
+                    config,
+                    runner=self.runner,
+                    cache=NoFetchCache(self._cache_root),
+                    client=clients[config.api_key],
+                    metrics=lambda: reading,
+                )
+                self.agents.append(agent)
+                runs.append(asyncio.create_task(self._run_agent(agent)))
+            await asyncio.gather(*runs)
+        finally:
+            for task in runs:
+                task.cancel()
+            await asyncio.gather(*runs, return_exceptions=True)
+            for client in clients.values():
+                await client.close()
+            await transport.aclose()
+            shutil.rmtree(self._cache_root, ignore_errors=True)
+
+    def _configs(self, triple: str):
+        for key_index, key in enumerate(self.keys):
+            for i in range(key.agents):
+                yield AgentConfig(
+                    server_url=self.server_url,
+                    api_key=key.token,
+                    name=f"{key.tenant}-{key_index:03d}-{i:05d}",
+                    target_triple=triple,
+                    cache_dir=self._cache_root,
+                    cache_max_bytes=0,
+                    max_concurrency=self.slots,
+                )
+
+    def _registering(self) -> int:
+        """Agents started that hold no first registration yet (nor have stopped).  Agents
+        register roughly in the order they start: only the tail past the oldest one still
+        registering is scanned, not every agent on every poll."""
+        agents = self.agents
+        while self._first_pending < len(agents) and self._settled(agents[self._first_pending]):
+            self._first_pending += 1
+        return sum(not self._settled(a) for a in agents[self._first_pending :])
+
+    @staticmethod
+    def _settled(agent: Agent) -> bool:
+        return agent.registration is not None or agent.exit_code is not None
+
+    async def _run_agent(self, agent: Agent) -> None:
+        code = await agent.run()
+        self.exit_codes.append(code)
+
+    def _drain_all(self) -> None:
+        self._stopping.set()
+        for agent in self.agents:
+            agent.request_drain("the benchmark is over")
