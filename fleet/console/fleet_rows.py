@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.db.models import Count, Min
+from django.db.models import Count, Min, QuerySet
 from django.utils import timezone
 
 from fleet.console.formatting import human_seconds
@@ -84,9 +84,14 @@ def wedged_after_s() -> float:
 
 
 def tenant_rows(tenants: Iterable[Tenant], writable: set[int] | None) -> list[TenantRow]:
-    """One row per tenant, most urgent first (then by name) so trouble is at the top."""
+    """One row per tenant, most urgent first (then by name) so trouble is at the top.
+
+    Given a query (the overview's hundreds of tenants), its ids go into each grouped query
+    as a subquery rather than as hundreds of bound parameters, which cost more CPU to bind
+    than PostgreSQL spends on the subquery."""
+    scope = tenants.order_by().values("pk") if isinstance(tenants, QuerySet) else None
     tenants = list(tenants)
-    ids = [t.pk for t in tenants]
+    ids = scope if scope is not None else [t.pk for t in tenants]
     now = timezone.now()
     evictions = dict(
         Eviction.objects.filter(tenant_id__in=ids, evicted_at__gte=now - EVICTION_WINDOW)
@@ -102,7 +107,7 @@ def tenant_rows(tenants: Iterable[Tenant], writable: set[int] | None) -> list[Te
     }
     oldest = oldest_open_rows(ids)
     # The console's views read the tenants in this request: no need to read them again.
-    snapshots = limits.fleet_snapshots(tenants, refresh=False)
+    snapshots = limits.fleet_snapshots(tenants, refresh=False, scope=scope)
     rows = []
     for tenant in tenants:
         snap = snapshots[tenant.pk]
@@ -131,7 +136,7 @@ def tenant_rows(tenants: Iterable[Tenant], writable: set[int] | None) -> list[Te
     return rows
 
 
-def oldest_open_rows(tenant_ids: list[int]) -> dict[int, tuple]:
+def oldest_open_rows(tenant_ids: list[int] | QuerySet) -> dict[int, tuple]:
     """tenant id → (since when the oldest pending row waits, when the oldest open delivery went out).
 
     A pending row's wait is measured from ``updated_at``: a packet reclaimed

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
+from django.db.models import Count, Sum
 
 from agents.models import Agent, AgentState
 from fleet.control import limits
@@ -171,11 +171,16 @@ def list_pools(tenant: Tenant) -> list[PoolState]:
     pools = tenant_pools(tenant.pk)
     named = sum(p.desired_count for p in pools if not p.is_default)
     live: dict[str, list[int]] = {}
-    for tags, in_flight, slots in Agent.objects.filter(
-        tenant=tenant, state=AgentState.LIVE
-    ).values_list("tags", "in_flight", "max_concurrency"):
+    # Grouped by tag set in SQL: a fleet of 1,000 agents has a handful of distinct tag
+    # sets, and decoding each agent's tags in Python cost more than the whole query.
+    for tags, agents, in_flight, slots in (
+        Agent.objects.filter(tenant=tenant, state=AgentState.LIVE)
+        .values_list("tags")
+        .annotate(n=Count("id"), f=Sum("in_flight"), s=Sum("max_concurrency"))
+        .order_by()
+    ):
         row = live.setdefault(pool_of_tags(tags), [0, 0, 0])
-        row[0], row[1], row[2] = row[0] + 1, row[1] + in_flight, row[2] + slots
+        row[0], row[1], row[2] = row[0] + agents, row[1] + in_flight, row[2] + slots
     states = []
     for pool in pools:
         count = max(tenant.desired_count - named, 0) if pool.is_default else pool.desired_count

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
+from functools import lru_cache
 
 from django import template
+from django.urls import get_script_prefix, get_urlconf, reverse
 from django.utils import timezone
 
 from fleet.api.error_status import http_status
@@ -21,6 +23,19 @@ POLL_INTERVAL_S = 2.0
 def poll_every() -> str:
     """The htmx polling trigger of live partials: ``every 2s``."""
     return f"every {POLL_INTERVAL_S:g}s"
+
+
+@register.simple_tag
+def tenant_url(view: str, tenant_name: str) -> str:
+    """``{% url view tenant_name %}``, remembered: the overview's rows need five links each,
+    and reversing them anew every row was a third of the page's template time."""
+    return _tenant_url(get_script_prefix(), get_urlconf(), view, tenant_name)
+
+
+@lru_cache(maxsize=8192)
+def _tenant_url(prefix: str, urlconf: str | None, view: str, tenant_name: str) -> str:
+    # The prefix and the URLconf are part of the key: reverse() depends on both.
+    return reverse(view, urlconf=urlconf, args=[tenant_name])
 
 
 @register.filter

@@ -380,6 +380,22 @@ def test_queries_per_page_do_not_grow_with_the_fleet(
     assert max(big.values()) <= QUERIES_MAX, big
 
 
+def _longest_statement(admin_client, url: str) -> int:
+    admin_client.get(url)  # warm caches (config, sessions)
+    with CaptureQueriesContext(connection) as queries:
+        assert admin_client.get(url).status_code == 200
+    return max(len(q["sql"]) for q in queries.captured_queries)
+
+
+def test_the_overviews_statements_do_not_grow_with_the_tenants(admin_client, tenant, other_tenant):
+    """The visible tenants reach the overview's grouped queries as a subquery: 500 tenants
+    must not mean 500 bound ids in each statement (binding them cost more than the query)."""
+    small = _longest_statement(admin_client, "/console/")
+    Tenant.objects.bulk_create(Tenant(name=f"tenant-{i:03d}") for i in range(BIG_TENANTS - 2))
+    big = _longest_statement(admin_client, "/console/")
+    assert big < small + 200, (small, big)
+
+
 def test_page_times_at_scale(admin_client, client, read_key, big_fleet):
     """Prints the p50 of 15 requests per page (run with -s); docs/console.md quotes them.
 
