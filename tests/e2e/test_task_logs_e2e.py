@@ -139,7 +139,9 @@ def test_runagent_ships_task_logs_live_and_with_the_outcome(procs, tmp_path):
 
 def test_a_log_too_large_for_a_frame_goes_over_rest_and_is_truncation_marked(procs):
     key = cli_tenant_key(procs)
-    server = fleet_serve(procs)
+    # The server keeps logs up to its own CLOACINA_TASK_LOG_BYTES whatever an agent sends
+    # (test_task_logs.py): this operator raised it for server and agents alike.
+    server = fleet_serve(procs, CLOACINA_TASK_LOG_BYTES=str(2 * 1024 * 1024))
     # The agent keeps 2 MiB: its 1.5 MiB log does not fit a 1 MiB socket frame.
     agent_env = procs.env(CLOACINA_TASK_LOG_BYTES=str(2 * 1024 * 1024))
     big = start_agent(procs, server, cli_agent_key(procs), "big", env=agent_env)

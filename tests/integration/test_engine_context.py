@@ -101,11 +101,11 @@ def test_the_in_process_child_gets_exactly_the_shared_builders_bytes(tenant, tmp
     with running_executor(tmp_path / "cache") as (executor, sink):
         real_run = executor.runner.run
 
-        async def recording_run(package_dir, function, context_json, timeout_s):
+        async def recording_run(package_dir, function, context_json, timeout_s, log=None):
             # What the shared builder says, computed independently at the moment of the run.
             task_name, expected[task_name] = await db.call(builder_says, function)
             handed[task_name] = context_json
-            return await real_run(package_dir, function, context_json, timeout_s)
+            return await real_run(package_dir, function, context_json, timeout_s, log)
 
         executor.runner.run = recording_run
         try:

@@ -44,14 +44,18 @@ class FailingExecutor(TaskExecutor):
     def __init__(self, claim_first: bool = True, retryable: bool = True) -> None:
         self.claim_first = claim_first
         self.retryable = retryable
-        self.raised = 0
+        self.raised = 0  # attempts run (claimed, then failed)
+        self.stale = 0
 
     async def execute(self, event: TaskReadyEvent) -> ExecutionResult:
-        self.raised += 1
         if not self.claim_first:
+            self.raised += 1
             raise ExecutionFailed("the backend is unreachable", error_type="BackendDown")
         claim = await asyncio.to_thread(in_thread, claim_task, event.task_execution_id, CLAIMER)
-        assert claim is not None
+        if claim is None:  # a stale event (the poll saw the task Ready before its last run)
+            self.stale += 1  # nothing to run, as every real executor answers it
+            return ExecutionResult(event.task_execution_id, ExecutionStatus.SUPERSEDED)
+        self.raised += 1
         raise ExecutionFailed(
             "the job was rejected by the cluster",
             assignment=claim.assignment,

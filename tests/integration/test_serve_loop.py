@@ -49,6 +49,10 @@ def statuses() -> set[str]:
     return set(WorkflowExecution.objects.values_list("status", flat=True))
 
 
+def completed_tasks() -> int:
+    return TaskExecution.objects.filter(status="Completed").count()
+
+
 async def run_until_done(dispatcher: Dispatcher, poll_s: float, offer, timeout_s: float = 20.0):
     """Start executor + loop, ``offer(loop)`` events, wait until every execution finished."""
     db = DbThreadPool(1, "loop-test")
@@ -59,7 +63,11 @@ async def run_until_done(dispatcher: Dispatcher, poll_s: float, offer, timeout_s
     try:
         await offer(loop, db)
         while time.monotonic() - started < timeout_s:
-            if await db.call(statuses) == {"Completed"}:
+            # Done when every execution is, and the loop has counted each completed task: a
+            # worker commits the outcome before it returns to the loop to be counted.
+            if await db.call(statuses) == {"Completed"} and loop.stats["completed"] >= (
+                await db.call(completed_tasks)
+            ):
                 return loop, time.monotonic() - started
             await asyncio.sleep(0.02)
         raise AssertionError(f"not done after {timeout_s}s: {await db.call(statuses)}")

@@ -13,8 +13,9 @@ def socket(agent_id, key: str | None) -> WebsocketCommunicator:
     return WebsocketCommunicator(application, f"/ws/agents/{agent_id}/", headers=headers)
 
 
-async def close_code(comm: WebsocketCommunicator, timeout: float = 3.0) -> int:
-    """Skip any frames until the server closes; return the close code."""
+async def close_code(comm: WebsocketCommunicator, timeout: float = 10.0) -> int:
+    """Skip any frames until the server closes; return the close code (the wait is generous:
+    a loaded CI machine can take seconds to schedule the consumer that closes)."""
     while True:
         message = await comm.receive_output(timeout)
         if message["type"] == "websocket.close":
