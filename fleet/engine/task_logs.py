@@ -21,6 +21,7 @@ from agents.sandbox.task_log import TaskLog
 from fleet.engine.context import storable_text
 from fleet.engine.executor import PeriodicJob
 from fleet.models import TaskAttemptLog
+from fleet.platform.chunked_delete import delete_in_chunks
 from fleet.platform.config import get_config
 
 PRUNE_JOB_NAME = "task_log_prune"
@@ -171,14 +172,7 @@ def prune_logs(now: datetime | None = None) -> int:
     if days <= 0:
         return 0
     cutoff = (now or timezone.now()) - timedelta(days=days)
-    deleted = 0
-    with connection.cursor() as cursor:
-        for _ in range(PRUNE_CHUNKS_PER_RUN):
-            cursor.execute(_PRUNE, [cutoff, PRUNE_CHUNK])
-            deleted += cursor.rowcount
-            if cursor.rowcount < PRUNE_CHUNK:
-                break
-    return deleted
+    return delete_in_chunks(_PRUNE, cutoff, PRUNE_CHUNK, PRUNE_CHUNKS_PER_RUN)
 
 
 def task_log_jobs() -> list[PeriodicJob]:

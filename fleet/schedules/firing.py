@@ -34,6 +34,7 @@ from fleet.engine.events import TaskReadyEvent
 from fleet.engine.executor import PeriodicJob
 from fleet.executors.fleet.routing import fairness
 from fleet.models import FireOutcome, Tenant, WorkflowExecution
+from fleet.platform.chunked_delete import delete_in_chunks
 from fleet.platform.config import Config, get_config
 from fleet.platform.cron import Cron, CronError, parse_cron
 from fleet.platform.errors import DomainError
@@ -388,14 +389,7 @@ def prune_fires(now: datetime | None = None) -> int:
     if retention <= 0:
         return 0
     cutoff = (now or timezone.now()) - timedelta(seconds=retention)
-    deleted = 0
-    with connection.cursor() as cursor:
-        for _ in range(PRUNE_CHUNKS_PER_RUN):
-            cursor.execute(_PRUNE, [cutoff, PRUNE_CHUNK])
-            deleted += cursor.rowcount
-            if cursor.rowcount < PRUNE_CHUNK:
-                break
-    return deleted
+    return delete_in_chunks(_PRUNE, cutoff, PRUNE_CHUNK, PRUNE_CHUNKS_PER_RUN)
 
 
 def schedule_jobs(interval_s: float | None = None) -> list[PeriodicJob]:
