@@ -36,6 +36,7 @@ from agents.runtime import host_metrics
 from agents.runtime.agent import EXIT_OK, Agent
 from agents.runtime.agent_config import AgentConfig
 from agents.runtime.client import AgentClient
+from agents.sandbox.task_log import LogRing
 from agents.sandbox.task_runner import RunOutcome
 
 log = logging.getLogger(__name__)
@@ -84,8 +85,17 @@ class NoopRunner:
     def close(self) -> None:
         """No child processes to stop."""
 
+    def new_log(self) -> LogRing:
+        """A no-op prints nothing: the smallest ring the agent can tail."""
+        return LogRing(1)
+
     async def run(
-        self, package_dir: Path, function: str, context_json: str, timeout_s: float
+        self,
+        package_dir: Path,
+        function: str,
+        context_json: str,
+        timeout_s: float,
+        log: LogRing | None = None,
     ) -> RunOutcome:
         self.runs += 1
         return RunOutcome("success", {}, duration_s=0.0, output_bytes=2)
