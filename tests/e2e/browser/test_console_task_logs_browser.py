@@ -83,7 +83,8 @@ def test_a_tasks_log_per_attempt_beside_its_traceback_tailed_live(
 
     # The failed first attempt: its log, and its real traceback beside it.
     panel.locator("nav.attempts a", has_text="#1").click()
-    expect(page.locator("#task-log[data-attempt='1']")).to_be_visible()
+    # The swap waits for the live server, which also answers the page's 2 s graph polls.
+    expect(page.locator("#task-log[data-attempt='1']")).to_be_visible(timeout=20_000)
     expect(page.locator("#task-log-text")).to_contain_text(
         "WARNING etl_demo: first attempt: failing on purpose (fail_once)"
     )
