@@ -15,6 +15,11 @@ was most of the database's CPU per task (a claim: 0.5 ms planned, 0.1 ms
 prepared).  Everything else in the process keeps Django's default (client-side
 binding, no prepared statements); :func:`fleet.platform.db_pool.reset_session`
 undoes the switch when such a connection goes back to the connection pool.
+
+:meth:`DbThreadPool.call` (the event loop's way in) hands over an asyncio future and
+gets the answer back through the loop's inbox (:mod:`fleet.engine.loop_inbox`): no
+``concurrent.futures.Future`` per call, and the answers of several threads, with the
+wake-ups their work made, reach the loop in one hop.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from typing import Any, TypeVar
 
 from django.db import connection, connections
 from django.db.backends.postgresql.base import ServerBindingCursor
+
+from fleet.engine import loop_inbox
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +92,14 @@ class DbThreadPool:
         return future
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` on a pool thread and await its result."""
-        return await asyncio.wrap_future(self.submit(fn, *args))
+        """Run ``fn(*args)`` on a pool thread and await its result.  Cancelled before a
+        thread takes it, the call does not run; once running, it runs to its end."""
+        if self._closed:
+            raise RuntimeError("the database thread pool is closed")
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._jobs.put((_Answer(future, loop_inbox.inbox(loop)), fn, args))
+        return await future
 
     def close(self) -> None:
         """Finish queued calls, then close every thread's connection and stop.  Idempotent."""
@@ -118,3 +131,25 @@ class DbThreadPool:
                     future.set_result(result)
         finally:
             connections.close_all()
+
+
+class _Answer:
+    """The side of an asyncio future a pool thread holds: the two calls of a
+    ``concurrent.futures.Future`` the worker makes, answered through the loop's inbox."""
+
+    __slots__ = ("future", "inbox")
+
+    def __init__(self, future: asyncio.Future, inbox: loop_inbox.LoopInbox) -> None:
+        self.future = future
+        self.inbox = inbox
+
+    def set_running_or_notify_cancel(self) -> bool:
+        # Read from a pool thread: at worst a cancel that lands right now runs the call
+        # anyway, and its answer is dropped (as a call cancelled while running).
+        return not self.future.cancelled()
+
+    def set_result(self, result: Any) -> None:
+        self.inbox.post(loop_inbox.resolve, self.future, result)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.inbox.post(loop_inbox.reject, self.future, exc)

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import close_old_connections
 
-from fleet.engine import ready_queue
+from fleet.engine import loop_inbox, ready_queue
 from fleet.engine.claims import due_ready_task_events
 from fleet.engine.dispatcher import Dispatcher
 from fleet.engine.events import ExecutionStatus, NoCapacity, TaskReadyEvent
@@ -127,10 +127,10 @@ class EngineLoop:
         loop = self._loop
         if loop is None or not self._accepting:
             return
-        try:
-            loop.call_soon_threadsafe(self.offer, events)
-        except RuntimeError:  # the loop is closing: the tick of a live server finds the rows
-            pass
+        # Through the loop's inbox: a result batch's ready events, its waiters' outcomes
+        # and its answer reach the loop in one wake-up (fleet/engine/loop_inbox.py).  A
+        # closing loop drops them: the tick of a live server finds the rows.
+        loop_inbox.inbox(loop).post(self.offer, events)
 
     def offer(self, events: Iterable[TaskReadyEvent]) -> int:
         """Queue events not already queued or running (call on the event loop); return how many."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from django.db import connection
 
+from fleet.engine import loop_inbox
 from fleet.engine.events import ExecutionStatus
 
 log = logging.getLogger(__name__)
@@ -74,11 +75,7 @@ class Rendezvous:
         assignment, future, loop = entry
         if assignment and assignment != outcome.assignment:
             return False
-        try:
-            loop.call_soon_threadsafe(_resolve, future, outcome)
-        except RuntimeError:  # loop closed
-            return False
-        return True
+        return loop_inbox.inbox(loop).post(_resolve, future, outcome)  # False: loop closed
 
     def wake_all_to_recheck(self) -> None:
         """Wake every waiter with no outcome: after a listener reconnect, notifications
@@ -117,10 +114,9 @@ class Rendezvous:
                     continue
                 by_loop.setdefault(entry[2], []).append((entry[1], outcome))
         for loop, resolutions in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_resolve_all, resolutions)
-            except RuntimeError:  # loop closed
-                pass
+            # Through the loop's inbox: with the batch's own answer and its ready events,
+            # one wake-up of the loop (fleet/engine/loop_inbox.py).  A closed loop drops it.
+            loop_inbox.inbox(loop).post(_resolve_all, resolutions)
         return elsewhere
 
 
