@@ -298,6 +298,12 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         except (wire.WireFormatError, FrameRejected) as exc:
             await self._close(CLOSE_MALFORMED, f"malformed frame: {exc}")
             return
+        if frame["type"] == "received" and self._registered and self._inbound.empty():
+            # Nothing of this socket waits ahead of it (its hello is applied): handed to
+            # the writer now, without a hop through the queue and the worker task, which
+            # would only do the same (one per task: the commonest frame there is).
+            socket_writes.writer().received(self.grant.agent_id, [frame["outbox_id"]])
+            return
         try:
             self._inbound.put_nowait(frame)
         except asyncio.QueueFull:
