@@ -64,15 +64,13 @@ class LogIn(BaseModel):
         return TaskLog(self.text, self.bytes, min(self.truncated_bytes, self.bytes))
 
 
+# An agent's report of one outcome (a ``result`` frame's fields, or the REST body).  A
+# plain pydantic model, not a ninja ``Schema``: a Schema validates through a Python wrapper
+# (``DjangoGetter``) field by field, 25 µs of CPU per result against 2.3 µs here, and every
+# result of the fleet is validated on the event loop (docs/performance.md, "Hand-offs").
+# ninja takes a pydantic model as a body all the same.  (A comment, not a docstring: the
+# OpenAPI schema would publish a docstring as the body's description.)
 class ResultIn(BaseModel):
-    """An agent's report of one outcome (a ``result`` frame's fields, or the REST body).
-
-    A plain pydantic model, not a ninja ``Schema``: a Schema validates through a Python
-    wrapper (``DjangoGetter``) field by field, 25 µs of CPU per result against 2.3 µs
-    here, and every result of the fleet is validated on the event loop
-    (docs/performance.md, "Hand-offs").  ninja takes a pydantic model as a body all the same.
-    """
-
     model_config = ConfigDict(from_attributes=True)
     outbox_id: int = Field(..., ge=1, le=MAX_BIGINT, strict=True)
     task_execution_id: uuid.UUID
