@@ -5,7 +5,9 @@ An outcome is the only copy of a finished task's result, so it is kept and
 re-sent with backoff for as long as the server cannot answer: a server restart
 between the push and the result loses nothing.  It is let go only when the server
 answers — 2xx (recorded, whether applied or not), or 404/409 (it no longer wants
-it from us) — over either path.  An outcome the server rejects as malformed (e.g.
+it from us) — over either path; unless the answer is "not applied" to an agent id that
+a re-push has since replaced (the agent re-registered): then it goes again under the new
+id.  An outcome the server rejects as malformed (e.g.
 an output over the context size limit) is replaced by a failure naming the
 rejection, so the task fails visibly instead of waiting for a timeout.
 
@@ -156,10 +158,13 @@ class OutcomeReporter:
         backoff = Backoff()
         try:
             while True:
-                answer = await self._over_socket(held)
+                # A re-push through a new registration may change held.agent_id while
+                # this report is out: the answer is judged against the id it went under.
+                agent_id = held.agent_id
+                answer = await self._over_socket(held, agent_id)
                 if answer is None:
                     try:
-                        answer = await self._client.post_result(held.agent_id, held.result)
+                        answer = await self._client.post_result(agent_id, held.result)
                     except ServerUnavailable as exc:
                         delay = backoff.next_delay()
                         log.warning(
@@ -171,6 +176,8 @@ class OutcomeReporter:
                         await wait_event(self._server_back, delay)
                         continue
                 self.answered += 1
+                if self._owed_under_new_id(held, agent_id, *answer):
+                    continue
                 if self._settles(held, *answer):
                     break
         except AuthRejected as exc:
@@ -179,9 +186,10 @@ class OutcomeReporter:
             # Settled also on cancellation (forced stop): nobody will post it after us.
             self._on_settled(held)
 
-    async def _over_socket(self, held: HeldTask) -> Answer | None:
-        """The server's answer to a ``result`` frame, or None: report over REST instead."""
-        socket = self._result_socket(held.agent_id)
+    async def _over_socket(self, held: HeldTask, agent_id: str) -> Answer | None:
+        """The server's answer to a ``result`` frame sent through ``agent_id``'s socket, or
+        None: report over REST instead."""
+        socket = self._result_socket(agent_id)
         if socket is None:
             return None
         frame = {"type": "result", **held.result}
@@ -213,6 +221,31 @@ class OutcomeReporter:
         if answer is not None:
             self.answered_by_socket += 1
         return answer  # None: the socket closed first — REST, or the next socket
+
+    def _owed_under_new_id(
+        self, held: HeldTask, sent_as: str, status: int, answer: dict[str, Any]
+    ) -> bool:
+        """Whether the outcome must go again, under the id a push came through meanwhile.
+
+        The agent re-registered and the server re-pushed the packet through the new id
+        while the report under the old one was out.  That report may have been recorded
+        and not applied ("no longer assigned to this agent") or not wanted at all; the
+        agent has already answered the push with ``received`` (the packet was in hand), so
+        nothing would ever report it again and the task would stay Running."""
+        if held.agent_id == sent_as:
+            return False
+        applied = 200 <= status < 300 and bool(answer.get("applied"))
+        if applied or not (200 <= status < 300 or status in NOT_WANTED):
+            return False  # the server has it; or a rejection, handled by _settles
+        log.info(
+            "the outcome of %s was not applied under agent %s (%s); "
+            "reporting its outcome again as agent %s",
+            held.label,
+            sent_as,
+            answer.get("reason") or answer.get("detail") or status,
+            held.agent_id,
+        )
+        return True
 
     def _settles(self, held: HeldTask, status: int, answer: dict[str, Any]) -> bool:
         """Whether this answer settles the outcome (else ``held.result`` was replaced)."""

@@ -24,7 +24,7 @@ import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import parse_qs, quote, unquote, urlparse
+from urllib.parse import parse_qs, parse_qsl, quote, unquote, urlencode, urlparse
 
 _server = None
 
@@ -232,6 +232,34 @@ def database_settings(url: str, pool: dict | None = None) -> dict:
         "CONN_HEALTH_CHECKS": bool(pool),  # a pooled connection is checked before each use
         "TEST": {"NAME": "test_cloacina"},
     }
+
+
+# libpq also takes secrets as URI query parameters; they are hidden like the password.
+SECRET_QUERY_KEYS = frozenset({"password", "sslpassword"})
+REDACTED = "***"
+
+
+def redacted_url(url: str) -> str:
+    """``url`` fit to print or log: its password (userinfo or ``?password=``) replaced by
+    ``***``; the user, host, port, database and other parameters are kept.  A string that is
+    not a URL comes back whole only if it has no ``@`` (it could be a mistyped one)."""
+    try:
+        parsed = urlparse(url)
+        parsed.port  # noqa: B018 -- a malformed port raises here, not later while printing
+    except ValueError:
+        return REDACTED
+    if not parsed.scheme or not url.startswith(f"{parsed.scheme}://"):
+        return url if "@" not in url else REDACTED
+    netloc = parsed.netloc
+    if parsed.password is not None:
+        userinfo, _, hostport = netloc.rpartition("@")
+        netloc = f"{userinfo.partition(':')[0]}:{REDACTED}@{hostport}"
+    query = [
+        (key, REDACTED if key.lower() in SECRET_QUERY_KEYS else value)
+        for key, value in parse_qsl(parsed.query, keep_blank_values=True)
+    ]
+    shown = f"{parsed.scheme}://{netloc}{parsed.path}"  # geturl() would drop an empty host's //
+    return f"{shown}?{urlencode(query, safe='/*')}" if query else shown
 
 
 def url_for_database(url: str, name: str) -> str:

@@ -19,6 +19,13 @@ agent"), the agent filed the packets as reported, ignored the pushes of step 5 w
 Now the outcome counts for the new registration of the same process (its instance id),
 or — for an agent without one — is reported again in answer to the push.  Either way
 every execution completes and no task completes twice.
+
+``older-agent-late-answer`` holds the server's answers to step 4 (gate ``answers``) until
+the agent has read the pushes of step 5: the packets are still in hand, so the pushes are
+only acknowledged.  Under load this happened by itself (one task in three stayed Running):
+the "not applied" answer under the old id settled the outcome and nothing reported it
+again.  Now an answer not applied under an id a push has since replaced sends the outcome
+again under the new id (agents/runtime/outcome_reporter.py).
 """
 
 from __future__ import annotations
@@ -65,14 +72,20 @@ def _package() -> bytes:
     )
 
 
-@pytest.mark.parametrize("instance_id", [True, False], ids=["same-process", "older-agent"])
+@pytest.mark.parametrize(
+    ("instance_id", "late_answers"),
+    [(True, False), (False, False), (False, True)],
+    ids=["same-process", "older-agent", "older-agent-late-answer"],
+)
 def test_a_packet_reclaimed_onto_its_own_agents_new_registration_completes_once(
-    procs, tmp_path, instance_id
+    procs, tmp_path, instance_id, late_answers
 ):
     gates = tmp_path / "gates"
     gates.mkdir()
     (gates / "results").touch()
     (gates / "work").touch()
+    if late_answers:
+        (gates / "answers").touch()
     key = cli_tenant_key(procs)
     akey = cli_agent_key(procs)
     port = free_port()
@@ -136,6 +149,13 @@ def test_a_packet_reclaimed_onto_its_own_agents_new_registration_completes_once(
     )
     # 5: the agent reads the pushes of packets it has run and reported.
     (gates / "work").unlink()
+    if late_answers:  # ... before it knows the server has their outcomes
+        wait_until(
+            lambda: agent.output().count("(already in hand)") == TASKS,
+            timeout=30,
+            what="the agent to acknowledge the pushes of packets still in hand",
+        )
+        (gates / "answers").unlink()
 
     done = wait_terminal(replica_a, key, execution_id, timeout=45)
     assert done["status"] == "Completed", done

@@ -9,6 +9,7 @@ import math
 import re
 
 import pytest
+from django.db import connection
 
 from tests.support.processes import Processes
 
@@ -38,6 +39,10 @@ def test_fleetbench_prints_a_table_and_leaves_the_test_database_alone(procs):
     assert rows["paced"][1:4] == ["200/s", "40", "0"]  # and submitted at a steady rate
     assert rows["idle"][2:4] == ["3", "0"]
     assert "cloacina_bench" in result.stderr
+    # The database it names is shown without its password (the test database has one).
+    password = connection.settings_dict["PASSWORD"]
+    assert password and password not in result.stderr and password not in result.stdout
+    assert re.search(r"using database postgresql://\w+:\*\*\*@\S*/cloacina_bench", result.stderr)
     assert list(Tenant.objects.values_list("name", flat=True)) == ["untouched"]
 
 

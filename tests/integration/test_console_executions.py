@@ -119,6 +119,8 @@ def test_a_finished_execution_stops_polling_and_shows_its_final_context(admin_cl
     body = admin_client.get(f"/console/executions/{execution.pk}/partials/graph/").content.decode()
     assert 'id="execution-status">Completed<' in body
     assert "hx-trigger" not in body
+    # Nor an hx-get on the graph: htmx would reload it on every click inside (a log link).
+    assert '<section id="execution-graph" >' in body
     assert "&#x27;loaded&#x27;: True" in body and "Cancel execution" not in body
 
 

@@ -39,6 +39,8 @@ def test_a_finished_tasks_log_shows_without_polling(reader_client, execution):
     assert "hello from a" in body
     assert "&lt;b&gt;not bold&lt;/b&gt;" in body  # tenant output is text, never markup
     assert 'data-running="false"' in body and "hx-trigger" not in body
+    # No hx-get either: without a trigger htmx reloads the panel on any click inside it.
+    assert "hx-get" not in body
     assert "attempt 1 of 1" in body and "success" in body
 
 
@@ -75,6 +77,8 @@ def test_each_attempt_is_reachable_and_the_latest_is_the_default(reader_client, 
     latest = reader_client.get(panel_url(execution), **HX).content.decode()
     assert "two\n" in latest and "attempt 2 of 2" in latest and "first trace" not in latest
     assert 'aria-current="true" class="current">#2' in latest
+    # Choosing an attempt aborts a poll of the panel in flight (it would land after).
+    assert latest.count('hx-sync="#task-log:replace"') == 2
     first = reader_client.get(panel_url(execution, query="?attempt=1"), **HX).content.decode()
     assert "one\n" in first and "first trace" in first
 
@@ -109,6 +113,7 @@ def test_the_execution_page_links_each_run_task_to_its_log(reader_client, execut
     body = reader_client.get(f"/console/executions/{execution.pk}/").content.decode()
     assert f'hx-get="/console/executions/{execution.pk}/tasks/a/log/partials/panel/"' in body
     assert 'hx-target="#task-log"' in body and '<section id="task-log"' in body
+    assert 'hx-target="#task-log" hx-swap="outerHTML" hx-sync="#task-log:replace"' in body
     assert f"/console/executions/{execution.pk}/tasks/b/log/" not in body  # b has not run
 
 

@@ -270,6 +270,7 @@ def test_the_page_shows_builds_and_polls_only_while_one_is_active(reader_client,
     assert 'id="tenant-builds"' in page and f'data-build="{ok.pk}"' in page
     part = reader_client.get("/console/tenants/acme/partials/builds/").content.decode()
     assert 'data-active="false"' in part and "hx-trigger" not in part.split("<table")[0]
+    assert "hx-get" not in part  # without a trigger htmx would reload it on every click
     assert "build-succeeded" in part and "abababab" in part and "2.4\xa0MB" in part
     assert f'data-build="{failed.pk}"' in part and "413: pip download wrote more" in part
     _build_job(tenant, "aarch64-unknown-linux-musl", state="running", started_at=now)

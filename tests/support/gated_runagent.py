@@ -9,6 +9,8 @@ interleaving (tests/e2e/test_fleet_reregistration_e2e.py).  Run as
   agent holds finished outcomes, as when its server is away);
 * ``work``: a work packet pushed to any registration after the first waits before the
   agent looks at it (pushed, but not yet seen);
+* ``answers``: the server's answer to an outcome posted over REST waits before the agent
+  acts on it (recorded by the server, not yet known to the agent);
 * ``refuse``: every new work packet is refused (outcome ``refused``, through the agent's
   own refusal path), as an agent that cannot run anything would
   (tests/e2e/test_breaker_e2e.py: its circuit breaker opens).
@@ -47,6 +49,17 @@ def _install_gates() -> None:
         return await deliver(self, held)
 
     OutcomeReporter._deliver = gated_deliver
+
+    from agents.runtime.client import AgentClient  # local: after sys.path has the repo
+
+    post_result = AgentClient.post_result
+
+    async def gated_post_result(self, agent_id, body):
+        answer = await post_result(self, agent_id, body)
+        await _wait_gate("answers")
+        return answer
+
+    AgentClient.post_result = gated_post_result
 
     on_frame = agent_module.Agent._on_frame
     first: list[str] = []

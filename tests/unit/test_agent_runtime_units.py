@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import httpx
@@ -234,10 +235,13 @@ class ScriptedServer:
     def __init__(self, *answers: tuple[int, dict]) -> None:
         self.answers = list(answers)
         self.requests: list[tuple[str, str, dict]] = []
+        # Called with the request's number (from 1) as it arrives: what happens meanwhile.
+        self.on_request: Callable[[int], None] = lambda _number: None
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content) if request.content else {}
         self.requests.append((request.method, request.url.path, body))
+        self.on_request(len(self.requests))
         assert request.headers["Authorization"] == "Bearer the-key"
         status, answer, *headers = self.answers.pop(0)  # an optional third item: headers
         if status == 0:
@@ -359,8 +363,12 @@ def test_an_unknown_agent_heartbeat_is_its_own_error():
         run_async(scenario())
 
 
-def _report(server: ScriptedServer, agent_id: str = "agent-1") -> dict:
-    """Run one outcome through an OutcomeReporter; what settled and what the server saw."""
+def _report(
+    server: ScriptedServer, agent_id: str = "agent-1", repushed_as: str | None = None
+) -> dict:
+    """Run one outcome through an OutcomeReporter; what settled and what the server saw.
+    ``repushed_as``: while the first report is out, a re-push of the packet (in hand)
+    through that agent id arrives, as WorkIntake.on_work records it."""
     packet = work.parse_packet(PACKET)
 
     async def scenario() -> dict:
@@ -370,6 +378,8 @@ def _report(server: ScriptedServer, agent_id: str = "agent-1") -> dict:
         reporter = OutcomeReporter(client, settled.append, auth_errors.append)
         held = HeldTask(packet.key, agent_id, packet.describe())
         held.result = work.run_result(packet, SimpleNamespace(status="success", output={"x": 1}))
+        if repushed_as is not None:
+            server.on_request = lambda n: setattr(held, "agent_id", repushed_as) if n == 1 else None
         try:
             reporter.submit(held)
             for _ in range(500):
@@ -400,6 +410,42 @@ def test_an_outcome_the_server_no_longer_wants_is_let_go(monkeypatch, status):
     monkeypatch.setattr(backoff.Backoff, "next_delay", lambda self: 0.01)
     server = ScriptedServer((status, {"detail": "never addressed to this agent"}))
     got = _report(server)
+    assert len(got["settled"]) == 1 and len(server.requests) == 1
+
+
+NOT_ASSIGNED = {"applied": False, "reason": "the task is no longer assigned to this agent"}
+
+
+@pytest.mark.parametrize(
+    "first_answer", [(200, NOT_ASSIGNED), (404, {"detail": "never addressed to this agent"})]
+)
+def test_an_outcome_not_taken_under_an_id_a_repush_replaced_goes_again_under_the_new_id(
+    first_answer,
+):
+    """The agent re-registered: its report under the old id is out when the packet, still
+    in hand, is re-pushed through the new id (already answered ``received``).  The old id's
+    "not applied" must not settle it, else nothing reports it and the task stays Running."""
+    server = ScriptedServer(first_answer, (200, {"applied": True, "reason": ""}))
+    got = _report(server, repushed_as="agent-2")
+    assert [r[1] for r in server.requests] == [
+        "/api/v1/agents/agent-1/results",
+        "/api/v1/agents/agent-2/results",
+    ]
+    assert server.requests[0][2] == server.requests[1][2]  # the same outcome, once more
+    assert len(got["settled"]) == 1
+
+
+def test_an_outcome_not_applied_under_the_id_it_is_still_owed_under_is_let_go():
+    """A late or duplicate report is recorded, not applied: nothing to send again."""
+    server = ScriptedServer((200, NOT_ASSIGNED))
+    got = _report(server)
+    assert len(got["settled"]) == 1 and len(server.requests) == 1
+
+
+def test_an_outcome_applied_under_the_old_id_is_not_sent_again_after_a_repush():
+    """The same process under a new registration: the server applied it for the new one."""
+    server = ScriptedServer((200, {"applied": True, "reason": ""}))
+    got = _report(server, repushed_as="agent-2")
     assert len(got["settled"]) == 1 and len(server.requests) == 1
 
 

@@ -31,6 +31,7 @@ from fleet.bench.replicas import run_replicas_bench
 from fleet.bench.scale import SWARM_ARGUMENTS, run_scale_bench, scale_settings
 from fleet.bench.schedules import run_schedule_bench
 from fleet.platform.config import get_config
+from fleet.platform.embedded_db import redacted_url
 
 
 class Command(BaseCommand):
@@ -118,7 +119,7 @@ class Command(BaseCommand):
         workers = options["workers"] or get_config().worker_processes
         url = use_bench_database()
         logging.getLogger("httpx").setLevel(logging.WARNING)
-        self.stderr.write(f"fleetbench: using database {url.split('?')[0]} (flushed)")
+        self.stderr.write(f"fleetbench: using database {redacted_url(url)} (flushed)")
         if options["lock_order_tenants"]:
             result = run_lock_order_bench(
                 options["lock_order_tenants"], options["agents"], options["tasks"], options["width"]
