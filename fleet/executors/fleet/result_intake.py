@@ -26,13 +26,12 @@ from ninja import Field, Schema
 
 from agents.sandbox.task_log import TaskLog
 from fleet.engine import ready_queue
-from fleet.engine.outcome_batches import batch_transaction
+from fleet.engine.outcome_batches import apply_in_batch, batch_transaction
 from fleet.engine.results import (
     Applied,
     TaskReport,
     deferred_slot_releases,
     release_slots,
-    result_handler,
 )
 from fleet.executors.fleet.delivery.metrics import RESULTS
 from fleet.executors.fleet.delivery.rendezvous import Outcome as Wake
@@ -125,30 +124,47 @@ def _check(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Check]:
     return [rows[i + 1] for i in range(len(items))]
 
 
-def _record(agent_id: uuid.UUID, body: ResultIn, check: Check) -> tuple[int, dict, Applied | None]:
+def _report(agent_id: uuid.UUID, body: ResultIn, check: Check) -> TaskReport | Answer:
+    """The report to apply, or the 404 answer of a result that names no packet of this agent."""
     if check.agent_name is None:
-        return 404, {"detail": UNKNOWN_AGENT}, None
+        return 404, {"detail": UNKNOWN_AGENT}
     if not check.addressed:
         detail = (
             f"work packet {body.outbox_id} (task {body.task_execution_id}, assignment "
             f"{body.assignment}) was never addressed to this agent"
         )
-        return 404, {"detail": detail}, None
-    applied = result_handler.apply(
-        TaskReport(
-            task_execution_id=body.task_execution_id,
-            assignment=body.assignment,
-            outcome=body.outcome,
-            output=body.output,
-            error_type=body.error_type,
-            error_message=body.error_message,
-            traceback=body.traceback,
-            agent_id=check.successor_id or agent_id,
-            agent_name=check.agent_name,
-            log=body.log.task_log() if body.log is not None else None,
-        )
+        return 404, {"detail": detail}
+    return TaskReport(
+        task_execution_id=body.task_execution_id,
+        assignment=body.assignment,
+        outcome=body.outcome,
+        output=body.output,
+        error_type=body.error_type,
+        error_message=body.error_message,
+        traceback=body.traceback,
+        agent_id=check.successor_id or agent_id,
+        agent_name=check.agent_name,
+        log=body.log.task_log() if body.log is not None else None,
     )
-    return 200, {"applied": applied.applied, "reason": applied.reason}, applied
+
+
+def _record_all(
+    items: list[tuple[uuid.UUID, ResultIn, Check]],
+) -> list[tuple[int, dict, Applied | None]]:
+    """Apply the results that name a packet of their agent, in the given order (the
+    batch's current successes as one set: :func:`apply_in_batch`); the answer of each."""
+    reports = [_report(agent_id, body, check) for agent_id, body, check in items]
+    to_apply = [i for i, report in enumerate(reports) if isinstance(report, TaskReport)]
+    applied = dict(zip(to_apply, apply_in_batch([reports[i] for i in to_apply]), strict=True))
+    answers: list[tuple[int, dict, Applied | None]] = []
+    for i, report in enumerate(reports):
+        if i in applied:
+            answers.append(
+                (200, {"applied": applied[i].applied, "reason": applied[i].reason}, applied[i])
+            )
+        else:
+            answers.append((*report, None))
+    return answers
 
 
 def _answered(items: list[tuple[uuid.UUID, ResultIn, Check]]) -> list[tuple[uuid.UUID, bool]]:
@@ -198,7 +214,7 @@ def apply_result(tenant_id: int, agent_id: uuid.UUID, body: ResultIn) -> Answer:
     with transaction.atomic():
         (check,) = _check([(tenant_id, agent_id, body)])
         with deferred_slot_releases() as held:
-            status, answer, applied = _record(agent_id, body, check)
+            ((status, answer, applied),) = _record_all([(agent_id, body, check)])
         _release_and_feed(held, [(agent_id, body, check)])
     if applied is not None:
         _after_commit([(body, applied)])
@@ -226,7 +242,8 @@ def apply_results(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Answer]:
                 ),
             )
             with deferred_slot_releases() as held:
-                done = {i: _record(items[i][1], items[i][2], checks[i]) for i in order}
+                answers = _record_all([(items[i][1], items[i][2], checks[i]) for i in order])
+                done = dict(zip(order, answers, strict=True))
             _release_and_feed(held, [(items[i][1], items[i][2], checks[i]) for i in order])
     except DatabaseError:
         log.warning(
