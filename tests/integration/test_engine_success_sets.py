@@ -202,3 +202,28 @@ def test_the_settle_hook_acks_each_packet_and_frees_each_slot_once(tenant, offer
     b = TaskExecution.objects.get(workflow_execution=chained, task_name="b")
     assert b.status == "Ready"
     assert [e.task_execution_id for e in offered] == [b.pk]  # offered once, after the commit
+
+
+@pytest.mark.django_db
+def test_a_batch_clears_breaker_failures_and_skips_the_breaker_for_healthy_agents(tenant, offered):
+    """The intake check tells which agents have breaker state a success must clear: their
+    failures are forgotten in the batch; for healthy agents the breaker statement is not
+    even sent."""
+    wide(tenant)
+    flaky, healthy = (make_agent(tenant, name, max_concurrency=8) for name in ("flaky", "ok"))
+    first, _ = start(tenant, "wide", {})
+    placed = delivered(tenant, first)
+    Agent.objects.filter(pk=flaky.pk).update(breaker_failures=3)
+    items = [(tenant.pk, row.agent_id, result(task, row)) for task, row in placed]
+    assert {row.agent_id for _task, row in placed} == {flaky.pk, healthy.pk}
+    assert apply_results(items) == [(200, {"applied": True, "reason": ""})] * 4
+    assert Agent.objects.get(pk=flaky.pk).breaker_failures == 0
+
+    second, _ = start(tenant, "wide", {})
+    items = [
+        (tenant.pk, row.agent_id, result(task, row)) for task, row in delivered(tenant, second)
+    ]
+    with CaptureQueriesContext(connection) as queries:
+        assert apply_results(items) == [(200, {"applied": True, "reason": ""})] * 4
+    assert not [q for q in queries.captured_queries if "breaker_failures = 0" in q["sql"]]
+    assert [Agent.objects.get(pk=a.pk).in_flight for a in (flaky, healthy)] == [0, 0]
