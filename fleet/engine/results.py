@@ -178,7 +178,6 @@ FROM (SELECT 1) AS one LEFT JOIN closed c ON true
 class _Statements(NamedTuple):
     """The hot statements with the registered settle hook's fragments folded in."""
 
-    hook: object
     complete_freeing: str
     complete_holding: str
     close_freeing: str
@@ -186,11 +185,9 @@ class _Statements(NamedTuple):
 
 
 def _build_statements() -> _Statements:
-    hook = hooks.settle_hook()
     freeing = hooks.settle_ctes("settling", release=True)
     holding = hooks.settle_ctes("settling", release=False)
     return _Statements(
-        hook,
         _COMPLETE_CURRENT.format(settle=freeing),
         _COMPLETE_CURRENT.format(settle=holding),
         _CLOSE_AND_ACK.format(settle=freeing),
@@ -198,15 +195,7 @@ def _build_statements() -> _Statements:
     )
 
 
-_built = _build_statements()
-
-
-def _statements() -> _Statements:
-    """Built once per registered hook (an identity check per outcome, no formatting)."""
-    global _built
-    if _built.hook is not hooks.settle_hook():
-        _built = _build_statements()
-    return _built
+_statements = hooks.PerHook(_build_statements)  # built once per registered hook
 
 
 _deferred = threading.local()

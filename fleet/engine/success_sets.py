@@ -108,7 +108,6 @@ FROM (SELECT 1) AS one LEFT JOIN closed c ON true
 
 
 class _Statements(NamedTuple):
-    hook: object
     complete: str
     close: str
 
@@ -118,21 +117,12 @@ def _build() -> _Statements:
     # packet, and a set may hold several packets of one agent.
     settle = hooks.settle_ctes("settling", release=False)
     return _Statements(
-        hooks.settle_hook(),
         _COMPLETE_SET.format(close=_CLOSE, settle=settle),
         _CLOSE_SET.format(close=_CLOSE, settle=settle),
     )
 
 
-_built = _build()
-
-
-def _statements() -> _Statements:
-    """Built once per registered settle hook (an identity check per batch)."""
-    global _built
-    if _built.hook is not hooks.settle_hook():
-        _built = _build()
-    return _built
+_statements = hooks.PerHook(_build)  # built once per registered settle hook
 
 
 Closed = dict[uuid.UUID, tuple[int, str]]  # workflow → (open tasks, status) after closing

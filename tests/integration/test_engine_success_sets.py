@@ -14,10 +14,11 @@ from fleet.engine.claims import claim_tasks
 from fleet.engine.events import ExecutionStatus
 from fleet.engine.outcome_batches import apply_reports
 from fleet.engine.results import TaskReport
-from fleet.executors.fleet.result_intake import ResultIn, apply_results
+from fleet.executors.fleet.result_intake import apply_results
 from fleet.models import DeliveryOutbox, Outcome, TaskExecution, TaskOutcome, WorkflowExecution
 from tests.support.agents import make_agent
 from tests.support.factories import make_package, start
+from tests.support.outcomes import delivered_tasks, result_in
 
 SOURCE = "def noop(context):\n    return None\n"
 
@@ -144,30 +145,6 @@ def test_successes_of_a_batch_cost_a_fixed_number_of_statements(tenant, offered)
     assert len(statements) <= 4, statements  # BEGIN/COMMIT aside: the set, the finish
 
 
-def delivered(tenant, execution) -> list[tuple[TaskExecution, DeliveryOutbox]]:
-    """Place the Ready tasks of ``execution`` and mark their packets delivered."""
-    from fleet.executors.fleet.delivery.placement import place_task  # local: fleet tests only
-
-    out = []
-    for task in TaskExecution.objects.filter(workflow_execution=execution, status="Ready"):
-        place_task(task.pk, "s")
-        row = DeliveryOutbox.objects.get(task_execution=task)
-        DeliveryOutbox.objects.filter(pk=row.pk).update(state="delivered")
-        out.append((task, row))
-    return out
-
-
-def result(task, row, **extra) -> ResultIn:
-    body = {
-        "outbox_id": row.id,
-        "task_execution_id": task.pk,
-        "assignment": row.assignment,
-        "outcome": "success",
-        "output": {task.task_name: 1},
-    }
-    return ResultIn(**{**body, **extra})
-
-
 @pytest.mark.django_db
 def test_the_settle_hook_acks_each_packet_and_frees_each_slot_once(tenant, offered):
     """The fleet's settle hook inside the set statements: every applied success's packet
@@ -177,18 +154,18 @@ def test_the_settle_hook_acks_each_packet_and_frees_each_slot_once(tenant, offer
     chain(tenant)
     agents = [make_agent(tenant, f"a{i}", max_concurrency=8) for i in range(2)]
     leaves, _ = start(tenant, "wide", {})
-    placed = delivered(tenant, leaves)
-    items = [(tenant.pk, row.agent_id, result(task, row)) for task, row in placed]
+    placed = delivered_tasks(leaves)
+    items = [(tenant.pk, row.agent_id, result_in(task, row)) for task, row in placed]
     assert apply_results(items) == [(200, {"applied": True, "reason": ""})] * 4
     assert [Agent.objects.get(pk=a.pk).in_flight for a in agents] == [0, 0]
     assert WorkflowExecution.objects.get(pk=leaves.pk).status == "Completed"
 
     mixed, _ = start(tenant, "wide", {})
     chained, _ = start(tenant, "chain", {})
-    placed = delivered(tenant, mixed) + delivered(tenant, chained)
+    placed = delivered_tasks(mixed) + delivered_tasks(chained)
     stale_task, stale_row = placed[0]
     TaskExecution.objects.filter(pk=stale_task.pk).update(assignment=stale_row.assignment + 1)
-    items = [(tenant.pk, row.agent_id, result(task, row)) for task, row in placed]
+    items = [(tenant.pk, row.agent_id, result_in(task, row)) for task, row in placed]
     answers = apply_results(items)
     assert answers[0] == (
         200,
@@ -212,16 +189,16 @@ def test_a_batch_clears_breaker_failures_and_skips_the_breaker_for_healthy_agent
     wide(tenant)
     flaky, healthy = (make_agent(tenant, name, max_concurrency=8) for name in ("flaky", "ok"))
     first, _ = start(tenant, "wide", {})
-    placed = delivered(tenant, first)
+    placed = delivered_tasks(first)
     Agent.objects.filter(pk=flaky.pk).update(breaker_failures=3)
-    items = [(tenant.pk, row.agent_id, result(task, row)) for task, row in placed]
+    items = [(tenant.pk, row.agent_id, result_in(task, row)) for task, row in placed]
     assert {row.agent_id for _task, row in placed} == {flaky.pk, healthy.pk}
     assert apply_results(items) == [(200, {"applied": True, "reason": ""})] * 4
     assert Agent.objects.get(pk=flaky.pk).breaker_failures == 0
 
     second, _ = start(tenant, "wide", {})
     items = [
-        (tenant.pk, row.agent_id, result(task, row)) for task, row in delivered(tenant, second)
+        (tenant.pk, row.agent_id, result_in(task, row)) for task, row in delivered_tasks(second)
     ]
     with CaptureQueriesContext(connection) as queries:
         assert apply_results(items) == [(200, {"applied": True, "reason": ""})] * 4
