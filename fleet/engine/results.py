@@ -119,6 +119,17 @@ WHERE (SELECT count(*) FROM fleet_taskoutcome WHERE task_execution_id = %s AND N
 """
 
 
+# The rows of relation ``done`` (completed tasks), each with whether it has an undecided
+# dependent (a NotStarted task of its workflow naming it): only those need their dependents
+# decided; the others are settled at once.  Read in the completing statement's snapshot.
+HEAD_CTE = """, head AS (
+    SELECT d.*, EXISTS (
+        SELECT 1 FROM fleet_taskexecution n
+        WHERE n.workflow_execution_id = d.workflow_execution_id AND n.status = 'NotStarted'
+          AND n.dependencies ? d.task_name
+    ) AS has_dependents FROM done d
+)"""
+
 # The fast path of the commonest outcome: a success for the current assignment.
 # Fence, complete and record in one statement (the UPDATE takes the row lock and
 # re-checks the fence after any wait); it returns nothing when the outcome is
@@ -140,13 +151,7 @@ WITH done AS (
     INSERT INTO fleet_taskoutcome (task_execution_id, assignment, attempt, outcome, applied,
         ignored_reason, agent_name, error_type, error_message, received_at)
     SELECT id, assignment, attempt, 'success', true, '', %(agent_name)s, '', '', now() FROM done
-), head AS (
-    SELECT d.*, EXISTS (
-        SELECT 1 FROM fleet_taskexecution n
-        WHERE n.workflow_execution_id = d.workflow_execution_id AND n.status = 'NotStarted'
-          AND n.dependencies ? d.task_name
-    ) AS has_dependents FROM done d
-), closed AS (
+){head}, closed AS (
     UPDATE fleet_workflowexecution w SET open_tasks = GREATEST(w.open_tasks - 1, 0)
     FROM head WHERE w.id = head.workflow_execution_id AND NOT head.has_dependents
     RETURNING w.open_tasks, w.status
@@ -188,8 +193,8 @@ def _build_statements() -> _Statements:
     freeing = hooks.settle_ctes("settling", release=True)
     holding = hooks.settle_ctes("settling", release=False)
     return _Statements(
-        _COMPLETE_CURRENT.format(settle=freeing),
-        _COMPLETE_CURRENT.format(settle=holding),
+        _COMPLETE_CURRENT.format(head=HEAD_CTE, settle=freeing),
+        _COMPLETE_CURRENT.format(head=HEAD_CTE, settle=holding),
         _CLOSE_AND_ACK.format(settle=freeing),
         _CLOSE_AND_ACK.format(settle=holding),
     )

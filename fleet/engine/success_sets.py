@@ -33,7 +33,14 @@ from django.db import connection
 
 from fleet.engine import hooks, scheduler
 from fleet.engine.events import ExecutionStatus
-from fleet.engine.results import Applied, TaskHead, TaskReport, hand_over_holders, result_handler
+from fleet.engine.results import (
+    HEAD_CTE,
+    Applied,
+    TaskHead,
+    TaskReport,
+    hand_over_holders,
+    result_handler,
+)
 from fleet.models import WORKFLOW_TERMINAL
 
 # The workflows of relation ``n`` (columns id, n) locked in id order and their open-task
@@ -74,13 +81,7 @@ WITH r AS (
     INSERT INTO fleet_taskoutcome (task_execution_id, assignment, attempt, outcome, applied,
         ignored_reason, agent_name, error_type, error_message, received_at)
     SELECT id, assignment, attempt, 'success', true, '', agent_name, '', '', now() FROM done
-), head AS (
-    SELECT d.*, EXISTS (
-        SELECT 1 FROM fleet_taskexecution n
-        WHERE n.workflow_execution_id = d.workflow_execution_id AND n.status = 'NotStarted'
-          AND n.dependencies ? d.task_name
-    ) AS has_dependents FROM done d
-), leaves AS (
+){head}, leaves AS (
     SELECT NOT EXISTS (SELECT 1 FROM head WHERE has_dependents) AS leaves_only
 ), n AS (
     SELECT workflow_execution_id AS id, count(*)::integer AS n FROM head
@@ -117,7 +118,7 @@ def _build() -> _Statements:
     # packet, and a set may hold several packets of one agent.
     settle = hooks.settle_ctes("settling", release=False)
     return _Statements(
-        _COMPLETE_SET.format(close=_CLOSE, settle=settle),
+        _COMPLETE_SET.format(head=HEAD_CTE, close=_CLOSE, settle=settle),
         _CLOSE_SET.format(close=_CLOSE, settle=settle),
     )
 
