@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import abc
 import uuid
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 
 class SettleHook(abc.ABC):
@@ -63,6 +67,23 @@ def register_settle_hook(hook: SettleHook | None) -> None:
 
 def settle_hook() -> SettleHook | None:
     return _settle_hook
+
+
+class PerHook(Generic[T]):
+    """A value built from the registered hook's fragments (the engine's hot statements),
+    built once and again only when another hook is registered: an identity check per use,
+    no formatting.  Two threads racing a rebuild build the same value."""
+
+    def __init__(self, build: Callable[[], T]) -> None:
+        self._build = build
+        self._hook: object = object()  # matches no hook: built on first use
+        self._value: T | None = None
+
+    def __call__(self) -> T:
+        hook = _settle_hook
+        if self._hook is not hook:
+            self._value, self._hook = self._build(), hook
+        return self._value  # type: ignore[return-value]  # set just above on first use
 
 
 def settle_ctes(settling: str, release: bool) -> str:

@@ -1,9 +1,11 @@
 """Many outcomes in ONE transaction: one synchronous commit, one WAL flush for them all.
 
-Each outcome still goes through :class:`~fleet.engine.results.TaskResultHandler` as if
-alone.  :func:`batch_transaction` is the transaction both batchers use (the fleet's
-socket results, :mod:`fleet.executors.fleet.result_intake`, and the in-process executor's outcomes,
-:func:`apply_reports`); should a batch fail, nothing of it is committed and its
+:func:`apply_in_batch` applies the batch's current successes as a set
+(:mod:`fleet.engine.success_sets`: one statement for N of them) and every other outcome
+through :class:`~fleet.engine.results.TaskResultHandler` as if alone.
+:func:`batch_transaction` is the transaction both batchers use (the fleet's socket
+results, :mod:`fleet.executors.fleet.result_intake`, and the in-process executor's
+outcomes, :func:`apply_reports`); should a batch fail, nothing of it is committed and its
 outcomes are applied again one by one.
 """
 
@@ -11,11 +13,13 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from django.db import DatabaseError, connection, transaction
 
+from fleet.engine import success_sets
 from fleet.engine.results import (
     Applied,
     TaskReport,
@@ -23,6 +27,7 @@ from fleet.engine.results import (
     release_slots,
     result_handler,
 )
+from fleet.models import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +62,32 @@ def batch_transaction() -> Iterator[None]:
             raise BatchFailed("an outcome of the batch left its transaction unusable")
 
 
+def apply_in_batch(reports: list[TaskReport]) -> list[Applied]:
+    """Apply ``reports`` (in the caller's batch transaction and
+    :func:`deferred_slot_releases` block; in the order the caller sorted them) and return
+    what each did.  The successes of tasks named once in the batch go first, as one set
+    (:func:`success_sets.complete_current`); everything else — failures, refusals, a task
+    named twice, a success that was not current — then goes through the per-row handler
+    in the given order, which fences and records it exactly as for a report alone.  A lone
+    success takes the per-row path too: a set of one saves nothing, and the per-row
+    handler answers a concurrent duplicate's unique violation itself."""
+    prepared = [result_handler.prepare(report) for report in reports]
+    named = Counter(report.task_execution_id for report in reports)
+    candidates = [
+        i
+        for i, (report, _output) in enumerate(prepared)
+        if report.outcome == Outcome.SUCCESS and named[report.task_execution_id] == 1
+    ]
+    if len(candidates) < 2:  # nothing to fold: the per-row path (its own savepoint, if any)
+        candidates = []
+    done = success_sets.complete_current([prepared[i] for i in candidates])
+    applied = {i: result for i, result in zip(candidates, done, strict=True) if result is not None}
+    for i, report in enumerate(reports):
+        if i not in applied:
+            applied[i] = result_handler.apply(report)
+    return [applied[i] for i in range(len(reports))]
+
+
 def apply_reports(reports: list[tuple[uuid.UUID, TaskReport]]) -> list[Applied]:
     """:meth:`TaskResultHandler.apply` for several (workflow execution id, report) pairs in
     one transaction (:func:`batch_transaction`); should the batch fail, each is applied in a
@@ -69,7 +100,7 @@ def apply_reports(reports: list[tuple[uuid.UUID, TaskReport]]) -> list[Applied]:
         with batch_transaction():
             # What the tasks held (an executor's slots) is freed once, last, in one order.
             with deferred_slot_releases() as held:
-                done = {i: result_handler.apply(reports[i][1]) for i in order}
+                done = dict(zip(order, apply_in_batch([reports[i][1] for i in order]), strict=True))
             release_slots(held)
     except DatabaseError:
         log.warning(

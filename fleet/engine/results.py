@@ -80,7 +80,7 @@ def _storable(report: TaskReport) -> TaskReport:
     return replace(report, **texts)
 
 
-class _TaskHead(NamedTuple):
+class TaskHead(NamedTuple):
     """The columns an outcome is fenced and routed by (read under the row lock)."""
 
     id: uuid.UUID
@@ -119,6 +119,17 @@ WHERE (SELECT count(*) FROM fleet_taskoutcome WHERE task_execution_id = %s AND N
 """
 
 
+# The rows of relation ``done`` (completed tasks), each with whether it has an undecided
+# dependent (a NotStarted task of its workflow naming it): only those need their dependents
+# decided; the others are settled at once.  Read in the completing statement's snapshot.
+HEAD_CTE = """, head AS (
+    SELECT d.*, EXISTS (
+        SELECT 1 FROM fleet_taskexecution n
+        WHERE n.workflow_execution_id = d.workflow_execution_id AND n.status = 'NotStarted'
+          AND n.dependencies ? d.task_name
+    ) AS has_dependents FROM done d
+)"""
+
 # The fast path of the commonest outcome: a success for the current assignment.
 # Fence, complete and record in one statement (the UPDATE takes the row lock and
 # re-checks the fence after any wait); it returns nothing when the outcome is
@@ -140,13 +151,7 @@ WITH done AS (
     INSERT INTO fleet_taskoutcome (task_execution_id, assignment, attempt, outcome, applied,
         ignored_reason, agent_name, error_type, error_message, received_at)
     SELECT id, assignment, attempt, 'success', true, '', %(agent_name)s, '', '', now() FROM done
-), head AS (
-    SELECT d.*, EXISTS (
-        SELECT 1 FROM fleet_taskexecution n
-        WHERE n.workflow_execution_id = d.workflow_execution_id AND n.status = 'NotStarted'
-          AND n.dependencies ? d.task_name
-    ) AS has_dependents FROM done d
-), closed AS (
+){head}, closed AS (
     UPDATE fleet_workflowexecution w SET open_tasks = GREATEST(w.open_tasks - 1, 0)
     FROM head WHERE w.id = head.workflow_execution_id AND NOT head.has_dependents
     RETURNING w.open_tasks, w.status
@@ -178,7 +183,6 @@ FROM (SELECT 1) AS one LEFT JOIN closed c ON true
 class _Statements(NamedTuple):
     """The hot statements with the registered settle hook's fragments folded in."""
 
-    hook: object
     complete_freeing: str
     complete_holding: str
     close_freeing: str
@@ -186,27 +190,17 @@ class _Statements(NamedTuple):
 
 
 def _build_statements() -> _Statements:
-    hook = hooks.settle_hook()
     freeing = hooks.settle_ctes("settling", release=True)
     holding = hooks.settle_ctes("settling", release=False)
     return _Statements(
-        hook,
-        _COMPLETE_CURRENT.format(settle=freeing),
-        _COMPLETE_CURRENT.format(settle=holding),
+        _COMPLETE_CURRENT.format(head=HEAD_CTE, settle=freeing),
+        _COMPLETE_CURRENT.format(head=HEAD_CTE, settle=holding),
         _CLOSE_AND_ACK.format(settle=freeing),
         _CLOSE_AND_ACK.format(settle=holding),
     )
 
 
-_built = _build_statements()
-
-
-def _statements() -> _Statements:
-    """Built once per registered hook (an identity check per outcome, no formatting)."""
-    global _built
-    if _built.hook is not hooks.settle_hook():
-        _built = _build_statements()
-    return _built
+_statements = hooks.PerHook(_build_statements)  # built once per registered hook
 
 
 _deferred = threading.local()
@@ -232,8 +226,18 @@ def release_slots(agent_ids: list[uuid.UUID]) -> None:
     hooks.release(agent_ids)
 
 
+def hand_over_holders(agents: list[uuid.UUID]) -> None:
+    """What settled tasks held (the hook's ``held``): collected for the batch's
+    :func:`release_slots` inside a :func:`deferred_slot_releases` block, else freed now."""
+    deferred = getattr(_deferred, "agents", None)
+    if deferred is not None:
+        deferred.extend(agents)
+    else:
+        release_slots(agents)
+
+
 def _closed(
-    head: _TaskHead,
+    head: TaskHead,
     open_tasks: int | None,
     status: str | None,
     agents: list[uuid.UUID] | None,
@@ -264,7 +268,7 @@ class TaskResultHandler:
                 if report.outcome == Outcome.SUCCESS:
                     head = self._complete_if_current(cursor, report, output_json)
                     if head is not None:
-                        self._store_log(cursor, head, report)
+                        self.store_log(cursor, head, report)
                         return self._settle(cursor, head, Applied(True, ExecutionStatus.COMPLETED))
                 return self._apply_locked(cursor, report, output_json)
         except IntegrityError:
@@ -272,7 +276,13 @@ class TaskResultHandler:
             return Applied(False, ExecutionStatus.SUPERSEDED, "duplicate outcome")
 
     @staticmethod
-    def _complete_if_current(cursor, report: TaskReport, output_json: str) -> _TaskHead | None:
+    def prepare(report: TaskReport) -> tuple[TaskReport, str]:
+        """The report as :meth:`apply` applies it (storable texts; a bad output turned into
+        a failure) and its output's JSON text (empty unless a success)."""
+        return TaskResultHandler._checked_output(_storable(report))
+
+    @staticmethod
+    def _complete_if_current(cursor, report: TaskReport, output_json: str) -> TaskHead | None:
         deferred = getattr(_deferred, "agents", None)
         statements = _statements()
         cursor.execute(
@@ -286,7 +296,7 @@ class TaskResultHandler:
         row = cursor.fetchone()
         if row is None:
             return None
-        head = _TaskHead(*row[:7], has_dependents=row[7], settled=not row[7])
+        head = TaskHead(*row[:7], has_dependents=row[7], settled=not row[7])
         if head.settled:  # a leaf: the statement closed it (see _COMPLETE_CURRENT)
             _closed(head, *row[8:11], deferred)
         return head
@@ -297,13 +307,13 @@ class TaskResultHandler:
         row = cursor.fetchone()
         if row is None:
             return Applied(False, ExecutionStatus.SUPERSEDED, "unknown task execution")
-        head = _TaskHead(*row)
+        head = TaskHead(*row)
         stale = self._stale_reason(head, report)
         if stale:
             self._record(cursor, head, report, applied=False, reason=stale)
             return Applied(False, ExecutionStatus.SUPERSEDED, stale)
         self._record(cursor, head, report, applied=True)
-        self._store_log(cursor, head, report)
+        self.store_log(cursor, head, report)
         if report.outcome == Outcome.SUCCESS:  # only reached when racing a reassignment
             cursor.execute(_COMPLETE, [output_json, head.id])
             return self._settle(cursor, head, Applied(True, ExecutionStatus.COMPLETED))
@@ -314,7 +324,7 @@ class TaskResultHandler:
         self._close_and_ack(cursor, head, settled=0)
         return result
 
-    def _settle(self, cursor, head: _TaskHead, result: Applied) -> Applied:
+    def _settle(self, cursor, head: TaskHead, result: Applied) -> Applied:
         """The task reached a terminal state: decide its dependents, count it settled, ack."""
         if head.settled:
             return result
@@ -326,7 +336,7 @@ class TaskResultHandler:
         return result
 
     @staticmethod
-    def _close_and_ack(cursor, head: _TaskHead, settled: int) -> None:
+    def _close_and_ack(cursor, head: TaskHead, settled: int) -> None:
         params = {"settled": settled, "workflow": head.workflow_execution_id,
                   "task": head.id, "assignment": head.assignment}  # fmt: skip
         deferred = getattr(_deferred, "agents", None)
@@ -338,7 +348,7 @@ class TaskResultHandler:
         _closed(head, open_tasks, status, agents, deferred)
 
     @staticmethod
-    def _store_log(cursor, head: _TaskHead, report: TaskReport) -> None:
+    def store_log(cursor, head: TaskHead, report: TaskReport) -> None:
         """The applied attempt's log and traceback, when it left any (a refusal never ran)."""
         if report.outcome != Outcome.REFUSED and task_logs.has_content(
             report.log, report.traceback
@@ -348,7 +358,7 @@ class TaskResultHandler:
             )
 
     @staticmethod
-    def _stale_reason(task: _TaskHead, report: TaskReport) -> str:
+    def _stale_reason(task: TaskHead, report: TaskReport) -> str:
         if task.status != TaskStatus.RUNNING:
             return f"task is {task.status}, not Running"
         if task.assignment != report.assignment:
@@ -376,7 +386,7 @@ class TaskResultHandler:
 
     @staticmethod
     def _record(
-        cursor, task: _TaskHead, report: TaskReport, applied: bool, reason: str = ""
+        cursor, task: TaskHead, report: TaskReport, applied: bool, reason: str = ""
     ) -> None:
         if not applied:
             cursor.execute(

@@ -342,20 +342,23 @@ def finish_if_done(workflow_execution_id: uuid.UUID, open_tasks: int, status: st
         _finish(workflow_execution_id)
 
 
-# Finish a workflow in one statement: Failed if any task failed (naming them, in code point
-# order), else Completed; the final context is the input, then every completed task's
-# output in manifest order (a later task's key wins, as in the context builder).
+# Finish workflows in one statement: each Failed if any of its tasks failed (naming them, in
+# code point order), else Completed; the final context is the input, then every completed
+# task's output in manifest order (a later task's key wins, as in the context builder).
+# One statement for every workflow a batch of outcomes finished.
 _FINISH = """
 WITH tasks AS (
-    SELECT task_name, status, output_context, position FROM fleet_taskexecution
-    WHERE workflow_execution_id = %(workflow)s
+    SELECT workflow_execution_id, task_name, status, output_context, position
+    FROM fleet_taskexecution WHERE workflow_execution_id = ANY(%(workflows)s::uuid[])
 ), outcome AS (
-    SELECT
+    SELECT f.id,
         (SELECT array_agg(task_name ORDER BY task_name COLLATE "C") FROM tasks
-         WHERE status = 'Failed') AS failed,
+         WHERE workflow_execution_id = f.id AND status = 'Failed') AS failed,
         (SELECT jsonb_object_agg(kv.key, kv.value ORDER BY t.position)
          FROM tasks t CROSS JOIN LATERAL jsonb_each(t.output_context) AS kv
-         WHERE t.status = 'Completed' AND jsonb_typeof(t.output_context) = 'object') AS outputs
+         WHERE t.workflow_execution_id = f.id AND t.status = 'Completed'
+           AND jsonb_typeof(t.output_context) = 'object') AS outputs
+    FROM unnest(%(workflows)s::uuid[]) AS f(id)
 )
 UPDATE fleet_workflowexecution e SET
     status = CASE WHEN o.failed IS NULL THEN 'Completed' ELSE 'Failed' END,
@@ -366,13 +369,20 @@ UPDATE fleet_workflowexecution e SET
     error = CASE WHEN o.failed IS NULL THEN ''
                  ELSE 'task(s) failed: ' || array_to_string(o.failed, ', ') END
 FROM outcome o
-WHERE e.id = %(workflow)s AND e.status NOT IN ('Completed', 'Failed', 'Cancelled')
+WHERE e.id = o.id AND e.status NOT IN ('Completed', 'Failed', 'Cancelled')
 """
 
 
 def _finish(workflow_execution_id: uuid.UUID) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(_FINISH, {"workflow": workflow_execution_id})
+    finish_many([workflow_execution_id])
+
+
+def finish_many(workflow_execution_ids: list[uuid.UUID]) -> None:
+    """Finish these workflows (their open-task counters reached zero), in one statement;
+    one already finished by someone else is left alone."""
+    if workflow_execution_ids:
+        with connection.cursor() as cursor:
+            cursor.execute(_FINISH, {"workflows": sorted(set(workflow_execution_ids))})
 
 
 def cancel_execution(tenant: Tenant, execution_id: uuid.UUID) -> WorkflowExecution:

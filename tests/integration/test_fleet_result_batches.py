@@ -9,11 +9,11 @@ from django.db import OperationalError
 from agents.models import Agent
 from fleet.engine import ready_queue
 from fleet.engine import results as engine_results
-from fleet.executors.fleet.delivery.placement import place_task
-from fleet.executors.fleet.result_intake import ResultIn, apply_result, apply_results
+from fleet.executors.fleet.result_intake import apply_result, apply_results
 from fleet.models import DeliveryOutbox, TaskExecution, TaskOutcome
 from tests.support.agents import make_agent
 from tests.support.factories import make_package, start
+from tests.support.outcomes import delivered_tasks, result_in
 
 SOURCE = "def noop(context):\n    return None\n"
 
@@ -21,26 +21,8 @@ SOURCE = "def noop(context):\n    return None\n"
 def delivered(tenant, workflow: str) -> dict:
     """Start ``workflow``, place its Ready tasks, mark their packets delivered: task id →
     (task, row)."""
-    _execution, tasks = start(tenant, workflow, {})
-    out = {}
-    for task in tasks.values():
-        if task.status == "Ready":
-            place_task(task.pk, "s")
-            row = DeliveryOutbox.objects.get(task_execution=task)
-            DeliveryOutbox.objects.filter(pk=row.pk).update(state="delivered")
-            out[task.task_name] = (task, row)
-    return out
-
-
-def result(task, row, **extra) -> ResultIn:
-    body = {
-        "outbox_id": row.id,
-        "task_execution_id": task.pk,
-        "assignment": row.assignment,
-        "outcome": "success",
-        "output": {task.task_name: 1},
-    }
-    return ResultIn(**{**body, **extra})
+    execution, _tasks = start(tenant, workflow, {})
+    return {task.task_name: (task, row) for task, row in delivered_tasks(execution)}
 
 
 @pytest.fixture
@@ -54,7 +36,7 @@ def test_a_batch_applies_every_result_and_frees_each_slot_once(tenant, wide):
     agents = [make_agent(tenant, f"a{i}", max_concurrency=4) for i in range(2)]
     placed = delivered(tenant, "wide")
     assert sum(Agent.objects.get(pk=a.pk).in_flight for a in agents) == 4
-    items = [(tenant.pk, row.agent_id, result(task, row)) for task, row in placed.values()]
+    items = [(tenant.pk, row.agent_id, result_in(task, row)) for task, row in placed.values()]
     answers = apply_results(items)
     assert answers == [(200, {"applied": True, "reason": ""})] * 4
     assert set(TaskExecution.objects.values_list("status", flat=True)) == {"Completed"}
@@ -70,11 +52,11 @@ def test_each_result_of_a_batch_gets_its_own_answer(tenant, wide, other_tenant):
     placed = delivered(tenant, "wide")
     (t0, r0), (t1, r1), (t2, r2), (t3, r3) = placed.values()
     items = [
-        (tenant.pk, agent.id, result(t0, r0)),
-        (tenant.pk, agent.id, result(t0, r0, output={"again": 1})),  # a duplicate
-        (other_tenant.pk, stranger.id, result(t1, r1)),  # another tenant's packet
-        (tenant.pk, agent.id, result(t2, r2, outbox_id=r3.id)),
-        (tenant.pk, agent.id, result(t3, r3, outcome="failure", output=None)),
+        (tenant.pk, agent.id, result_in(t0, r0)),
+        (tenant.pk, agent.id, result_in(t0, r0, output={"again": 1})),  # a duplicate
+        (other_tenant.pk, stranger.id, result_in(t1, r1)),  # another tenant's packet
+        (tenant.pk, agent.id, result_in(t2, r2, outbox_id=r3.id)),
+        (tenant.pk, agent.id, result_in(t3, r3, outcome="failure", output=None)),
     ]
     answers = apply_results(items)
     assert answers[0] == (200, {"applied": True, "reason": ""})
@@ -107,7 +89,7 @@ def test_two_dependencies_finishing_in_one_batch_make_the_join_ready_once(tenant
     offered = []
     monkeypatch.setattr(ready_queue, "submit", lambda events: offered.extend(events))
     placed = delivered(tenant, "diamond")
-    items = [(tenant.pk, agent.id, result(task, row)) for task, row in placed.values()]
+    items = [(tenant.pk, agent.id, result_in(task, row)) for task, row in placed.values()]
     assert [a[0] for a in apply_results(items)] == [200, 200]
     join = TaskExecution.objects.get(task_name="join")
     assert join.status == "Ready"
@@ -118,7 +100,7 @@ def test_two_dependencies_finishing_in_one_batch_make_the_join_ready_once(tenant
 def test_a_batch_that_fails_is_applied_again_result_by_result(tenant, wide, monkeypatch):
     agent = make_agent(tenant, "a", max_concurrency=8)
     placed = delivered(tenant, "wide")
-    items = [(tenant.pk, agent.id, result(task, row)) for task, row in placed.values()]
+    items = [(tenant.pk, agent.id, result_in(task, row)) for task, row in placed.values()]
     real_release = engine_results.release_slots
     calls = []
 
@@ -141,7 +123,7 @@ def test_a_batch_that_fails_is_applied_again_result_by_result(tenant, wide, monk
 def test_a_single_result_frees_its_slot_in_its_own_transaction(tenant, wide):
     agent = make_agent(tenant, "a", max_concurrency=8)
     task, row = next(iter(delivered(tenant, "wide").values()))
-    assert apply_result(tenant.pk, agent.id, result(task, row)) == (
+    assert apply_result(tenant.pk, agent.id, result_in(task, row)) == (
         200,
         {"applied": True, "reason": ""},
     )
@@ -164,7 +146,7 @@ def test_a_result_failing_in_its_handler_sends_the_whole_batch_result_by_result(
         outcome="success",
         applied=True,
     )
-    items = [(tenant.pk, agent.id, result(t, r)) for t, r in placed]
+    items = [(tenant.pk, agent.id, result_in(t, r)) for t, r in placed]
     answers = apply_results(items)
     assert answers[0] == (200, {"applied": False, "reason": "duplicate outcome"})
     assert answers[1:] == [(200, {"applied": True, "reason": ""})] * 3

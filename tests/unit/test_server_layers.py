@@ -46,7 +46,7 @@ def test_the_engine_names_no_executor_table():
 def test_the_fleet_settle_hook_is_registered_at_startup_and_folded_in():
     """One statement per outcome still acks the packet and frees the slot: the fleet's
     fragment is part of the result handler's statement, not a statement of its own."""
-    from fleet.engine import hooks, results
+    from fleet.engine import hooks, results, success_sets
     from fleet.executors.fleet.delivery.outbox_ack import OUTBOX_SETTLE_HOOK
 
     assert hooks.settle_hook() is OUTBOX_SETTLE_HOOK
@@ -54,6 +54,10 @@ def test_the_fleet_settle_hook_is_registered_at_startup_and_folded_in():
     for sql in (statements.complete_freeing, statements.close_freeing):
         assert "UPDATE delivery_outbox" in sql and "UPDATE agents_agent" in sql
     for sql in (statements.complete_holding, statements.close_holding):
+        assert "UPDATE delivery_outbox" in sql and "agents_agent" not in sql
+    # A batch's successes as a set: always the holding form (one slot per packet is freed
+    # by the batch's release, never one per agent by the fragment).
+    for sql in success_sets._statements():
         assert "UPDATE delivery_outbox" in sql and "agents_agent" not in sql
 
 

@@ -26,13 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agents.sandbox.task_log import TaskLog
 from fleet.engine import ready_queue
-from fleet.engine.outcome_batches import batch_transaction
+from fleet.engine.outcome_batches import apply_in_batch, batch_transaction
 from fleet.engine.results import (
     Applied,
     TaskReport,
     deferred_slot_releases,
     release_slots,
-    result_handler,
 )
 from fleet.executors.fleet.delivery.metrics import RESULTS
 from fleet.executors.fleet.delivery.rendezvous import Outcome as Wake
@@ -87,16 +86,20 @@ Answer = tuple[int, dict]
 
 # Per result: the reporting agent's name when it is of that tenant (else NULL); whether
 # the packet it names was addressed to it (now, or before a reclaim); the task's workflow
-# execution; and the agent now holding the task when that is the reporter's own process
+# execution; the agent now holding the task when that is the reporter's own process
 # under a newer registration (same instance_id) — the outcome it owes under its old id
-# counts for the new one: applied once, never lost to the fence.
+# counts for the new one: applied once, never lost to the fence; and whether the agent
+# the outcome counts for has breaker state a success must clear (else the batch skips
+# the breaker's statement: a healthy agent's success writes nothing).
 _AGENTS_AND_PACKETS = f"""
 SELECT r.i, a.name, a.id IS NOT NULL AND EXISTS (
     SELECT 1 FROM {ledger.OUTBOX} o
     WHERE o.id = r.outbox AND o.tenant_id = a.tenant_id AND o.task_execution_id = r.task
       AND o.assignment = r.assignment
       AND (o.agent_id = a.id OR o.former_agents @> jsonb_build_array(a.id::text))
-), t.workflow_execution_id, h.id
+), t.workflow_execution_id, h.id, coalesce(CASE WHEN h.id IS NOT NULL
+    THEN {breaker.has_something_to_forget_sql("h")}
+    ELSE {breaker.has_something_to_forget_sql("a")} END, false)
 FROM unnest(%(tenants)s::bigint[], %(agents)s::uuid[], %(outboxes)s::bigint[],
             %(tasks)s::uuid[], %(assignments)s::bigint[]) WITH ORDINALITY
      AS r(tenant, agent, outbox, task, assignment, i)
@@ -112,6 +115,7 @@ class Check(NamedTuple):
     addressed: bool  # the packet was addressed to the reporter (now or before a reclaim)
     workflow_execution_id: uuid.UUID | None
     successor_id: uuid.UUID | None  # the reporter's own process, registered anew
+    breaker_to_clear: bool = False  # a success must reset the breaker of the agent it counts for
 
 
 def _check(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Check]:
@@ -128,46 +132,71 @@ def _check(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Check]:
             },
         )
         rows = {
-            int(i): Check(name, bool(ok), workflow, successor)
-            for i, name, ok, workflow, successor in cursor.fetchall()
+            int(i): Check(name, bool(ok), workflow, successor, clear)
+            for i, name, ok, workflow, successor, clear in cursor.fetchall()
         }
     return [rows[i + 1] for i in range(len(items))]
 
 
-def _record(agent_id: uuid.UUID, body: ResultIn, check: Check) -> tuple[int, dict, Applied | None]:
+def _report(agent_id: uuid.UUID, body: ResultIn, check: Check) -> TaskReport | Answer:
+    """The report to apply, or the 404 answer of a result that names no packet of this agent."""
     if check.agent_name is None:
-        return 404, {"detail": UNKNOWN_AGENT}, None
+        return 404, {"detail": UNKNOWN_AGENT}
     if not check.addressed:
         detail = (
             f"work packet {body.outbox_id} (task {body.task_execution_id}, assignment "
             f"{body.assignment}) was never addressed to this agent"
         )
-        return 404, {"detail": detail}, None
-    applied = result_handler.apply(
-        TaskReport(
-            task_execution_id=body.task_execution_id,
-            assignment=body.assignment,
-            outcome=body.outcome,
-            output=body.output,
-            error_type=body.error_type,
-            error_message=body.error_message,
-            traceback=body.traceback,
-            agent_id=check.successor_id or agent_id,
-            agent_name=check.agent_name,
-            log=body.log.task_log() if body.log is not None else None,
-        )
+        return 404, {"detail": detail}
+    return TaskReport(
+        task_execution_id=body.task_execution_id,
+        assignment=body.assignment,
+        outcome=body.outcome,
+        output=body.output,
+        error_type=body.error_type,
+        error_message=body.error_message,
+        traceback=body.traceback,
+        agent_id=check.successor_id or agent_id,
+        agent_name=check.agent_name,
+        log=body.log.task_log() if body.log is not None else None,
     )
-    return 200, {"applied": applied.applied, "reason": applied.reason}, applied
 
 
-def _answered(items: list[tuple[uuid.UUID, ResultIn, Check]]) -> list[tuple[uuid.UUID, bool]]:
-    """(agent, refused) per report about a packet addressed to the reporter: the reports
-    that feed a breaker (anything else proves nothing about the agent)."""
-    return [
-        (check.successor_id or agent_id, body.outcome == "refused")
-        for agent_id, body, check in items
-        if check.agent_name is not None and check.addressed
-    ]
+def _record_all(
+    items: list[tuple[uuid.UUID, ResultIn, Check]],
+) -> list[tuple[int, dict, Applied | None]]:
+    """Apply the results that name a packet of their agent, in the given order (the
+    batch's current successes as one set: :func:`apply_in_batch`); the answer of each."""
+    reports = [_report(agent_id, body, check) for agent_id, body, check in items]
+    to_apply = [i for i, report in enumerate(reports) if isinstance(report, TaskReport)]
+    applied = dict(zip(to_apply, apply_in_batch([reports[i] for i in to_apply]), strict=True))
+    answers: list[tuple[int, dict, Applied | None]] = []
+    for i, report in enumerate(reports):
+        if i in applied:
+            answers.append(
+                (200, {"applied": applied[i].applied, "reason": applied[i].reason}, applied[i])
+            )
+        else:
+            answers.append((*report, None))
+    return answers
+
+
+def _breaker_feed(
+    items: list[tuple[uuid.UUID, ResultIn, Check]],
+) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+    """The agents whose breakers the reports feed: (refused, succeeded).  Only reports about
+    a packet addressed to the reporter count (anything else proves nothing about the
+    agent), and a success only when that agent has breaker state to clear."""
+    refused, succeeded = [], []
+    for agent_id, body, check in items:
+        if check.agent_name is None or not check.addressed:
+            continue
+        agent = check.successor_id or agent_id
+        if body.outcome == "refused":
+            refused.append(agent)
+        elif check.breaker_to_clear:
+            succeeded.append(agent)
+    return refused, succeeded
 
 
 def _release_and_feed(
@@ -179,12 +208,12 @@ def _release_and_feed(
     These are the transaction's only writes of agent rows, and it takes their locks in
     one statement, in id order (the ledger's lock order): the slot release's own when
     it covers every agent the breakers may write, else one lock of them all first."""
-    answered = _answered(items)
-    if not {agent for agent, _refused in answered} <= set(held):
-        ledger.lock_agents([*held, *(agent for agent, _refused in answered)])
+    refused, succeeded = _breaker_feed(items)
+    if not {*refused, *succeeded} <= set(held):
+        ledger.lock_agents([*held, *refused, *succeeded])
     release_slots(held)
-    breaker.record_failures((a for a, refused in answered if refused), breaker.Cause.REFUSAL)
-    breaker.record_successes(a for a, refused in answered if not refused)
+    breaker.record_failures(refused, breaker.Cause.REFUSAL)
+    breaker.record_successes(succeeded)
 
 
 def _after_commit(recorded: list[tuple[ResultIn, Applied]]) -> None:
@@ -207,7 +236,7 @@ def apply_result(tenant_id: int, agent_id: uuid.UUID, body: ResultIn) -> Answer:
     with transaction.atomic():
         (check,) = _check([(tenant_id, agent_id, body)])
         with deferred_slot_releases() as held:
-            status, answer, applied = _record(agent_id, body, check)
+            ((status, answer, applied),) = _record_all([(agent_id, body, check)])
         _release_and_feed(held, [(agent_id, body, check)])
     if applied is not None:
         _after_commit([(body, applied)])
@@ -235,7 +264,8 @@ def apply_results(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Answer]:
                 ),
             )
             with deferred_slot_releases() as held:
-                done = {i: _record(items[i][1], items[i][2], checks[i]) for i in order}
+                answers = _record_all([(items[i][1], items[i][2], checks[i]) for i in order])
+                done = dict(zip(order, answers, strict=True))
             _release_and_feed(held, [(items[i][1], items[i][2], checks[i]) for i in order])
     except DatabaseError:
         log.warning(

@@ -102,6 +102,14 @@ def probe_taken(agent: str) -> str:
 
 # -- failures and successes ------------------------------------------------------------
 
+
+def has_something_to_forget_sql(agent: str) -> str:
+    """SQL: the agent row aliased ``agent`` has failures counted or a breaker not closed, so
+    a success of it must go through :func:`record_successes` (for any other agent that
+    statement writes nothing, and a result batch skips it)."""
+    return f"({agent}.breaker_failures > 0 OR {agent}.breaker_open_until IS NOT NULL)"
+
+
 _FAIL = """
 WITH n AS (
     SELECT agent_id, count(*) AS n FROM unnest(%(agents)s::uuid[]) AS r(agent_id) GROUP BY agent_id
