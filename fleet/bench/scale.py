@@ -32,11 +32,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Count, Q
 
 from agents.models import Agent, AgentState
 from fleet.bench import workload
+from fleet.bench.database import deadlocks
 from fleet.bench.server import Api, BenchServer
 from fleet.bench.swarm import Swarm, SwarmKey
 from fleet.engine.scheduler import start_execution
@@ -183,14 +184,6 @@ class ServerProbe:
         cpu, started = self.cpu_s(), time.monotonic()
         time.sleep(seconds)
         return 100.0 * (self.cpu_s() - cpu) / (time.monotonic() - started), self.rss()
-
-
-def deadlocks() -> int:
-    """Deadlocks PostgreSQL detected in this database so far (pg_stat_database)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_clear_snapshot()")
-        cursor.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
-        return int(cursor.fetchone()[0])
 
 
 def live_connected(tenants: list[Tenant]) -> int:
