@@ -40,6 +40,7 @@ from fleet.bench import workload
 from fleet.bench.database import deadlocks
 from fleet.bench.server import Api, BenchServer
 from fleet.bench.swarm import Swarm, SwarmKey
+from fleet.bench.workload import PhaseResult
 from fleet.engine.scheduler import start_execution
 from fleet.models import ApiKey, Eviction, TaskExecution, Tenant
 
@@ -64,6 +65,7 @@ class ScaleSettings:
     agents_per_key: int = AGENTS_PER_KEY
     slots: int = SLOTS
     poll_s: float = 1.0
+    idle: bool = True  # watch the quiet windows (the tenant-ratio phases skip them)
 
     @property
     def liveness_window_s(self) -> float:
@@ -118,6 +120,9 @@ class ScaleResult:
     settings: ScaleSettings
     figures: list[tuple[str, str]] = field(default_factory=list)
     log: str = ""  # where the server's log was kept
+    dispatch: PhaseResult | None = None  # the measured dispatch (not the warm-up)
+    server_cpu_s: float = 0.0  # the server's CPU over the measured dispatch
+    deadlocks: int = 0  # pg_stat_database.deadlocks, server start → server stopped
 
     def add(self, name: str, value: str) -> None:
         self.figures.append((name, value))
@@ -244,6 +249,8 @@ def run_scale_bench(database_url: str, settings: ScaleSettings) -> ScaleResult:
     result = ScaleResult(settings)
     # Thousands of agents would each log their start, registration and stop.
     logging.getLogger("cloacina.agent").setLevel(logging.WARNING)
+    # ... and each result the server was slow to acknowledge (it is then posted over REST).
+    logging.getLogger("agents.runtime").setLevel(logging.WARNING)
     nofile = raise_open_files_limit()
     if nofile < 2 * settings.agents + 1024:
         raise RuntimeError(
@@ -268,7 +275,8 @@ def run_scale_bench(database_url: str, settings: ScaleSettings) -> ScaleResult:
         swarm = Swarm(server.url, swarm_keys, slots=settings.slots)
         try:
             _connect(result, swarm, tenants, probe)
-            _idle(result, probe, swarm, base_cpu_pct, base_rss)
+            if settings.idle:
+                _idle(result, probe, swarm, base_cpu_pct, base_rss)
             idle_evictions = evictions(tenants, swarm.started_at)
             _dispatch(result, swarm, tenants, settings, probe)
             total = evictions(tenants, swarm.started_at)
@@ -280,7 +288,8 @@ def run_scale_bench(database_url: str, settings: ScaleSettings) -> ScaleResult:
     finally:
         server.stop()
         result.log = _keep_log(server)
-    result.add("pg deadlocks", str(deadlocks() - deadlocks_before))
+    result.deadlocks = deadlocks() - deadlocks_before
+    result.add("pg deadlocks", str(result.deadlocks))
     result.add("server log", result.log)
     return result
 
@@ -352,6 +361,7 @@ def _dispatch(
     workload.wait_finished(ids)
     cpu_s = probe.cpu_s() - cpu_before
     phase = workload.measure_drain("dispatch", ids)
+    result.dispatch, result.server_cpu_s = phase, cpu_s
     result.add("dispatch tasks", f"{phase.tasks} (failed {phase.failed})")
     result.add("dispatch tasks/s", f"{phase.throughput:.0f}")
     result.add("server CPU ms/task", f"{1000.0 * cpu_s / max(phase.tasks, 1):.2f}")

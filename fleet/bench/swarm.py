@@ -10,7 +10,14 @@ in one process expensive or slow is swapped:
 * the task runner answers every packet at once with a no-op success (no child process);
 * the package cache never fetches the artifact (nothing runs it);
 * host metrics are read once for the whole swarm, not on every beat of every agent;
-* the REST clients are one per API key over one shared connection pool.
+* each agent's REST client keeps at most a few connections (``AGENT_HTTP_CONNECTIONS``).
+
+Each agent has a client and a connection pool of its own, as a real agent does.  One pool
+shared by all of them (an earlier version) queued every agent's requests in one list: when
+a dispatch made thousands of agents post results over REST at once (result acks late on a
+loaded server), httpcore's pool rescanned its whole queue against every connection on each
+answer, the swarm's event loop spent its time there, no agent sent a heartbeat, and the
+server evicted them all — the swarm, not the server, collapsed.
 
 The swarm runs on an event loop of its own in a background thread, so the benchmark's
 main thread keeps its synchronous database connection for measuring.
@@ -42,11 +49,11 @@ from agents.sandbox.task_runner import RunOutcome
 log = logging.getLogger(__name__)
 
 # Registrations in flight at once: the swarm starts a new agent when one of these is
-# answered, so thousands of agents do not wait in one HTTP pool until they time out.
+# answered, so thousands of agents do not all wait for the server at once.
 REGISTERING_AT_ONCE = 64
-# The swarm's REST connections, all keys together: room for the registrations in flight
-# and for REST beats and results beside them (real agents do not queue behind each other).
-HTTP_CONNECTIONS = 512
+# REST connections of one simulated agent: its registration, beats while the socket is
+# down and results without an ack, side by side.
+AGENT_HTTP_CONNECTIONS = 4
 ADMIT_POLL_S = 0.01
 STOP_TIMEOUT_S = 120.0
 
@@ -116,6 +123,14 @@ class NoFetchCache:
 
     async def aget(self, digest: str, fetch: Any) -> Path:
         return self.root
+
+
+def _agent_transport() -> httpx.AsyncHTTPTransport:
+    """One simulated agent's connection pool (see the module docstring)."""
+    limits = httpx.Limits(
+        max_connections=AGENT_HTTP_CONNECTIONS, max_keepalive_connections=AGENT_HTTP_CONNECTIONS
+    )
+    return httpx.AsyncHTTPTransport(limits=limits)
 
 
 class Swarm:
@@ -192,15 +207,7 @@ class Swarm:
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self._ready.set()
-        transport = httpx.AsyncHTTPTransport(
-            limits=httpx.Limits(
-                max_connections=HTTP_CONNECTIONS, max_keepalive_connections=HTTP_CONNECTIONS
-            )
-        )
-        clients = {
-            key.token: AgentClient(self.server_url, key.token, transport=transport)
-            for key in self.keys
-        }
+        clients: list[AgentClient] = []
         reading = host_metrics.sample()
         triple = host_triple()
         runs: list[asyncio.Task] = []
@@ -213,11 +220,13 @@ class Swarm:
                     await asyncio.sleep(ADMIT_POLL_S)
                 if self._stopping.is_set():
                     break
+                client = AgentClient(self.server_url, config.api_key, transport=_agent_transport())
+                clients.append(client)
                 agent = Agent(
                     config,
                     runner=self.runner,
                     cache=NoFetchCache(self._cache_root),
-                    client=clients[config.api_key],
+                    client=client,
                     metrics=lambda: reading,
                 )
                 self.agents.append(agent)
@@ -227,9 +236,8 @@ class Swarm:
             for task in runs:
                 task.cancel()
             await asyncio.gather(*runs, return_exceptions=True)
-            for client in clients.values():
-                await client.close()
-            await transport.aclose()
+            for client in clients:
+                await client.close()  # closes its transport too
             shutil.rmtree(self._cache_root, ignore_errors=True)
 
     def _configs(self, triple: str):

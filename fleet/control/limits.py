@@ -602,8 +602,12 @@ def fleet_snapshots(
     backlog = backlog_counts(ids)
     snapshots = {}
     for tenant in tenants:
-        for name in SNAPSHOT_FIELDS:
-            setattr(tenant, name, fresh.get(tenant.pk, {}).get(name, getattr(tenant, name)))
+        # Only from a fresh row: a tenant built with few fields (the API key cache's) would
+        # load each deferred field with a query of its own if it were read here.
+        row = fresh.get(tenant.pk)
+        if row is not None:
+            for name in SNAPSHOT_FIELDS:
+                setattr(tenant, name, row[name])
         agg = agents.get(tenant.pk, {})
         in_flight, capacity = agg.get("in_flight") or 0, agg.get("capacity") or 0
         snapshots[tenant.pk] = {
