@@ -66,6 +66,7 @@ class ScaleSettings:
     slots: int = SLOTS
     poll_s: float = 1.0
     idle: bool = True  # watch the quiet windows (the tenant-ratio phases skip them)
+    drain: bool = True  # drain the agents at the end (False: cancel them; tenant-ratio)
 
     @property
     def liveness_window_s(self) -> float:
@@ -282,9 +283,10 @@ def run_scale_bench(database_url: str, settings: ScaleSettings) -> ScaleResult:
             total = evictions(tenants, swarm.started_at)
             result.add("evictions", f"{total} (connect + idle: {idle_evictions})")
         finally:
-            swarm.stop()
+            swarm.stop(drain=settings.drain)
         counts = swarm.counts()
-        result.add("agents drained", f"{counts.exited - counts.failed}/{counts.started}")
+        drained = f"{counts.exited - counts.failed}/{counts.started}"
+        result.add("agents drained", drained if settings.drain else "no (cancelled)")
     finally:
         server.stop()
         result.log = _keep_log(server)

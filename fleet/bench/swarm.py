@@ -156,6 +156,8 @@ class Swarm:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._first_pending = 0  # index of the oldest agent that may still be registering
+        self._main_task: asyncio.Task | None = None
+        self._cancelled = False
         self._cache_root = Path(tempfile.mkdtemp(prefix="cloacina-swarm-"))
 
     @property
@@ -185,12 +187,15 @@ class Swarm:
         if self._error is not None:
             raise RuntimeError(f"the swarm stopped: {self._error!r}") from self._error
 
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """Drain every agent (each deregisters) and wait for the swarm's thread to end."""
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S, drain: bool = True) -> None:
+        """Drain every agent (each deregisters) and wait for the swarm's thread to end.
+        ``drain=False`` instead cancels every agent at once, as a kill would: nothing is
+        reported or deregistered (for a bench that drops the server and its database
+        next, and must not have a thousand drains retrying in its process meanwhile)."""
         if self._loop is None or self._thread is None:
             return
         with contextlib.suppress(RuntimeError):  # the loop already ended
-            self._loop.call_soon_threadsafe(self._drain_all)
+            self._loop.call_soon_threadsafe(self._drain_all if drain else self._cancel_all)
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             log.warning("swarm: agents still draining after %.0fs; leaving them", timeout_s)
@@ -199,11 +204,15 @@ class Swarm:
     def _main(self) -> None:
         try:
             asyncio.run(self._run())
+        except asyncio.CancelledError:
+            if not self._cancelled:  # stop(drain=False) is how the swarm ends, not an error
+                raise
         except BaseException as exc:  # reported through check(); the thread must not die silently
             self._error = exc
             self._ready.set()
 
     async def _run(self) -> None:
+        self._main_task = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self._ready.set()
@@ -269,6 +278,12 @@ class Swarm:
     async def _run_agent(self, agent: Agent) -> None:
         code = await agent.run()
         self.exit_codes.append(code)
+
+    def _cancel_all(self) -> None:
+        self._stopping.set()
+        self._cancelled = True
+        if self._main_task is not None:
+            self._main_task.cancel()  # its finally cancels every agent and closes the clients
 
     def _drain_all(self) -> None:
         self._stopping.set()

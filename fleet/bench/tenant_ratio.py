@@ -14,6 +14,7 @@ single-tenant one — issue 16's target is ≥ 90 % with zero deadlocks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from django.core.management import call_command
@@ -97,18 +98,27 @@ def phase_order(tenants: int, rounds: int) -> list[int]:
 
 
 def run_tenant_ratio_bench(
-    database_url: str, settings: ScaleSettings, rounds: int
+    database_url: str,
+    settings: ScaleSettings,
+    rounds: int,
+    progress: Callable[[str], None] = print,
 ) -> TenantRatioResult:
     """The scale phase's dispatch with one tenant and with ``settings.tenants`` (see the
-    module docstring)."""
+    module docstring); ``progress`` gets a line as each run ends."""
     one, many = RatioPhase(1), RatioPhase(settings.tenants)
     runs: list[tuple[int, float, int]] = []
     logs: list[str] = []
     for count in phase_order(settings.tenants, rounds):
         call_command("flush", interactive=False, verbosity=0)
-        run = run_scale_bench(database_url, replace(settings, tenants=count, idle=False))
+        # No quiet windows; the agents are cancelled, not drained: a thousand drains would
+        # still be retrying in this process during the next phase.
+        phase = replace(settings, tenants=count, idle=False, drain=False)
+        run = run_scale_bench(database_url, phase)
         (one if count == 1 else many).add(run)
         assert run.dispatch is not None  # checked by add()
         runs.append((count, run.dispatch.throughput, run.deadlocks))
         logs.append(run.log)
+        progress(
+            f"{count} tenant(s): {run.dispatch.throughput:.0f} tasks/s, {run.deadlocks} deadlocks"
+        )
     return TenantRatioResult(settings, one, many, runs, logs)

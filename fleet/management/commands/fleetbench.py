@@ -179,7 +179,9 @@ class Command(BaseCommand):
                 poll_s=options["poll"],
             )
         elif swarm_settings is not None and options["tenant_ratio"]:
-            result = run_tenant_ratio_bench(url, swarm_settings, options["tenant_ratio"])
+            result = run_tenant_ratio_bench(
+                url, swarm_settings, options["tenant_ratio"], self.stderr.write
+            )
         elif swarm_settings is not None:
             result = run_scale_bench(url, swarm_settings)
         elif options["executor"] == "fleet":
