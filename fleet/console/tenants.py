@@ -61,6 +61,20 @@ class RosterEntry:
     phase: str = ""  # fleet.executors.fleet.routing.phases
     breaker: str = ""  # fleet.executors.fleet.state.breaker: closed, open, half_open
     drain_url: str = ""  # the row's Drain form (live agents only)
+    # Worked out here once rather than by template conditions in every row (the template
+    # engine's cost is per lookup): "bad" (overdue), "warn" (late) or "".
+    level: str = ""
+    health_class: str = ""  # the health note's cell class (degraded, unhealthy), else ""
+    health_title: str = ""
+
+
+HEALTH_NOTES = {  # health → (cell class, tooltip) of the note beside the state
+    "degraded": (
+        "cell-warn",
+        "heartbeat older than 2 intervals, socket open: chosen only after healthy agents",
+    ),
+    "unhealthy": ("cell-bad", "no socket or no recent heartbeat: not chosen for work"),
+}
 
 
 def actor_of(request: HttpRequest) -> str:
@@ -93,20 +107,23 @@ def roster_entry(agent: Agent, now: datetime, drain_url: str = "") -> RosterEntr
     config = get_config()
     age = (now - agent.last_heartbeat).total_seconds()
     alive = agent.state not in ENDED_STATES
+    late = alive and age > config.heartbeat_interval_s * LATE_AFTER_INTERVALS
+    overdue = alive and age > config.liveness_window_s
+    kind = health.classify(
+        agent.state, agent.connected_to, agent.last_heartbeat, now,
+        config.heartbeat_interval_s, config.liveness_window_s,
+    )  # fmt: skip
+    note_class, note_title = HEALTH_NOTES.get(kind, ("", ""))
     return RosterEntry(
         agent=agent,
         drain_url=drain_url if agent.state == AgentState.LIVE else "",
         heartbeat_age_s=age,
-        late=alive and age > config.heartbeat_interval_s * LATE_AFTER_INTERVALS,
-        overdue=alive and age > config.liveness_window_s,
-        health=health.classify(
-            agent.state,
-            agent.connected_to,
-            agent.last_heartbeat,
-            now,
-            config.heartbeat_interval_s,
-            config.liveness_window_s,
-        ),
+        late=late,
+        overdue=overdue,
+        health=kind,
+        level="bad" if overdue else "warn" if late else "",
+        health_class=note_class,
+        health_title=note_title,
         **phase_and_breaker(agent, now),
     )
 

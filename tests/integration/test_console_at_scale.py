@@ -279,6 +279,19 @@ def test_the_agents_table_pages_filters_and_sorts(admin_client, fleet):
     assert "partials/agents/?health=healthy&amp;sort=-name&amp;page=1" in healthy
     pool = admin_client.get("/console/tenants/acme/partials/agents/?pool=big").content.decode()
     assert "100 agents matching" in pool
+    # Each row's health note (worked out per row in Python, not by template conditions).
+    unhealthy = admin_client.get(
+        "/console/tenants/acme/partials/agents/?health=unhealthy"
+    ).content.decode()
+    assert (
+        unhealthy.count('<span class="small cell-bad" title="no socket or no recent heartbeat')
+        == 25
+    )
+    degraded = admin_client.get(
+        "/console/tenants/acme/partials/agents/?health=degraded"
+    ).content.decode()
+    assert degraded.count('<span class="small cell-warn" title="heartbeat older than 2') == 25
+    assert "level-warn" in degraded and "cell-bad" not in degraded
 
 
 def test_the_agents_table_refuses_bad_filters_and_clamps_a_stale_page(admin_client, small_fleet):
