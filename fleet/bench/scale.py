@@ -39,7 +39,7 @@ from agents.models import Agent, AgentState
 from fleet.bench import workload
 from fleet.bench.database import deadlocks
 from fleet.bench.server import Api, BenchServer
-from fleet.bench.swarm import Swarm, SwarmKey
+from fleet.bench.swarm import FILES_PER_AGENT, Swarm, SwarmKey
 from fleet.bench.workload import PhaseResult
 from fleet.engine.scheduler import start_execution
 from fleet.models import ApiKey, Eviction, TaskExecution, Tenant
@@ -253,10 +253,11 @@ def run_scale_bench(database_url: str, settings: ScaleSettings) -> ScaleResult:
     # ... and each result the server was slow to acknowledge (it is then posted over REST).
     logging.getLogger("agents.runtime").setLevel(logging.WARNING)
     nofile = raise_open_files_limit()
-    if nofile < 2 * settings.agents + 1024:
+    if nofile < FILES_PER_AGENT * settings.agents + 1024:
         raise RuntimeError(
             f"the open-files limit ({nofile}) is too low for {settings.agents} agents: the "
-            f"server and the swarm each hold a socket per agent; raise `ulimit -Hn`"
+            f"swarm (and the server) hold a socket and up to {FILES_PER_AGENT - 1} REST "
+            f"connections per agent; raise `ulimit -Hn`"
         )
     tenants, write_keys, swarm_keys = _tenants(settings)
     per_tenant = max(spread(settings.agents, settings.tenants))

@@ -52,8 +52,10 @@ log = logging.getLogger(__name__)
 # answered, so thousands of agents do not all wait for the server at once.
 REGISTERING_AT_ONCE = 64
 # REST connections of one simulated agent: its registration, beats while the socket is
-# down and results without an ack, side by side.
-AGENT_HTTP_CONNECTIONS = 4
+# down and results without an ack, side by side.  With its delivery socket, the open files
+# the swarm needs per agent (FILES_PER_AGENT): 5,000 agents must fit a 20,000 limit.
+AGENT_HTTP_CONNECTIONS = 2
+FILES_PER_AGENT = 1 + AGENT_HTTP_CONNECTIONS
 ADMIT_POLL_S = 0.01
 STOP_TIMEOUT_S = 120.0
 
