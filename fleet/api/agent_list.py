@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Case, F, IntegerField, QuerySet, Value, When
+from django.db.models import Case, Count, F, IntegerField, QuerySet, Value, When, Window
 from django.db.models.expressions import RawSQL
 
 from agents.models import AgentState
@@ -114,9 +114,19 @@ def filter_agents(agents: QuerySet, wanted: AgentFilter, now: datetime) -> Query
     return _ordered(agents, wanted.sort or "name", now)
 
 
+PAGE_TOTAL = "page_total"  # the window count each row of a page carries
+
+
 def page_of(agents: QuerySet, limit: int, offset: int) -> AgentPage:
-    """One page of an ordered queryset and the number of rows it was cut from."""
-    return AgentPage(list(agents[offset : offset + limit]), agents.count(), limit, offset)
+    """One page of an ordered queryset and the number of rows it was cut from, in ONE
+    statement: each row carries ``count(*) OVER ()``, computed before the LIMIT (a second
+    COUNT statement cost as much as the page).  Only a page past the end counts apart."""
+    rows = list(agents.annotate(**{PAGE_TOTAL: Window(Count("pk"))})[offset : offset + limit])
+    if not rows:
+        return AgentPage([], agents.count() if offset else 0, limit, offset)
+    for row in rows:  # values() rows are dicts, model rows instances
+        total = row.pop(PAGE_TOTAL) if isinstance(row, dict) else getattr(row, PAGE_TOTAL)
+    return AgentPage(rows, total, limit, offset)
 
 
 def _health(health: str, now: datetime):

@@ -14,7 +14,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
-from pydantic import ConfigDict
+from pydantic import BaseModel, ConfigDict
 
 from agents.models import ENDED_STATES, Agent
 from fleet.api import agent_list
@@ -36,7 +36,10 @@ class ErrorOut(Schema):
     detail: str
 
 
-class AgentOut(Schema):
+# A plain pydantic model, not a ninja Schema: the page's rows are dicts, and a Schema wraps
+# each one in ninja's attribute getter before validating it (a tenth of the CPU of GET /fleet
+# at 100 agents a page).  (A comment, not a docstring: that would become its OpenAPI text.)
+class AgentOut(BaseModel):
     id: uuid.UUID = Field(description="the agent id (POST /agents/{id}/drain)")
     name: str
     state: str = Field(

@@ -47,3 +47,22 @@ def use_bench_database(name: str = BENCH_DB) -> str:
     call_command("migrate", interactive=False, verbosity=0)
     call_command("flush", interactive=False, verbosity=0)
     return url
+
+
+def deadlocks() -> int:
+    """Deadlocks PostgreSQL detected in this database so far (``pg_stat_database``), read
+    afresh: a new snapshot of the statistics, not the one this transaction saw first."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+        return int(cursor.fetchone()[0])
+
+
+def flush_statistics() -> None:
+    """Make this backend add its pending statistics (a deadlock it was the victim of) to
+    the shared counters now: a pooled connection's backend does not exit, and an idle one
+    flushes only seconds later.  The flush runs when the backend goes idle after the first
+    statement, so it has happened once the second returns."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute("SELECT 1")

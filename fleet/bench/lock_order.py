@@ -16,10 +16,7 @@ then the T-tenant throughput as a share of the 1-tenant one.
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.core.management import call_command
@@ -30,13 +27,12 @@ from agents.models import Agent, AgentState
 from agents.protocol.triples import host_triple
 from artifacts.store.services import publish_package
 from fleet.bench import workload
+from fleet.bench.database import deadlocks
+from fleet.bench.lock_race import completed_tasks, run_race
 from fleet.engine.scheduler import start_execution
 from fleet.executors.fleet import lifecycle
 from fleet.executors.fleet.delivery import local_sockets
-from fleet.executors.fleet.delivery.batch_placement import place_tasks
-from fleet.executors.fleet.delivery.placement import Placed
-from fleet.executors.fleet.result_intake import ResultIn, apply_results
-from fleet.models import DeliveryOutbox, TaskExecution, Tenant
+from fleet.models import TaskExecution, Tenant
 
 WORKFLOW = "lock_order_wide"
 BATCH = 64  # tasks per placement batch, results per result batch
@@ -76,22 +72,6 @@ class LockOrderResult:
                 "of the single-tenant throughput"
             )
         return "\n".join(lines)
-
-
-def _deadlocks() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_clear_snapshot()")
-        cursor.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
-        return cursor.fetchone()[0]
-
-
-def _flush_statistics() -> None:
-    """This backend's pending statistics (a deadlock it lost) into the shared counters now:
-    a pooled backend does not exit, and an idle one flushes only seconds later.  The flush
-    runs as the backend goes idle after the first statement."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_force_next_flush()")
-        cursor.execute("SELECT 1")
 
 
 def _setup(prefix: str, tenants: int, agents: int, tasks: int, width: int) -> list[uuid.UUID]:
@@ -143,99 +123,23 @@ def _beat(tenant_ids: list[int]) -> None:
         pass
 
 
-class _Race:
-    """The racing threads' shared state: the Ready ids left to place, and when to stop."""
-
-    def __init__(self, ready: list[uuid.UUID], tenant_ids: list[int]) -> None:
-        self.lock = threading.Lock()
-        self.ready = ready
-        self.expected = len(ready)
-        self.tenant_ids = tenant_ids
-        self.errors: list[BaseException] = []
-        self.stop = threading.Event()
-
-    def take(self) -> list[uuid.UUID]:
-        with self.lock:
-            chunk, self.ready = self.ready[:BATCH], self.ready[BATCH:]
-            return chunk
-
-    def give_back(self, ids: list[uuid.UUID]) -> None:
-        with self.lock:
-            self.ready.extend(ids)
-
-    def completed(self) -> int:
-        # The database holds this phase's rows only (emptied before it).
-        return TaskExecution.objects.filter(status="Completed").count()
-
-
-def _place(race: _Race) -> None:
-    chunk = race.take()
-    if not chunk:
-        time.sleep(0.005)
-        return
-    placed = place_tasks(chunk, "lock-order-bench")
-    race.give_back([t for t, p in placed.items() if not isinstance(p, Placed)])
-
-
-def _report(race: _Race, index: int, reporters: int) -> None:
-    rows = list(
-        DeliveryOutbox.objects.filter(state__in=("pending", "delivered"))
-        .extra(where=["id %% %s = %s"], params=[reporters, index])
-        .values_list("id", "tenant_id", "agent_id", "task_execution_id", "assignment")[:BATCH]
-    )
-    if not rows:
-        time.sleep(0.005)
-        return
-    apply_results(
-        [
-            (tenant_id, agent_id, ResultIn(outbox_id=row_id, task_execution_id=task,
-                                            assignment=assignment, outcome="success", output={}))
-            for row_id, tenant_id, agent_id, task, assignment in rows
-        ]
-    )  # fmt: skip
-
-
-def _thread(race: _Race, body: Callable[[], None]) -> threading.Thread:
-    def run() -> None:
-        try:
-            while not race.stop.is_set():
-                body()
-            _flush_statistics()
-        except BaseException as exc:  # reported by the phase
-            race.errors.append(exc)
-            race.stop.set()
-        finally:
-            connection.close()
-
-    return threading.Thread(target=run, daemon=True)
-
-
 def _phase(tenants: int, agents: int, tasks: int, width: int, placers: int, reporters: int):
     prefix = f"lo{tenants}-{uuid.uuid4().hex[:6]}"
     ready = _setup(prefix, tenants, agents, tasks, width)
     tenant_ids = list(Tenant.objects.filter(name__startswith=prefix).values_list("id", flat=True))
-    race = _Race(ready, tenant_ids)
-    before = _deadlocks()
-    threads = [_thread(race, lambda: _place(race)) for _ in range(placers)]
-    threads += [_thread(race, lambda i=i: _report(race, i, reporters)) for i in range(reporters)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    last_beat = started
-    while not race.stop.is_set():
-        if race.completed() >= race.expected or time.perf_counter() - started > PHASE_TIMEOUT_S:
-            break
-        if time.perf_counter() - last_beat > BEAT_EVERY_S:
+    last_beat = [0.0]
+
+    def beat(elapsed: float) -> None:
+        if elapsed - last_beat[0] > BEAT_EVERY_S:
             _beat(tenant_ids)
-            last_beat = time.perf_counter()
-        time.sleep(0.02)
-    wall = time.perf_counter() - started
-    race.stop.set()
-    for thread in threads:
-        thread.join()
-    if race.errors:
-        raise race.errors[0]
-    return LockPhase(tenants, race.completed(), wall, _deadlocks() - before)
+            last_beat[0] = elapsed
+
+    before = deadlocks()
+    wall = run_race(
+        ready, placers=placers, reporters=reporters, batch=BATCH, timeout_s=PHASE_TIMEOUT_S,
+        claimer="lock-order-bench", every_tick=beat,
+    )  # fmt: skip
+    return LockPhase(tenants, completed_tasks(), wall, deadlocks() - before)
 
 
 def run_lock_order_bench(

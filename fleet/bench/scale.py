@@ -32,13 +32,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Count, Q
 
 from agents.models import Agent, AgentState
 from fleet.bench import workload
+from fleet.bench.database import deadlocks
 from fleet.bench.server import Api, BenchServer
-from fleet.bench.swarm import Swarm, SwarmKey
+from fleet.bench.swarm import FILES_PER_AGENT, Swarm, SwarmKey
+from fleet.bench.workload import PhaseResult
 from fleet.engine.scheduler import start_execution
 from fleet.models import ApiKey, Eviction, TaskExecution, Tenant
 
@@ -63,6 +65,8 @@ class ScaleSettings:
     agents_per_key: int = AGENTS_PER_KEY
     slots: int = SLOTS
     poll_s: float = 1.0
+    idle: bool = True  # watch the quiet windows (the tenant-ratio phases skip them)
+    drain: bool = True  # drain the agents at the end (False: cancel them; tenant-ratio)
 
     @property
     def liveness_window_s(self) -> float:
@@ -117,6 +121,9 @@ class ScaleResult:
     settings: ScaleSettings
     figures: list[tuple[str, str]] = field(default_factory=list)
     log: str = ""  # where the server's log was kept
+    dispatch: PhaseResult | None = None  # the measured dispatch (not the warm-up)
+    server_cpu_s: float = 0.0  # the server's CPU over the measured dispatch
+    deadlocks: int = 0  # pg_stat_database.deadlocks, server start → server stopped
 
     def add(self, name: str, value: str) -> None:
         self.figures.append((name, value))
@@ -185,14 +192,6 @@ class ServerProbe:
         return 100.0 * (self.cpu_s() - cpu) / (time.monotonic() - started), self.rss()
 
 
-def deadlocks() -> int:
-    """Deadlocks PostgreSQL detected in this database so far (pg_stat_database)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_clear_snapshot()")
-        cursor.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
-        return int(cursor.fetchone()[0])
-
-
 def live_connected(tenants: list[Tenant]) -> int:
     return (
         Agent.objects.filter(tenant__in=tenants, state=AgentState.LIVE)
@@ -251,11 +250,14 @@ def run_scale_bench(database_url: str, settings: ScaleSettings) -> ScaleResult:
     result = ScaleResult(settings)
     # Thousands of agents would each log their start, registration and stop.
     logging.getLogger("cloacina.agent").setLevel(logging.WARNING)
+    # ... and each result the server was slow to acknowledge (it is then posted over REST).
+    logging.getLogger("agents.runtime").setLevel(logging.WARNING)
     nofile = raise_open_files_limit()
-    if nofile < 2 * settings.agents + 1024:
+    if nofile < FILES_PER_AGENT * settings.agents + 1024:
         raise RuntimeError(
             f"the open-files limit ({nofile}) is too low for {settings.agents} agents: the "
-            f"server and the swarm each hold a socket per agent; raise `ulimit -Hn`"
+            f"swarm (and the server) hold a socket and up to {FILES_PER_AGENT - 1} REST "
+            f"connections per agent; raise `ulimit -Hn`"
         )
     tenants, write_keys, swarm_keys = _tenants(settings)
     per_tenant = max(spread(settings.agents, settings.tenants))
@@ -275,19 +277,22 @@ def run_scale_bench(database_url: str, settings: ScaleSettings) -> ScaleResult:
         swarm = Swarm(server.url, swarm_keys, slots=settings.slots)
         try:
             _connect(result, swarm, tenants, probe)
-            _idle(result, probe, swarm, base_cpu_pct, base_rss)
+            if settings.idle:
+                _idle(result, probe, swarm, base_cpu_pct, base_rss)
             idle_evictions = evictions(tenants, swarm.started_at)
             _dispatch(result, swarm, tenants, settings, probe)
             total = evictions(tenants, swarm.started_at)
             result.add("evictions", f"{total} (connect + idle: {idle_evictions})")
         finally:
-            swarm.stop()
+            swarm.stop(drain=settings.drain)
         counts = swarm.counts()
-        result.add("agents drained", f"{counts.exited - counts.failed}/{counts.started}")
+        drained = f"{counts.exited - counts.failed}/{counts.started}"
+        result.add("agents drained", drained if settings.drain else "no (cancelled)")
     finally:
         server.stop()
         result.log = _keep_log(server)
-    result.add("pg deadlocks", str(deadlocks() - deadlocks_before))
+    result.deadlocks = deadlocks() - deadlocks_before
+    result.add("pg deadlocks", str(result.deadlocks))
     result.add("server log", result.log)
     return result
 
@@ -359,6 +364,7 @@ def _dispatch(
     workload.wait_finished(ids)
     cpu_s = probe.cpu_s() - cpu_before
     phase = workload.measure_drain("dispatch", ids)
+    result.dispatch, result.server_cpu_s = phase, cpu_s
     result.add("dispatch tasks", f"{phase.tasks} (failed {phase.failed})")
     result.add("dispatch tasks/s", f"{phase.throughput:.0f}")
     result.add("server CPU ms/task", f"{1000.0 * cpu_s / max(phase.tasks, 1):.2f}")

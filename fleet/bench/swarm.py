@@ -10,7 +10,14 @@ in one process expensive or slow is swapped:
 * the task runner answers every packet at once with a no-op success (no child process);
 * the package cache never fetches the artifact (nothing runs it);
 * host metrics are read once for the whole swarm, not on every beat of every agent;
-* the REST clients are one per API key over one shared connection pool.
+* each agent's REST client keeps at most a few connections (``AGENT_HTTP_CONNECTIONS``).
+
+Each agent has a client and a connection pool of its own, as a real agent does.  One pool
+shared by all of them (an earlier version) queued every agent's requests in one list: when
+a dispatch made thousands of agents post results over REST at once (result acks late on a
+loaded server), httpcore's pool rescanned its whole queue against every connection on each
+answer, the swarm's event loop spent its time there, no agent sent a heartbeat, and the
+server evicted them all — the swarm, not the server, collapsed.
 
 The swarm runs on an event loop of its own in a background thread, so the benchmark's
 main thread keeps its synchronous database connection for measuring.
@@ -42,11 +49,13 @@ from agents.sandbox.task_runner import RunOutcome
 log = logging.getLogger(__name__)
 
 # Registrations in flight at once: the swarm starts a new agent when one of these is
-# answered, so thousands of agents do not wait in one HTTP pool until they time out.
+# answered, so thousands of agents do not all wait for the server at once.
 REGISTERING_AT_ONCE = 64
-# The swarm's REST connections, all keys together: room for the registrations in flight
-# and for REST beats and results beside them (real agents do not queue behind each other).
-HTTP_CONNECTIONS = 512
+# REST connections of one simulated agent: its registration, beats while the socket is
+# down and results without an ack, side by side.  With its delivery socket, the open files
+# the swarm needs per agent (FILES_PER_AGENT): 5,000 agents must fit a 20,000 limit.
+AGENT_HTTP_CONNECTIONS = 2
+FILES_PER_AGENT = 1 + AGENT_HTTP_CONNECTIONS
 ADMIT_POLL_S = 0.01
 STOP_TIMEOUT_S = 120.0
 
@@ -118,6 +127,14 @@ class NoFetchCache:
         return self.root
 
 
+def _agent_transport() -> httpx.AsyncHTTPTransport:
+    """One simulated agent's connection pool (see the module docstring)."""
+    limits = httpx.Limits(
+        max_connections=AGENT_HTTP_CONNECTIONS, max_keepalive_connections=AGENT_HTTP_CONNECTIONS
+    )
+    return httpx.AsyncHTTPTransport(limits=limits)
+
+
 class Swarm:
     """``keys``' agents, started in the background by :meth:`start`, drained by :meth:`stop`."""
 
@@ -141,6 +158,8 @@ class Swarm:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._first_pending = 0  # index of the oldest agent that may still be registering
+        self._main_task: asyncio.Task | None = None
+        self._cancelled = False
         self._cache_root = Path(tempfile.mkdtemp(prefix="cloacina-swarm-"))
 
     @property
@@ -170,12 +189,15 @@ class Swarm:
         if self._error is not None:
             raise RuntimeError(f"the swarm stopped: {self._error!r}") from self._error
 
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """Drain every agent (each deregisters) and wait for the swarm's thread to end."""
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S, drain: bool = True) -> None:
+        """Drain every agent (each deregisters) and wait for the swarm's thread to end.
+        ``drain=False`` instead cancels every agent at once, as a kill would: nothing is
+        reported or deregistered (for a bench that drops the server and its database
+        next, and must not have a thousand drains retrying in its process meanwhile)."""
         if self._loop is None or self._thread is None:
             return
         with contextlib.suppress(RuntimeError):  # the loop already ended
-            self._loop.call_soon_threadsafe(self._drain_all)
+            self._loop.call_soon_threadsafe(self._drain_all if drain else self._cancel_all)
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             log.warning("swarm: agents still draining after %.0fs; leaving them", timeout_s)
@@ -184,23 +206,19 @@ class Swarm:
     def _main(self) -> None:
         try:
             asyncio.run(self._run())
+        except asyncio.CancelledError:
+            if not self._cancelled:  # stop(drain=False) is how the swarm ends, not an error
+                raise
         except BaseException as exc:  # reported through check(); the thread must not die silently
             self._error = exc
             self._ready.set()
 
     async def _run(self) -> None:
+        self._main_task = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self._ready.set()
-        transport = httpx.AsyncHTTPTransport(
-            limits=httpx.Limits(
-                max_connections=HTTP_CONNECTIONS, max_keepalive_connections=HTTP_CONNECTIONS
-            )
-        )
-        clients = {
-            key.token: AgentClient(self.server_url, key.token, transport=transport)
-            for key in self.keys
-        }
+        clients: list[AgentClient] = []
         reading = host_metrics.sample()
         triple = host_triple()
         runs: list[asyncio.Task] = []
@@ -213,11 +231,13 @@ class Swarm:
                     await asyncio.sleep(ADMIT_POLL_S)
                 if self._stopping.is_set():
                     break
+                client = AgentClient(self.server_url, config.api_key, transport=_agent_transport())
+                clients.append(client)
                 agent = Agent(
                     config,
                     runner=self.runner,
                     cache=NoFetchCache(self._cache_root),
-                    client=clients[config.api_key],
+                    client=client,
                     metrics=lambda: reading,
                 )
                 self.agents.append(agent)
@@ -227,9 +247,8 @@ class Swarm:
             for task in runs:
                 task.cancel()
             await asyncio.gather(*runs, return_exceptions=True)
-            for client in clients.values():
-                await client.close()
-            await transport.aclose()
+            for client in clients:
+                await client.close()  # closes its transport too
             shutil.rmtree(self._cache_root, ignore_errors=True)
 
     def _configs(self, triple: str):
@@ -261,6 +280,12 @@ class Swarm:
     async def _run_agent(self, agent: Agent) -> None:
         code = await agent.run()
         self.exit_codes.append(code)
+
+    def _cancel_all(self) -> None:
+        self._stopping.set()
+        self._cancelled = True
+        if self._main_task is not None:
+            self._main_task.cancel()  # its finally cancels every agent and closes the clients
 
     def _drain_all(self) -> None:
         self._stopping.set()

@@ -106,12 +106,16 @@ def tenant_rows(tenants: Iterable[Tenant], writable: set[int] | None) -> list[Te
         .distinct("tenant_id")
     }
     oldest = oldest_open_rows(ids)
-    # The console's views read the tenants in this request: no need to read them again.
-    snapshots = limits.fleet_snapshots(tenants, refresh=False, scope=scope)
+    # The console's views read the tenants in this request: no need to read them again;
+    # the open rows were just counted (the same grouped query as their ages).
+    snapshots = limits.fleet_snapshots(
+        tenants, refresh=False, scope=scope,
+        outbox_open={tenant_id: n for tenant_id, (_p, _d, n) in oldest.items()},
+    )  # fmt: skip
     rows = []
     for tenant in tenants:
         snap = snapshots[tenant.pk]
-        pending_at, delivered_at = oldest.get(tenant.pk, (None, None))
+        pending_at, delivered_at, _open = oldest.get(tenant.pk, (None, None, 0))
         row = TenantRow(
             tenant=tenant,
             can_write=writable is None or tenant.pk in writable,
@@ -137,26 +141,27 @@ def tenant_rows(tenants: Iterable[Tenant], writable: set[int] | None) -> list[Te
 
 
 def oldest_open_rows(tenant_ids: list[int] | QuerySet) -> dict[int, tuple]:
-    """tenant id → (since when the oldest pending row waits, when the oldest open delivery went out).
+    """tenant id → (since when the oldest pending row waits, when the oldest open delivery
+    went out, how many rows are open: pending or delivered, i.e. not acked).
 
     A pending row's wait is measured from ``updated_at``: a packet reclaimed
     from a dead agent starts waiting again when it is re-addressed, the same
     clock the depth sampler uses.
     """
     result: dict[int, tuple] = {}
-    for tenant_id, state, pending_since, delivered_since in (
+    for tenant_id, state, pending_since, delivered_since, count in (
         DeliveryOutbox.objects.filter(
             tenant_id__in=tenant_ids, state__in=[OutboxState.PENDING, OutboxState.DELIVERED]
         )
         .values_list("tenant_id", "state")
-        .annotate(p=Min("updated_at"), d=Min("delivered_at"))
+        .annotate(p=Min("updated_at"), d=Min("delivered_at"), n=Count("id"))
     ):
-        pending, delivered = result.get(tenant_id, (None, None))
+        pending, delivered, open_rows = result.get(tenant_id, (None, None, 0))
         if state == OutboxState.PENDING:
             pending = pending_since
         else:
             delivered = delivered_since
-        result[tenant_id] = (pending, delivered)
+        result[tenant_id] = (pending, delivered, open_rows + count)
     return result
 
 

@@ -7,6 +7,8 @@ console, the REST API and the admin share one set of bounds and one audit trail.
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from urllib.parse import urlencode
@@ -16,7 +18,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 
-from agents.models import ENDED_STATES, Agent
+from agents.models import ENDED_STATES, Agent, AgentState
 from artifacts.builds import jobs as build_jobs
 from fleet.api import agent_list
 from fleet.api.error_status import http_status
@@ -58,6 +60,21 @@ class RosterEntry:
     )
     phase: str = ""  # fleet.executors.fleet.routing.phases
     breaker: str = ""  # fleet.executors.fleet.state.breaker: closed, open, half_open
+    drain_url: str = ""  # the row's Drain form (live agents only)
+    # Worked out here once rather than by template conditions in every row (the template
+    # engine's cost is per lookup): "bad" (overdue), "warn" (late) or "".
+    level: str = ""
+    health_class: str = ""  # the health note's cell class (degraded, unhealthy), else ""
+    health_title: str = ""
+
+
+HEALTH_NOTES = {  # health → (cell class, tooltip) of the note beside the state
+    "degraded": (
+        "cell-warn",
+        "heartbeat older than 2 intervals, socket open: chosen only after healthy agents",
+    ),
+    "unhealthy": ("cell-bad", "no socket or no recent heartbeat: not chosen for work"),
+}
 
 
 def actor_of(request: HttpRequest) -> str:
@@ -74,24 +91,39 @@ def phase_and_breaker(agent: Agent, now: datetime) -> dict[str, str]:
     return {"phase": phase, "breaker": breaker.state_of(agent.breaker_open_until, now)}
 
 
-def roster_entry(agent: Agent, now: datetime) -> RosterEntry:
-    """One row of the agents table: heartbeat age, lateness, health, phase and breaker."""
+def drain_urls(tenant: Tenant) -> Callable[[uuid.UUID], str]:
+    """Agent id → its drain URL, reversed once per page rather than once per row (the
+    template engine's ``{% url %}`` in every row was a large share of the table's cost)."""
+    pattern = reverse("console:drain_agent", args=[tenant.name, _ANY_AGENT])
+    return lambda agent_id: pattern.replace(str(_ANY_AGENT), str(agent_id))
+
+
+_ANY_AGENT = uuid.UUID(int=0)
+
+
+def roster_entry(agent: Agent, now: datetime, drain_url: str = "") -> RosterEntry:
+    """One row of the agents table: heartbeat age, lateness, health, phase and breaker;
+    ``drain_url`` is shown for a live agent."""
     config = get_config()
     age = (now - agent.last_heartbeat).total_seconds()
     alive = agent.state not in ENDED_STATES
+    late = alive and age > config.heartbeat_interval_s * LATE_AFTER_INTERVALS
+    overdue = alive and age > config.liveness_window_s
+    kind = health.classify(
+        agent.state, agent.connected_to, agent.last_heartbeat, now,
+        config.heartbeat_interval_s, config.liveness_window_s,
+    )  # fmt: skip
+    note_class, note_title = HEALTH_NOTES.get(kind, ("", ""))
     return RosterEntry(
         agent=agent,
+        drain_url=drain_url if agent.state == AgentState.LIVE else "",
         heartbeat_age_s=age,
-        late=alive and age > config.heartbeat_interval_s * LATE_AFTER_INTERVALS,
-        overdue=alive and age > config.liveness_window_s,
-        health=health.classify(
-            agent.state,
-            agent.connected_to,
-            agent.last_heartbeat,
-            now,
-            config.heartbeat_interval_s,
-            config.liveness_window_s,
-        ),
+        late=late,
+        overdue=overdue,
+        health=kind,
+        level="bad" if overdue else "warn" if late else "",
+        health_class=note_class,
+        health_title=note_title,
         **phase_and_breaker(agent, now),
     )
 
@@ -127,8 +159,9 @@ def roster(request: HttpRequest, tenant: Tenant) -> dict:
     if number > pages:  # the list shrank under a polled page (or a stale link): its last page
         number = pages
         page = agent_list.page_of(listed, ROSTER_PAGE_SIZE, (number - 1) * ROSTER_PAGE_SIZE)
+    drain_url = drain_urls(tenant)
     return {
-        "roster": [roster_entry(agent, now) for agent in page.rows],
+        "roster": [roster_entry(agent, now, drain_url(agent.id)) for agent in page.rows],
         "roster_filter": wanted,
         "roster_total": page.total,
         "roster_page": number,
@@ -175,7 +208,7 @@ def _changes_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict
 
 
 def _pools_part(request: HttpRequest, tenant: Tenant, can_write: bool) -> dict:
-    states = pools.list_pools(tenant)
+    states = pools.list_pools(tenant, refresh=False)  # the view read the tenant just now
     limit = limits.effective_limit(tenant)
     return {"pools": states, "pools_at_limit": tenant.desired_count >= limit, "limit": limit}
 

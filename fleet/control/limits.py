@@ -564,7 +564,10 @@ SNAPSHOT_FIELDS = ("desired_count", "max_agents_override", "is_active", "last_au
 
 
 def fleet_snapshots(
-    tenants: list[Tenant], refresh: bool = True, scope: QuerySet | None = None
+    tenants: list[Tenant],
+    refresh: bool = True,
+    scope: QuerySet | None = None,
+    outbox_open: dict[int, int] | None = None,
 ) -> dict[int, dict]:
     """:func:`fleet_snapshot` of many tenants in four grouped queries, whatever their number
     (the console's overview lists hundreds): tenant id → snapshot.  Each tenant object is
@@ -573,7 +576,8 @@ def fleet_snapshots(
 
     ``scope``, a query of exactly these tenants' ids, is used in SQL instead of the list of
     ids: with hundreds of tenants, binding hundreds of parameters into each of the grouped
-    queries costs more CPU than PostgreSQL running the subquery."""
+    queries costs more CPU than PostgreSQL running the subquery.  ``outbox_open`` (tenant id →
+    open outbox rows; absent: 0), when the caller has just counted them, saves that query."""
     ids = scope if scope is not None else [t.pk for t in tenants]
     fresh = {}
     if refresh:
@@ -592,18 +596,26 @@ def fleet_snapshots(
             capacity=Sum("max_concurrency", filter=live),
         )
     }
-    outbox = dict(
-        DeliveryOutbox.objects.filter(tenant_id__in=ids)
-        .exclude(state=OutboxState.ACKED)
-        .values_list("tenant_id")
-        .annotate(n=Count("id"))
-        .values_list("tenant_id", "n")
+    outbox = (
+        outbox_open
+        if outbox_open is not None
+        else dict(
+            DeliveryOutbox.objects.filter(tenant_id__in=ids)
+            .exclude(state=OutboxState.ACKED)
+            .values_list("tenant_id")
+            .annotate(n=Count("id"))
+            .values_list("tenant_id", "n")
+        )
     )
     backlog = backlog_counts(ids)
     snapshots = {}
     for tenant in tenants:
-        for name in SNAPSHOT_FIELDS:
-            setattr(tenant, name, fresh.get(tenant.pk, {}).get(name, getattr(tenant, name)))
+        # Only from a fresh row: a tenant built with few fields (the API key cache's) would
+        # load each deferred field with a query of its own if it were read here.
+        row = fresh.get(tenant.pk)
+        if row is not None:
+            for name in SNAPSHOT_FIELDS:
+                setattr(tenant, name, row[name])
         agg = agents.get(tenant.pk, {})
         in_flight, capacity = agg.get("in_flight") or 0, agg.get("capacity") or 0
         snapshots[tenant.pk] = {

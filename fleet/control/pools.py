@@ -164,11 +164,14 @@ def ensure_default_pool(tenant: Tenant) -> AgentPool:
     return pool
 
 
-def list_pools(tenant: Tenant) -> list[PoolState]:
-    """The tenant's pools (default first, then by creation) with their counts and agents."""
-    ensure_default_pool(tenant)
-    tenant.refresh_from_db(fields=["desired_count"])
+def list_pools(tenant: Tenant, refresh: bool = True) -> list[PoolState]:
+    """The tenant's pools (default first, then by creation) with their counts and agents.
+    ``refresh``: re-read the tenant's desired_count (False: the caller just read the row)."""
+    if refresh:
+        tenant.refresh_from_db(fields=["desired_count"])
     pools = tenant_pools(tenant.pk)
+    if pools[0].pk is None:  # no default pool row yet (tenant_pools made an unsaved one)
+        pools[0] = ensure_default_pool(tenant)
     named = sum(p.desired_count for p in pools if not p.is_default)
     live: dict[str, list[int]] = {}
     # Grouped by tag set in SQL: a fleet of 1,000 agents has a handful of distinct tag

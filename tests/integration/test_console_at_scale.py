@@ -279,6 +279,19 @@ def test_the_agents_table_pages_filters_and_sorts(admin_client, fleet):
     assert "partials/agents/?health=healthy&amp;sort=-name&amp;page=1" in healthy
     pool = admin_client.get("/console/tenants/acme/partials/agents/?pool=big").content.decode()
     assert "100 agents matching" in pool
+    # Each row's health note (worked out per row in Python, not by template conditions).
+    unhealthy = admin_client.get(
+        "/console/tenants/acme/partials/agents/?health=unhealthy"
+    ).content.decode()
+    assert (
+        unhealthy.count('<span class="small cell-bad" title="no socket or no recent heartbeat')
+        == 25
+    )
+    degraded = admin_client.get(
+        "/console/tenants/acme/partials/agents/?health=degraded"
+    ).content.decode()
+    assert degraded.count('<span class="small cell-warn" title="heartbeat older than 2') == 25
+    assert "level-warn" in degraded and "cell-bad" not in degraded
 
 
 def test_the_agents_table_refuses_bad_filters_and_clamps_a_stale_page(admin_client, small_fleet):
@@ -378,6 +391,41 @@ def test_queries_per_page_do_not_grow_with_the_fleet(
     big = _query_counts(admin_client, client, read_key)
     assert big == small, {k: (small[k], big[k]) for k in small if small[k] != big[k]}
     assert max(big.values()) <= QUERIES_MAX, big
+
+
+def _statements(fetch) -> list[str]:
+    fetch()  # warm caches (config, sessions, the API key)
+    with CaptureQueriesContext(connection) as queries:
+        fetch()
+    return [q["sql"] for q in queries.captured_queries]
+
+
+def _reading(table: str, statements: list[str]) -> list[str]:
+    return [s for s in statements if f'FROM "{table}"' in s]
+
+
+def test_get_fleet_reads_the_tenant_once_and_pages_in_one_statement(client, fleet, read_key):
+    """The key cache's tenant carries few fields: reading the others one query each cost
+    three statements; the page's total rides on its rows (count(*) OVER ())."""
+    statements = _statements(lambda: _fleet(client, read_key))
+    assert len(_reading("fleet_tenant", statements)) == 1, statements
+    assert len(_reading("agents_agent", statements)) == 2, statements  # the page, the counts
+    body = _fleet(client, read_key, offset=350)
+    assert (len(body["agents"]), body["agents_count"]) == (50, FLEET_AGENTS)
+    past = _fleet(client, read_key, offset=FLEET_AGENTS + 50)  # past the end: counted apart
+    assert (past["agents"], past["agents_count"]) == ([], FLEET_AGENTS)
+    none = _fleet(client, read_key, tag="nobody-has-this")
+    assert (none["agents"], none["agents_count"]) == ([], 0)
+
+
+def test_the_tenant_page_reads_the_outbox_pools_and_tenant_once_each(admin_client, fleet):
+    statements = _statements(lambda: admin_client.get("/console/tenants/acme/"))
+    # The fleet card's ages and open count in one grouped query; the health card's own.
+    assert len(_reading("delivery_outbox", statements)) == 2, statements
+    assert len(_reading("fleet_agentpool", statements)) == 1, statements
+    assert len(_reading("fleet_tenant", statements)) == 1, statements
+    # The agents table: one statement for the page and its total.
+    assert len(_reading("agents_agent", statements)) == 3, statements  # + fleet, pools counts
 
 
 def _longest_statement(admin_client, url: str) -> int:

@@ -13,7 +13,11 @@ deadlocks PostgreSQL detected (fleet/bench/lock_order.py).  ``--client rest`` in
 users submit one execution at a time over REST and poll it until done, as a script would
 (fleet/bench/rest_client.py).
 ``--executor fleet --simulated-agents N --tenants T`` instead connects N simulated agents
-over T tenants and prints what the fleet costs at that scale (fleet/bench/scale.py).
+over T tenants and prints what the fleet costs at that scale (fleet/bench/scale.py); with
+``--tenant-ratio R`` it instead dispatches with every agent in 1 tenant and then over T, R
+rounds, and prints the T-tenant share of the throughput and the deadlocks
+(fleet/bench/tenant_ratio.py).  ``--pages N`` instead seeds N agents in one tenant and
+times ``GET /api/v1/fleet`` and the console's tenant page over HTTP (fleet/bench/pages.py).
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ from fleet.bench import rest_client
 from fleet.bench.database import use_bench_database
 from fleet.bench.default import run_default_bench
 from fleet.bench.lock_order import run_lock_order_bench
+from fleet.bench.pages import run_pages_bench
 from fleet.bench.replicas import run_replicas_bench
 from fleet.bench.scale import SWARM_ARGUMENTS, run_scale_bench, scale_settings
 from fleet.bench.schedules import run_schedule_bench
+from fleet.bench.tenant_ratio import run_tenant_ratio_bench
 from fleet.platform.config import get_config
 from fleet.platform.embedded_db import redacted_url
 
@@ -88,6 +94,25 @@ class Command(BaseCommand):
         )
         for flag, kind, default, text in SWARM_ARGUMENTS:
             parser.add_argument(flag, type=kind, default=default, help=text)
+        parser.add_argument(
+            "--pages",
+            type=int,
+            default=0,
+            metavar="AGENTS",
+            help="instead: AGENTS agents in one tenant; p50/p95 of GET /api/v1/fleet and the "
+            "console's tenant page over HTTP (fleet/bench/pages.py)",
+        )
+        parser.add_argument(
+            "--page-requests", type=int, default=50, help="timed requests per page (--pages)"
+        )
+        parser.add_argument(
+            "--tenant-ratio",
+            type=int,
+            default=0,
+            metavar="ROUNDS",
+            help="instead (with --simulated-agents and --tenants T > 1): the dispatch with every "
+            "agent in 1 tenant, then over T, ROUNDS rounds (fleet/bench/tenant_ratio.py)",
+        )
 
     def handle(self, *args, **options) -> None:
         for name in ("tasks", "width", "agents"):
@@ -116,6 +141,15 @@ class Command(BaseCommand):
             swarm_settings = scale_settings(options)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
+        if options["pages"] < 0 or options["page_requests"] < 1:
+            raise CommandError(
+                f"--pages must be >= 0 and --page-requests >= 1, got {options['pages']} and "
+                f"{options['page_requests']}"
+            )
+        if options["tenant_ratio"] < 0:
+            raise CommandError(f"--tenant-ratio must be >= 0, got {options['tenant_ratio']}")
+        if options["tenant_ratio"] and (swarm_settings is None or swarm_settings.tenants < 2):
+            raise CommandError("--tenant-ratio needs --simulated-agents N and --tenants T >= 2")
         workers = options["workers"] or get_config().worker_processes
         url = use_bench_database()
         logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -124,6 +158,8 @@ class Command(BaseCommand):
             result = run_lock_order_bench(
                 options["lock_order_tenants"], options["agents"], options["tasks"], options["width"]
             )
+        elif options["pages"]:
+            result = run_pages_bench(url, options["pages"], options["page_requests"])
         elif options["schedules"]:
             result = run_schedule_bench(url, options["schedules"], workers)
         elif options["replicas"]:
@@ -142,6 +178,10 @@ class Command(BaseCommand):
                 agents=options["agents"],
                 workers=workers,
                 poll_s=options["poll"],
+            )
+        elif swarm_settings is not None and options["tenant_ratio"]:
+            result = run_tenant_ratio_bench(
+                url, swarm_settings, options["tenant_ratio"], self.stderr.write
             )
         elif swarm_settings is not None:
             result = run_scale_bench(url, swarm_settings)
