@@ -23,13 +23,41 @@
     flash(event.detail.level, event.detail.message);
   });
 
-  document.addEventListener("htmx:responseError", function (event) {
-    var xhr = event.detail.xhr;
+  function refused(xhr) {
     var detail = xhr.statusText;
     try { detail = JSON.parse(xhr.responseText).detail || detail; } catch (e) { /* not JSON */ }
     flash("bad", xhr.status + ": " + detail);
     if (xhr.status >= 500) stale(true);
+  }
+
+  document.addEventListener("htmx:responseError", function (event) {
+    refused(event.detail.xhr);
   });
+
+  // A poll can swap out the very form whose request is in flight (a table's "Run now"
+  // while the table refreshes).  htmx then handles the answer on the detached form: its
+  // HX-Trigger events (the flash line, the refresh) and its error events reach no listener
+  // of this document.  So each request is watched from here, and an answer that finds its
+  // form gone is played out on the page instead.
+  document.addEventListener("htmx:beforeSend", function (event) {
+    var elt = event.detail.elt;
+    var xhr = event.detail.xhr;
+    if (!elt || !xhr) return;
+    xhr.addEventListener("load", function () {
+      if (elt.isConnected) return;  // htmx delivered it (its onload runs before this)
+      if (xhr.status >= 400) { refused(xhr); return; }
+      replayTriggers(xhr.getResponseHeader("HX-Trigger"));
+    });
+  });
+
+  function replayTriggers(header) {
+    if (!header) return;
+    var events;
+    try { events = JSON.parse(header); } catch (e) { events = {}; events[header] = null; }
+    Object.keys(events || {}).forEach(function (name) {
+      document.body.dispatchEvent(new CustomEvent(name, { bubbles: true, detail: events[name] }));
+    });
+  }
 
   document.addEventListener("htmx:sendError", function () { stale(true); });
 

@@ -179,3 +179,36 @@ def test_failing_live_updates_raise_a_banner(page, live_server, reader_user, ten
     expect(banner).to_be_visible(timeout=LIVE_UPDATE_S * 1000)
     page.unroute("**/console/partials/**")
     expect(banner).to_be_hidden(timeout=LIVE_UPDATE_S * 1000)
+
+
+def test_an_action_answer_is_shown_when_a_poll_replaced_its_form_meanwhile(
+    page, live_server, admin_user, tenant
+):
+    """The schedules table polls; a "Run now" whose answer arrives after a refresh replaced
+    the table (and the form in it) must still flash its message and refresh the table."""
+    from fleet.models import ScheduleFire
+    from fleet.schedules.service import ScheduleSpec, create_schedule
+    from tests.support.factories import make_package
+
+    make_package(
+        tenant, [{"id": "a", "function": "demo.steps:a"}], "def a(context):\n    return None\n"
+    )
+    schedule = create_schedule(tenant, ScheduleSpec("demo", "0 6 * * *"))
+    login(page, live_server, with_password(admin_user).username, PASSWORD)
+    page.goto(f"{live_server.url}/console/tenants/acme/schedules/")
+    expect(page.locator("#schedules")).to_contain_text("never fired")
+    held = []
+    page.route(f"**/schedules/{schedule.pk}/run/", lambda route: held.append(route))  # late
+    page.get_by_role("button", name=f"run schedule {str(schedule.pk)[:8]} now").click()
+    deadline = timezone.now() + timedelta(seconds=LIVE_UPDATE_S)
+    while not held and timezone.now() < deadline:
+        page.wait_for_timeout(50)
+    assert held, "the run request never left the page"
+    page.evaluate("window.__oldTable = document.getElementById('schedules')")
+    with page.expect_response(lambda r: "/schedules/partials/table/" in r.url):
+        page.evaluate("document.body.dispatchEvent(new Event('fleet-changed'))")
+    page.wait_for_function("document.getElementById('schedules') !== window.__oldTable")
+    held[0].continue_()
+    expect(page.locator("#flash")).to_contain_text("manual run", timeout=LIVE_UPDATE_S * 1000)
+    expect(page.locator("#schedules")).to_contain_text("manual", timeout=LIVE_UPDATE_S * 1000)
+    assert ScheduleFire.objects.filter(schedule=schedule, outcome="manual").count() == 1
