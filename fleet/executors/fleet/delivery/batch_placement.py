@@ -5,7 +5,8 @@ task per transaction: four statements, each planned and committed for one task,
 which was most of the database's work per task.  :func:`place_tasks` does the
 same for a batch:
 
-* one claim statement for every task of the batch (:func:`claim_tasks`);
+* one claim statement for every task of the batch, which also reads their contexts and
+  their executions' packages (:func:`~fleet.engine.claims.claim_work`);
 * per claim the same :func:`~fleet.executors.fleet.delivery.placement.prepare` (the shared
   context builder, the packet, the oversize and selector checks);
 * *plain* tasks (no selector, no group or affinity binding — the common case) that
@@ -40,8 +41,7 @@ from collections import defaultdict
 
 from django.db import DatabaseError, transaction
 
-from fleet.engine.claims import claim_tasks, release_claim
-from fleet.engine.context import build_task_contexts
+from fleet.engine.claims import ClaimedWork, claim_work, release_claim
 from fleet.executors.fleet.delivery import placement
 from fleet.executors.fleet.delivery.placement import (
     NoAgent,
@@ -103,13 +103,12 @@ def _place_batch(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid
     plain: dict[frozenset[str] | None, list[Prepared]] = defaultdict(list)
     others: list[Prepared] = []
     with transaction.atomic():
-        claims = sorted(claim_tasks(task_execution_ids, claimer, deadline=False), key=_claim_key)
-        contexts = build_task_contexts([claim.task_execution_id for claim in claims])
-        placement.prime_executions(claim.workflow_execution_id for claim in claims)
-        for claim in claims:
-            prepared = placement.prepare(claim, contexts[claim.task_execution_id])
+        # One statement: the claims, their contexts and their executions' packages.
+        claimed = sorted(claim_work(task_execution_ids, claimer, deadline=False), key=_claim_key)
+        for work in claimed:
+            prepared = placement.prepare(work)
             if isinstance(prepared, Unroutable):
-                results[claim.task_execution_id] = prepared
+                results[work.claim.task_execution_id] = prepared
             elif prepared.request.plain:
                 plain[prepared.triples].append(prepared)
             else:
@@ -127,8 +126,8 @@ def _place_batch(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid
     return results
 
 
-def _claim_key(claim) -> str:
-    return str(claim.task_execution_id)
+def _claim_key(work: ClaimedWork) -> str:
+    return str(work.claim.task_execution_id)
 
 
 def place_tasks(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid.UUID, Placement]:

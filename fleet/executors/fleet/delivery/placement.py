@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -41,7 +39,7 @@ from django.utils import timezone
 from artifacts.models import WorkflowPackage
 from artifacts.store.queries import resolve_artifact, runnable_triples
 from fleet.engine import ready_queue
-from fleet.engine.claims import RESULT_GRACE_S, Claim, claim_task, release_claim
+from fleet.engine.claims import RESULT_GRACE_S, Claim, ClaimedWork, claim_work, release_claim
 from fleet.engine.context import build_task_context, encode_context
 from fleet.engine.events import ExecutionStatus
 from fleet.engine.results import TaskReport, result_handler
@@ -72,8 +70,6 @@ from fleet.platform.config import get_config
 
 log = logging.getLogger(__name__)
 
-EXECUTION_CACHE_SIZE = 4096
-
 
 @dataclass(frozen=True)
 class Placed:
@@ -102,69 +98,13 @@ class Unroutable(NotClaimed):
     status: ExecutionStatus = ExecutionStatus.FAILED
 
 
-_EXECUTION_INFO = """
-SELECT e.id, p.id, p.tenant_id, p.kind, p.digest, p.host_triple, t.name, e.workflow_name
-FROM fleet_workflowexecution e
-JOIN workflow_packages p ON p.id = e.package_id
-JOIN fleet_tenant t ON t.id = e.tenant_id
-WHERE e.id = ANY(%s::uuid[])
-"""
-
-
-class _ExecutionInfo:
-    """workflow execution → (package, tenant name, workflow name); immutable for an
-    execution's life."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cache: OrderedDict[uuid.UUID, tuple[WorkflowPackage, str, str]] = OrderedDict()
-
-    def get(self, workflow_execution_id: uuid.UUID) -> tuple[WorkflowPackage, str, str]:
-        with self._lock:
-            hit = self._cache.get(workflow_execution_id)
-            if hit is not None:
-                self._cache.move_to_end(workflow_execution_id)
-                return hit
-        self.prime([workflow_execution_id])
-        with self._lock:
-            return self._cache[workflow_execution_id]
-
-    def prime(self, workflow_execution_ids: Iterable[uuid.UUID]) -> None:
-        """Load the executions not cached yet in ONE query (a batch's claims: one statement,
-        not one per execution)."""
-        with self._lock:
-            missing = list({i for i in workflow_execution_ids if i not in self._cache})
-        if not missing:
-            return
-        with connection.cursor() as cursor:
-            cursor.execute(_EXECUTION_INFO, [missing])
-            rows = cursor.fetchall()
-        with self._lock:
-            for execution_id, pk, tenant_id, kind, digest, host_triple, tenant, workflow in rows:
-                # Only the fields dispatch reads (the manifest can be large).
-                package = WorkflowPackage(
-                    id=pk, tenant_id=tenant_id, kind=kind, digest=digest, host_triple=host_triple
-                )
-                self._cache[execution_id] = (package, tenant, workflow)
-            while len(self._cache) > EXECUTION_CACHE_SIZE:
-                self._cache.popitem(last=False)
-
-
-_executions = _ExecutionInfo()
-
-
-def prime_executions(workflow_execution_ids: Iterable[uuid.UUID]) -> None:
-    """What :func:`prepare` reads of these executions, loaded in one query (batch placement)."""
-    _executions.prime(workflow_execution_ids)
-
-
 def place_task(task_execution_id: uuid.UUID, claimer: str) -> Placed | NoAgent | NotClaimed:
     """Claim the task and hand it to an agent through the outbox (see module docstring)."""
     with transaction.atomic():
-        claim = claim_task(task_execution_id, claimer, deadline=False)
-        if claim is None:
+        claimed = claim_work([task_execution_id], claimer, deadline=False)
+        if not claimed:
             return NotClaimed()
-        prepared = prepare(claim)
+        prepared = prepare(claimed[0])
         if isinstance(prepared, Unroutable):
             return prepared
         return place_prepared(prepared)
@@ -186,30 +126,28 @@ class Prepared:
     digests: dict[str, str] | None
 
 
-def prepare(claim: Claim, context: dict | None = None) -> Prepared | Unroutable:
-    """Build the claimed task's context (unless the caller built it, e.g. with
-    ``build_task_contexts`` for a batch) and packet, in the caller's transaction; a task
-    no agent could ever take fails here (:class:`Unroutable`)."""
-    package, tenant_name, workflow = _executions.get(claim.workflow_execution_id)
+def prepare(work: ClaimedWork) -> Prepared | Unroutable:
+    """Build the claimed task's packet from what its claim statement read (its context, its
+    execution's package: :func:`fleet.engine.claims.claim_work`), in the caller's
+    transaction; a task no agent could ever take fails here (:class:`Unroutable`)."""
+    claim, package, context = work.claim, work.package, work.context
     triples = runnable_triples(package)
     # Everything is ready before the reservation: the agent's row stays locked
     # (other dispatches skip it, its results and beats wait) only for one
     # statement and the commit.
-    if context is None:
-        context = build_task_context(claim.task_execution_id)
     context_json = encode_context(context)
     oversize = context_ref.too_large(context_json, get_config().max_context_bytes)
     if oversize:
         return _fail(claim, "ContextTooLarge", oversize, "context_too_large")
     try:
         request = selection.request_for(
-            claim.tenant_id, claim.routing, claim.workflow_execution_id, workflow, context
+            claim.tenant_id, claim.routing, claim.workflow_execution_id, work.workflow_name, context
         )
     except SelectorError as exc:
         return _fail(claim, "InvalidSelector", str(exc), "invalid_selector")
     ref = PackageRef(digest=package.digest, kind=package.kind, target_triple="")
     payload = context_ref.packet_context(
-        work_packet(claim, context_json, ref, tenant_name), context_json
+        work_packet(claim, context_json, ref, work.tenant_name), context_json
     )
     return Prepared(claim, package, triples, request, payload, _digests_by_triple(package, triples))
 
