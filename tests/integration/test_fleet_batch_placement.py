@@ -321,3 +321,24 @@ def test_a_batch_reads_its_executions_packages_in_one_statement(tenant):
     assert {(r.payload["tenant"], r.payload["artifact_digest"]) for r in packets} == {
         (tenant.name, package.digest)
     }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_placing_a_plain_task_costs_three_round_trips(tenant):
+    """BEGIN goes out with the claim (which reads the context and the package too), then the
+    reservation with its packet, then COMMIT with the sync: the idle pickup's placement."""
+    from tests.support.round_trips import RoundTrips
+
+    wide_package(tenant, 1)
+    agent = make_agent(tenant, "a", max_concurrency=4)
+    ids = ready_tasks(tenant)
+    with RoundTrips() as traced:
+        placed = place_tasks(ids, "server-1")
+    assert [p.agent_id for p in placed.values()] == [agent.id]
+    trips = traced.trips()
+    assert len(trips) == 3, trips
+    assert trips[0].count("Execute") == 2  # BEGIN + the claim
+    assert "Sync" in trips[-1]  # COMMIT
+    row = DeliveryOutbox.objects.get(task_execution_id=ids[0])
+    assert (row.agent_id, row.assignment) == (agent.id, 1)
+    assert TaskExecution.objects.get(pk=ids[0]).status == "Running"

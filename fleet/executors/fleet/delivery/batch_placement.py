@@ -39,7 +39,7 @@ import time
 import uuid
 from collections import defaultdict
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 
 from fleet.engine.claims import ClaimedWork, claim_work, release_claim
 from fleet.executors.fleet.delivery import placement
@@ -58,6 +58,7 @@ from fleet.executors.fleet.routing.metrics import (
     observe_selections,
 )
 from fleet.executors.fleet.routing.selectors import UNCONSTRAINED
+from fleet.platform.pipelined_tx import pipelined_atomic
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,8 @@ def _place_batch(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid
     # Plain tasks by the target triples they can run on (None: any), whatever the tenant.
     plain: dict[frozenset[str] | None, list[Prepared]] = defaultdict(list)
     others: list[Prepared] = []
-    with transaction.atomic():
+    # BEGIN goes out with the claim and COMMIT after the last statement (pipeline mode).
+    with pipelined_atomic():
         # One statement: the claims, their contexts and their executions' packages.
         claimed = sorted(claim_work(task_execution_ids, claimer, deadline=False), key=_claim_key)
         for work in claimed:
