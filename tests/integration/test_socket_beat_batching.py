@@ -147,3 +147,33 @@ def _dsn() -> dict:
     params.pop("cursor_factory", None)
     params.pop("context", None)
     return {**params, "autocommit": False}
+
+
+def test_a_round_of_beats_does_not_hold_back_the_next_confirmation(tenant, monkeypatch):
+    """Confirmations are spaced out under load (MIN_ROUND_GAP_S, a minute here), but only
+    after a round that wrote confirmations: one right after a round of beats goes at once."""
+    two_task_package(tenant)
+    agent = make_agent(tenant, connected=False)
+    _, task = ready_root(tenant)
+    place_task(task.pk, "s")
+    row = DeliveryOutbox.objects.get(task_execution=task)
+    DeliveryOutbox.objects.filter(pk=row.pk).update(agent=agent, state="delivered")
+    monkeypatch.setattr(socket_writes, "beat_gather_s", lambda _interval: 0.0)
+    monkeypatch.setattr(socket_writes, "MIN_ROUND_GAP_S", 60.0)
+
+    async def scenario():
+        writes = socket_writes.writer()
+        try:
+            answer = await writes.heartbeat(agent.id, tenant.id, [], None, False)
+            writes.received(agent.id, [row.id])
+            await until(
+                lambda: DeliveryOutbox.objects.filter(
+                    pk=row.pk, received_at__isnull=False
+                ).exists(),
+                timeout=10,
+            )
+        finally:
+            await socket_writes.close_writer()
+        return answer
+
+    assert run_async(scenario()).state == "live"
