@@ -154,6 +154,7 @@ def test_a_round_of_beats_does_not_hold_back_the_next_confirmation(tenant, monke
     after a round that wrote confirmations: one right after a round of beats goes at once."""
     two_task_package(tenant)
     agent = make_agent(tenant, connected=False)
+    make_agent(tenant, "helper")
     _, task = ready_root(tenant)
     place_task(task.pk, "s")
     row = DeliveryOutbox.objects.get(task_execution=task)
