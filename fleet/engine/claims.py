@@ -241,6 +241,23 @@ def due_ready_task_events(limit: int) -> list[tuple]:
         return cursor.fetchall()
 
 
+def release_set(task: str, reason: str) -> str:
+    """SQL SET clause: the claimed task row aliased ``task`` back to Ready without using up an
+    attempt, ``reason`` (SQL) its wait reason.  :func:`release_claim`'s, and the fleet's
+    reservation folds it into its statement for the tasks that got no slot."""
+    return (
+        f"status = 'Ready', attempt = GREATEST({task}.attempt - 1, 0), wait_reason = {reason}, "
+        "agent_id = NULL, claimed_by = '', result_deadline = NULL"
+    )
+
+
+_RELEASE = f"""
+UPDATE fleet_taskexecution SET {release_set("fleet_taskexecution", "%s")},
+    refusals = refusals + %s
+WHERE id = %s AND assignment = %s AND status = 'Running'
+"""
+
+
 def release_claim(
     task_execution_id: uuid.UUID, assignment: int, reason: str, refused: bool = False
 ) -> bool:
@@ -249,14 +266,18 @@ def release_claim(
     The assignment stays bumped, so any outcome for the released run is fenced off.
     """
     with connection.cursor() as cursor:
+        cursor.execute(_RELEASE, [reason, 1 if refused else 0, task_execution_id, assignment])
+        return cursor.rowcount == 1
+
+
+def note_wait_reason(released: list[tuple[uuid.UUID, int]], reason: str) -> None:
+    """Say why these released (task id, assignment) runs wait, unless they moved on since."""
+    with connection.cursor() as cursor:
         cursor.execute(
             """
-            UPDATE fleet_taskexecution SET
-                status = 'Ready', attempt = GREATEST(attempt - 1, 0), wait_reason = %s,
-                agent_id = NULL, claimed_by = '', result_deadline = NULL,
-                refusals = refusals + %s
-            WHERE id = %s AND assignment = %s AND status = 'Running'
+            UPDATE fleet_taskexecution t SET wait_reason = %s
+            FROM unnest(%s::uuid[], %s::int[]) AS r(id, assignment)
+            WHERE t.id = r.id AND t.assignment = r.assignment AND t.status = 'Ready'
             """,
-            [reason, 1 if refused else 0, task_execution_id, assignment],
+            [reason, [r[0] for r in released], [r[1] for r in released]],
         )
-        return cursor.rowcount == 1

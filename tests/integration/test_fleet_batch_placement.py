@@ -324,9 +324,9 @@ def test_a_batch_reads_its_executions_packages_in_one_statement(tenant):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_placing_a_plain_task_costs_three_round_trips(tenant):
-    """BEGIN goes out with the claim (which reads the context and the package too), then the
-    reservation with its packet, then COMMIT with the sync: the idle pickup's placement."""
+def test_placing_a_plain_task_costs_two_round_trips(tenant):
+    """BEGIN goes out with the claim (which reads the context and the package too), COMMIT
+    with the reservation and its packet: the idle pickup's placement."""
     from tests.support.round_trips import RoundTrips
 
     wide_package(tenant, 1)
@@ -336,9 +336,36 @@ def test_placing_a_plain_task_costs_three_round_trips(tenant):
         placed = place_tasks(ids, "server-1")
     assert [p.agent_id for p in placed.values()] == [agent.id]
     trips = traced.trips()
-    assert len(trips) == 3, trips
+    assert len(trips) == 2, trips
     assert trips[0].count("Execute") == 2  # BEGIN + the claim
-    assert "Sync" in trips[-1]  # COMMIT
+    assert trips[-1].count("Execute") == 2 and "Sync" in trips[-1]  # reservation + COMMIT
     row = DeliveryOutbox.objects.get(task_execution_id=ids[0])
     assert (row.agent_id, row.assignment) == (agent.id, 1)
     assert TaskExecution.objects.get(pk=ids[0]).status == "Running"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tasks_without_a_slot_are_released_by_the_reservation_and_told_why(tenant):
+    """The reservation statement itself puts the tasks it found no slot for back to Ready (no
+    attempt used), so it can travel with the COMMIT; their wait reason follows it."""
+    wide_package(tenant, 5)
+    agent = make_agent(tenant, "a", max_concurrency=2)
+    ids = ready_tasks(tenant)
+    placed = place_tasks(ids, "server-1")
+    got = [i for i, p in placed.items() if isinstance(p, Placed)]
+    waiting = {i: p for i, p in placed.items() if isinstance(p, NoAgent)}
+    assert len(got) == 2 and len(waiting) == 3
+    assert {p.reason for p in waiting.values()} == {"the 1 live agent is at capacity"}
+    rows = TaskExecution.objects.filter(pk__in=list(waiting)).values_list(
+        "status", "attempt", "assignment", "wait_reason", "agent_id", "claimed_by"
+    )
+    assert set(rows) == {("Ready", 0, 1, "the 1 live agent is at capacity", None, "")}
+    assert Agent.objects.get(pk=agent.pk).in_flight == 2
+    assert not DeliveryOutbox.objects.filter(task_execution_id__in=list(waiting)).exists()
+    # Released, they are claimed again like any Ready task once a slot is free.
+    make_agent(tenant, "b", max_concurrency=4)
+    again = place_tasks(list(waiting), "server-1")
+    assert all(isinstance(p, Placed) for p in again.values())
+    assert set(
+        TaskExecution.objects.filter(pk__in=list(waiting)).values_list("attempt", "assignment")
+    ) == {(1, 2)}

@@ -39,7 +39,14 @@ from django.utils import timezone
 from artifacts.models import WorkflowPackage
 from artifacts.store.queries import resolve_artifact, runnable_triples
 from fleet.engine import ready_queue
-from fleet.engine.claims import RESULT_GRACE_S, Claim, ClaimedWork, claim_work, release_claim
+from fleet.engine.claims import (
+    RESULT_GRACE_S,
+    Claim,
+    ClaimedWork,
+    claim_work,
+    release_claim,
+    release_set,
+)
 from fleet.engine.context import build_task_context, encode_context
 from fleet.engine.events import ExecutionStatus
 from fleet.engine.results import TaskReport, result_handler
@@ -297,7 +304,13 @@ def _reserve_many_sql(prelocked: bool) -> str:
         best=best_score_per_tenant(Selectors()),
         tiebreak=tiebreak(Selectors(), best="a.best_score"),
         lock="FOR NO KEY UPDATE OF a SKIP LOCKED" if prelocked else "FOR NO KEY UPDATE OF a",
+        release=release_set("t", "%(no_slot)s"),
     )
+
+
+# The wait reason a task released for want of a slot carries until its caller has written
+# the real one (fleet/executors/fleet/routing/candidates.py, no_capacity_reason).
+NO_SLOT = "no free agent slot"
 
 
 # Built once: the statement is the same for every batch (its values are parameters).
@@ -321,41 +334,44 @@ def lock_up_front(groups: list[Prepared]) -> None:
         cursor.execute(ledger.lock_in_order_sql(group_candidates_sql()), params)
 
 
-def reserve_and_enqueue(group: list[Prepared], prelocked: bool = False) -> dict[uuid.UUID, Placed]:
-    """Reserve N slots for plain tasks that can run on the same target triples (any
-    tenants, any packages) and insert their packets, in one statement (the caller's
-    transaction), each tenant's tasks on its own agents: task id → Placed (a
-    :class:`Delivered` for a local agent) for those that got a slot; the rest got none.
-    ``prelocked``: the caller locked the agents (:func:`lock_up_front`); an agent locked
-    by another transaction is then passed over rather than waited for."""
-    first = group[0]
-    params = {
-        **UNCONSTRAINED.params,
-        **candidate_params(first.claim.tenant_id, first.triples),
-        "tenants": sorted({p.claim.tenant_id for p in group}),
-        "me": local_sockets.server_id(),
-        "grace": RESULT_GRACE_S,
-        "tasks": [p.claim.task_execution_id for p in group],
-        "assignments": [p.claim.assignment for p in group],
-        "payloads": [json.dumps(p.payload) for p in group],
-        "task_tenants": [p.claim.tenant_id for p in group],
-        "digests": [json.dumps(p.digests or {}) for p in group],
-        "digest": [p.package.digest for p in group],
-    }
-    claims = {p.claim.task_execution_id: p.claim for p in group}
-    placed: dict[uuid.UUID, Placed] = {}
-    with connection.cursor() as cursor:
-        cursor.execute(_RESERVE_MANY[prelocked], params)
-        for (
-            task_execution_id,
-            agent_id,
-            name,
-            local,
-            outbox_id,
-            payload,
-            waited_s,
-        ) in cursor.fetchall():
-            claim = claims[task_execution_id]
+class Reservation:
+    """The statement of :func:`reserve_and_enqueue`, sent; its rows are read by
+    :meth:`placed`, which may come after the commit (the rows arrive with it)."""
+
+    def __init__(self, group: list[Prepared], prelocked: bool) -> None:
+        first = group[0]
+        params = {
+            **UNCONSTRAINED.params,
+            **candidate_params(first.claim.tenant_id, first.triples),
+            "tenants": sorted({p.claim.tenant_id for p in group}),
+            "me": local_sockets.server_id(),
+            "grace": RESULT_GRACE_S,
+            "no_slot": NO_SLOT,
+            "tasks": [p.claim.task_execution_id for p in group],
+            "assignments": [p.claim.assignment for p in group],
+            "payloads": [json.dumps(p.payload) for p in group],
+            "task_tenants": [p.claim.tenant_id for p in group],
+            "digests": [json.dumps(p.digests or {}) for p in group],
+            "digest": [p.package.digest for p in group],
+        }
+        self._claims = {p.claim.task_execution_id: p.claim for p in group}
+        self._cursor = connection.cursor()
+        try:
+            self._cursor.execute(_RESERVE_MANY[prelocked], params)
+        except BaseException:
+            self._cursor.close()
+            raise
+
+    def placed(self) -> dict[uuid.UUID, Placed]:
+        """Task id → Placed (a :class:`Delivered` for a local agent) for the tasks that got
+        a slot; the others are Ready again (their wait reason :data:`NO_SLOT`)."""
+        try:
+            rows = self._cursor.fetchall()
+        finally:
+            self._cursor.close()
+        placed: dict[uuid.UUID, Placed] = {}
+        for task_execution_id, agent_id, name, local, outbox_id, payload, waited_s in rows:
+            claim = self._claims[task_execution_id]
             if not local:
                 placed[task_execution_id] = Placed(
                     claim.tenant_id, claim.assignment, agent_id, name
@@ -367,7 +383,18 @@ def reserve_and_enqueue(group: list[Prepared], prelocked: bool = False) -> dict[
                 claim.tenant_id, claim.assignment, agent_id, name,
                 outbox_id=outbox_id, packet=packet, waited_s=float(waited_s or 0.0),
             )  # fmt: skip
-    return placed
+        return placed
+
+
+def reserve_and_enqueue(group: list[Prepared], prelocked: bool = False) -> Reservation:
+    """Reserve N slots for plain tasks that can run on the same target triples (any
+    tenants, any packages) and insert their packets, in one statement (the caller's
+    transaction), each tenant's tasks on its own agents; the tasks that got no slot are
+    released (back to Ready, no attempt used) in the same statement.  Read the result with
+    :meth:`Reservation.placed`, before or after the commit.
+    ``prelocked``: the caller locked the agents (:func:`lock_up_front`); an agent locked
+    by another transaction is then passed over rather than waited for."""
+    return Reservation(group, prelocked)
 
 
 def reserve_for_reclaim(
