@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import connection
@@ -161,11 +162,15 @@ def _claimed_work(row: tuple) -> ClaimedWork:
     return ClaimedWork(claim, context, package, tenant_name, workflow)
 
 
-def _run_claim(sql: str, params: dict) -> list[tuple]:
+def _run_claim(
+    sql: str, params: dict, before_read: Callable[[], None] | None = None
+) -> list[tuple]:
     params["relax"] = not connection.in_atomic_block
     params["grace"] = RESULT_GRACE_S
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
+        if before_read is not None:
+            before_read()
         return cursor.fetchall()
 
 
@@ -200,14 +205,19 @@ def claim_tasks(
 
 
 def claim_work(
-    task_execution_ids: list[uuid.UUID], claimer: str, deadline: bool = True
+    task_execution_ids: list[uuid.UUID],
+    claimer: str,
+    deadline: bool = True,
+    before_read: Callable[[], None] | None = None,
 ) -> list[ClaimedWork]:
     """:func:`claim_tasks` with each claim's context and its execution's package, tenant and
     workflow, all in the claim's one statement (what an executor reads next, without two
-    more round trips)."""
+    more round trips).  ``before_read`` runs between sending the statement and reading its
+    rows (a pipelined transaction's sync: fleet/platform/pipelined_tx.py)."""
     rows = _run_claim(
         _CLAIM_THESE_WITH_INPUTS,
         {"task_execution_ids": list(task_execution_ids), "claimer": claimer, "deadline": deadline},
+        before_read,
     )
     return [_claimed_work(row) for row in rows]
 

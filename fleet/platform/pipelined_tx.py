@@ -4,18 +4,26 @@ last: psycopg's pipeline mode, for the hot paths where every round trip is laten
 Under :func:`django.db.transaction.atomic` psycopg sends ``BEGIN`` before the first
 statement and waits for its answer (even in pipeline mode), and ``COMMIT`` is a round
 trip of its own: two of the placement's round trips carried no work.
-:class:`pipelined_atomic` keeps psycopg in autocommit and queues ``BEGIN`` and
-``COMMIT`` itself, in pipeline mode, so they go out with the statements around them;
-only reading a result (``fetchone``/``fetchall``) waits for the server.
+:class:`pipelined_atomic` keeps psycopg in autocommit and sends ``BEGIN`` and ``COMMIT``
+itself, each in pipeline mode with the statements around it:
 
-Inside it, Django sees an ordinary outermost ``atomic`` block: a nested
+* on entry ``BEGIN`` is queued; the first statement joins it, and :meth:`~pipelined_atomic.sync`
+  sends both with a sync and reads their answers — one round trip — and leaves pipeline
+  mode;
+* from there on statements run one by one as usual, so everything Django and the ORM
+  expect holds (``cursor.rowcount`` above all, which pipeline mode only knows once the
+  result is read);
+* :meth:`~pipelined_atomic.pipeline_tail` enters pipeline mode again for the last
+  statements: they are queued, sent with ``COMMIT`` and the sync on exit, and their rows
+  are read after the block (one round trip).  Only statements whose results nobody
+  needs before the commit belong there.
+
+Inside it Django sees an ordinary outermost ``atomic`` block: a nested
 ``transaction.atomic()`` is a savepoint, ``transaction.on_commit`` hooks run after the
 commit (never on a rollback), ``transaction.set_rollback(True)`` rolls the transaction
-back.  An exception rolls it back and propagates.  A database error inside a nested
-block cannot be recovered at the savepoint (pipeline mode skips every statement after
-an error until its next sync), so such an error rolls back the whole transaction;
-callers that retry do so around the whole block.  Used where it is not the outermost
-block (or under manual transaction management), it is a plain ``transaction.atomic()``.
+back.  An exception rolls it back and propagates; database errors are Django's.  Used
+where it is not the outermost block (or under manual transaction management), it is a
+plain ``transaction.atomic()`` and :meth:`sync` and :meth:`pipeline_tail` do nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 class pipelined_atomic:  # noqa: N801 - used like transaction.atomic
-    """``with pipelined_atomic(): ...`` — see the module docstring."""
+    """``with pipelined_atomic() as tx: ...`` — see the module docstring."""
 
     def __init__(self) -> None:
         self._plain: transaction.Atomic | None = None
@@ -45,12 +53,11 @@ class pipelined_atomic:  # noqa: N801 - used like transaction.atomic
             return self
         connection.ensure_connection()
         self._raw = connection.connection
-        self._pipeline = self._raw.pipeline()
-        self._pipeline.__enter__()
+        self._enter_pipeline()
         try:
             self._raw.execute(b"BEGIN", prepare=False)  # queued: sent with the first statement
         except BaseException:
-            self._pipeline.__exit__(None, None, None)
+            self._leave_pipeline(None, None, None)
             raise
         # Django's view of an outermost atomic block (Atomic.__enter__), without its BEGIN.
         connection.autocommit = False
@@ -58,6 +65,17 @@ class pipelined_atomic:  # noqa: N801 - used like transaction.atomic
         connection.commit_on_exit = True
         connection.needs_rollback = False
         return self
+
+    def sync(self) -> None:
+        """Send what is queued with a sync, read the answers, and leave pipeline mode."""
+        if self._pipeline is not None:
+            with connection.wrap_database_errors:
+                self._leave_pipeline(None, None, None)
+
+    def pipeline_tail(self) -> None:
+        """Queue the statements that follow, to be sent with the COMMIT (module docstring)."""
+        if self._plain is None and self._pipeline is None:
+            self._enter_pipeline()
 
     def __exit__(
         self,
@@ -75,12 +93,21 @@ class pipelined_atomic:  # noqa: N801 - used like transaction.atomic
                 if commit:
                     self._raw.execute(b"COMMIT", prepare=False)
                 # The sync: the COMMIT's answer, and the error of any statement still unread.
-                self._pipeline.__exit__(exc_type, exc, tb)
+                self._leave_pipeline(exc_type, exc, tb)
         except BaseException:
-            commit = False
-            self._finish(commit)
+            self._finish(committed=False)
             raise
-        self._finish(commit)
+        self._finish(committed=commit)
+
+    def _enter_pipeline(self) -> None:
+        pipeline = self._raw.pipeline()
+        pipeline.__enter__()
+        self._pipeline = pipeline
+
+    def _leave_pipeline(self, exc_type, exc, tb) -> None:
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            pipeline.__exit__(exc_type, exc, tb)
 
     def _finish(self, committed: bool) -> None:
         """Django's flags back to autocommit, and the hooks run (committed) or dropped."""

@@ -369,3 +369,18 @@ def test_tasks_without_a_slot_are_released_by_the_reservation_and_told_why(tenan
     assert set(
         TaskExecution.objects.filter(pk__in=list(waiting)).values_list("attempt", "assignment")
     ) == {(1, 2)}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_in_the_pipelined_transaction_a_task_no_agent_matches_fails_at_once(tenant):
+    """A lone task with selectors nobody matches goes through the pipelined transaction (not
+    a test's atomic block): it fails for good, through the result handler, and stays failed."""
+    from tests.support.routing import agent, routed_package
+
+    routed_package(tenant, tags=["tpu"], retries=3)
+    agent(tenant, "w1", tags=["cpu"])
+    _execution, tasks = start(tenant, "demo", {})
+    placed = place_tasks([tasks["a"].pk], "server-1")
+    assert isinstance(placed[tasks["a"].pk], Unroutable)
+    task = TaskExecution.objects.get(pk=tasks["a"].pk)
+    assert (task.status, task.attempt, task.error_type) == ("Failed", 1, "NoMatchingAgent")

@@ -76,10 +76,22 @@ def test_an_exception_rolls_everything_back_and_drops_the_hooks(probe_table):
     assert_back_in_autocommit()
 
 
+def test_a_failing_first_statement_fails_at_the_sync_and_rolls_back(probe_table):
+    with pytest.raises(DatabaseError):
+        with pipelined_atomic() as tx:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1 / 0")
+                tx.sync()
+                cursor.fetchone()
+    assert values() == []
+    assert_back_in_autocommit()
+
+
 def test_a_failing_statement_rolls_the_whole_transaction_back(probe_table):
     with pytest.raises(DatabaseError):
-        with pipelined_atomic():
+        with pipelined_atomic() as tx:
             insert(1)
+            tx.sync()
             with connection.cursor() as cursor:
                 cursor.execute("SELECT 1 / 0")
                 cursor.fetchone()
@@ -91,8 +103,10 @@ def test_a_failing_statement_rolls_the_whole_transaction_back(probe_table):
 
 def test_a_failing_statement_left_unread_fails_the_commit(probe_table):
     with pytest.raises(DatabaseError):
-        with pipelined_atomic():
+        with pipelined_atomic() as tx:
             insert(1)
+            tx.sync()
+            tx.pipeline_tail()
             with connection.cursor() as cursor:
                 cursor.execute("INSERT INTO pipelined_tx_probe VALUES (1 / 0)")  # never read
     assert values() == []
@@ -127,18 +141,47 @@ def test_inside_an_atomic_block_it_is_a_plain_savepoint(probe_table):
     assert values() == [1, 2]
 
 
-def test_begin_travels_with_the_first_statement_and_commit_with_the_sync(probe_table):
+def test_begin_travels_with_the_first_statement_and_commit_with_the_tail(probe_table):
     with RoundTrips() as traced:
-        with pipelined_atomic():
+        with pipelined_atomic() as tx:
             insert(1)
+            tx.sync()  # BEGIN and the first insert, answered together
             with connection.cursor() as cursor:
-                cursor.execute(f"SELECT count(*) FROM {TABLE}")
-                assert cursor.fetchone() == (1,)
-            insert(2)
+                cursor.execute(f"UPDATE {TABLE} SET v = 10 WHERE v = 1")
+                assert cursor.rowcount == 1  # out of pipeline mode: the ORM's rowcount holds
+            tx.pipeline_tail()
+            tail = connection.cursor()  # read after the commit: left open
+            tail.execute(f"INSERT INTO {TABLE} VALUES (2) RETURNING v")
+        assert tail.fetchall() == [(2,)]
+        tail.close()
     trips = traced.trips()
-    # 1: BEGIN, the insert and the count, then a flush to read the count;
-    # 2: the second insert, COMMIT and the sync.
-    assert len(trips) == 2, trips
-    assert trips[0].count("Execute") == 3 and trips[0][-1] == "Flush"
-    assert trips[1].count("Execute") == 2 and "Sync" in trips[1], trips
+    # 1: BEGIN + the insert + sync; 2: the update; 3: the tail's insert, COMMIT and the sync.
+    assert len(trips) == 3, trips
+    assert trips[0].count("Execute") == 2 and "Sync" in trips[0]
+    assert trips[1] == ["Query"]  # one statement alone (client-side binding: a simple query)
+    assert trips[2].count("Execute") == 2 and "Sync" in trips[2]
+    assert values() == [2, 10]
+    assert_back_in_autocommit()
+
+
+def test_an_orm_update_between_sync_and_tail_sees_its_row_count(probe_table, tenant):
+    """Django's save(update_fields=…) checks the UPDATE's row count: it must be known."""
+    from fleet.models import Tenant
+
+    with pipelined_atomic() as tx:
+        insert(1)
+        tx.sync()
+        tenant.name = "renamed"
+        tenant.save(update_fields=["name"])
+    assert Tenant.objects.get(pk=tenant.pk).name == "renamed"
+    assert values() == [1]
+
+
+def test_sync_and_tail_inside_an_atomic_block_do_nothing(probe_table):
+    with transaction.atomic():
+        with pipelined_atomic() as tx:
+            insert(1)
+            tx.sync()
+            tx.pipeline_tail()
+            insert(2)
     assert values() == [1, 2]

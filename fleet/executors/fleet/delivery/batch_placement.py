@@ -137,9 +137,11 @@ def _place_batch(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid
     others: list[Prepared] = []
     last: Callable[[], dict[uuid.UUID, Placement]] | None = None
     # BEGIN goes out with the claim, COMMIT with the last statement (pipeline mode).
-    with pipelined_atomic():
-        # One statement: the claims, their contexts and their executions' packages.
-        claimed = sorted(claim_work(task_execution_ids, claimer, deadline=False), key=_claim_key)
+    with pipelined_atomic() as tx:
+        # One statement: the claims, their contexts and their executions' packages; it goes
+        # out with the BEGIN, and the sync that reads it leaves pipeline mode.
+        claimed = claim_work(task_execution_ids, claimer, deadline=False, before_read=tx.sync)
+        claimed.sort(key=_claim_key)
         for work in claimed:
             prepared = placement.prepare(work)
             if isinstance(prepared, Unroutable):
@@ -158,7 +160,8 @@ def _place_batch(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid
                 results[prepared.claim.task_execution_id] = placement.place_prepared(
                     prepared, wait=False
                 )
-        elif plain:  # the common case: one statement, its result read after the commit
+        elif plain:  # the common case: one statement, sent with the COMMIT, read after it
+            tx.pipeline_tail()
             last = _place_plain(next(iter(plain.values())))
         elif others:
             results[others[0].claim.task_execution_id] = placement.place_prepared(others[0])
