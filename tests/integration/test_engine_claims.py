@@ -205,23 +205,18 @@ def test_claim_work_reads_contexts_and_packages_in_the_claims_one_statement(tena
     from fleet.engine.context import build_task_context, encode_context
     from fleet.engine.results import TaskReport, result_handler
 
-    package = make_package(
-        tenant,
-        [
-            {"id": "a", "function": "demo.steps:f"},
-            {"id": "b", "function": "demo.steps:f", "dependencies": ["a"]},
-            {"id": "c", "function": "demo.steps:f", "dependencies": ["a"]},
-            {"id": "d", "function": "demo.steps:f", "dependencies": ["c", "b"]},
-        ],
-        SOURCE,
-        workflow="diamond",
-    )
-    execution, tasks = start(tenant, "diamond", {"in": "✓", "k": 0})
-    for name, output in (("a", {"k": 1, "a": 1}), ("b", {"k": 2}), ("c", {"k": 3, "c": 1.5})):
+    chain = [
+        {"id": "a", "function": "demo.steps:f"},
+        {"id": "b", "function": "demo.steps:f", "dependencies": ["a"]},
+        {"id": "d", "function": "demo.steps:f", "dependencies": ["b", "a"]},
+    ]
+    package = make_package(tenant, chain, SOURCE, workflow="chain")
+    execution, tasks = start(tenant, "chain", {"in": "✓", "k": 0})
+    for name, output in (("a", {"k": 1, "a": 1}), ("b", {"k": 2, "b": 1.5})):
         claim = claim_task(tasks[name].pk, "server-1")
         result_handler.apply(TaskReport(claim.task_execution_id, 1, "success", output=output))
     expected = encode_context(build_task_context(tasks["d"].pk))
-    other = start(tenant, "diamond", {"x": 1})[1]["a"]  # a root task of a second execution
+    other = start(tenant, "chain", {"x": 1})[1]["a"]  # a root task of a second execution
 
     with CaptureQueriesContext(connection) as queries:
         claimed = claim_work([tasks["d"].pk, other.pk, tasks["a"].pk], "server-1")
@@ -233,11 +228,11 @@ def test_claim_work_reads_contexts_and_packages_in_the_claims_one_statement(tena
         "d", 1, execution.pk,
     )  # fmt: skip
     assert encode_context(d.context) == expected
-    assert d.context == {"in": "✓", "k": 2, "a": 1, "c": 1.5}
+    assert d.context == {"in": "✓", "k": 2, "a": 1, "b": 1.5}
     assert by_task[other.pk].context == {"x": 1}
     for work in claimed:
         assert (work.package.pk, work.package.digest, work.package.kind) == (
             package.pk, package.digest, package.kind,
         )  # fmt: skip
-        assert (work.tenant_name, work.workflow_name) == (tenant.name, "diamond")
+        assert (work.tenant_name, work.workflow_name) == (tenant.name, "chain")
     assert TaskExecution.objects.get(pk=tasks["d"].pk).status == TaskStatus.RUNNING
