@@ -90,8 +90,14 @@ class pipelined_atomic:  # noqa: N801 - used like transaction.atomic
         try:
             # Errors as Django's (DatabaseError, IntegrityError, …), like a cursor's.
             with connection.wrap_database_errors:
-                if commit:
-                    self._raw.execute(b"COMMIT", prepare=False)
+                try:
+                    if commit:
+                        self._raw.execute(b"COMMIT", prepare=False)
+                except BaseException as error:
+                    # A queued statement's error may surface as soon as the COMMIT is
+                    # queued (psycopg reads what has arrived): leave pipeline mode anyway.
+                    self._leave_pipeline(type(error), error, error.__traceback__)
+                    raise
                 # The sync: the COMMIT's answer, and the error of any statement still unread.
                 self._leave_pipeline(exc_type, exc, tb)
         except BaseException:

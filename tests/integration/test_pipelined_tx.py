@@ -185,3 +185,28 @@ def test_sync_and_tail_inside_an_atomic_block_do_nothing(probe_table):
             tx.pipeline_tail()
             insert(2)
     assert values() == [1, 2]
+
+
+def test_an_error_raised_while_queueing_the_commit_still_leaves_pipeline_mode(
+    probe_table, monkeypatch
+):
+    """psycopg reads what has arrived whenever it queues a statement, so a queued statement's
+    error can surface on the COMMIT itself: the connection must not stay in pipeline mode."""
+    queue = psycopg.Connection.execute
+
+    def failing_commit(self, query, *args, **kwargs):
+        if query == b"COMMIT":
+            raise psycopg.errors.DivisionByZero("division by zero (a queued statement's)")
+        return queue(self, query, *args, **kwargs)
+
+    with pytest.raises(DatabaseError):
+        with pipelined_atomic() as tx:
+            insert(1)
+            tx.sync()
+            tx.pipeline_tail()
+            monkeypatch.setattr(psycopg.Connection, "execute", failing_commit)
+            insert(2)
+    monkeypatch.undo()
+    assert connection.connection is None or connection.connection._pipeline is None
+    assert values() == []
+    assert_back_in_autocommit()
