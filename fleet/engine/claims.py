@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import connection
+
+from artifacts.models import WorkflowPackage
+from fleet.engine.context import merge_context
 
 # "Due" compares ready_at (written from the server's clock) with statement_timestamp(), not
 # now(): now() is frozen at the start of the enclosing transaction, so a claim made
@@ -86,7 +90,26 @@ WITH relax AS (
     UPDATE fleet_workflowexecution w SET status = 'Running', started_at = now()
     FROM starting s WHERE w.id = s.id AND w.status = 'Pending'
 )
-SELECT * FROM claimed
+{select}
+"""
+_CLAIMED = "SELECT * FROM claimed"
+# A claim with everything its run needs, in the claim's own statement (one round trip, not
+# three): the context's parts (the execution's input, the task's dependencies and, only
+# when it has any, (task_name, dependencies, output) of every task of the execution, as
+# fleet/engine/context.py's _CONTEXT_SQL reads them) and the execution's package, tenant
+# name and workflow name.  The statement's snapshot holds every upstream output: the
+# result that made the task Ready committed them with it, before the claim could see it.
+_CLAIMED_WITH_INPUTS = """
+SELECT c.*, e.input_context,
+       CASE WHEN jsonb_array_length(c.dependencies) > 0 THEN (
+           SELECT jsonb_agg(jsonb_build_array(o.task_name, o.dependencies, o.output_context))
+           FROM fleet_taskexecution o WHERE o.workflow_execution_id = c.workflow_execution_id
+       ) END,
+       p.id, p.tenant_id, p.kind, p.digest, p.host_triple, tn.name, e.workflow_name
+FROM claimed c
+JOIN fleet_workflowexecution e ON e.id = c.workflow_execution_id
+JOIN fleet_tenant tn ON tn.id = e.tenant_id
+JOIN workflow_packages p ON p.id = e.package_id
 """
 _ONE_DUE = """
     SELECT id FROM fleet_taskexecution
@@ -106,17 +129,49 @@ _THESE_DUE = """
       AND (ready_at IS NULL OR ready_at <= statement_timestamp())
     FOR UPDATE SKIP LOCKED
 """
-_CLAIM_ONE = _CLAIM_SQL.format(due=_ONE_DUE, columns=_CLAIM_COLUMNS)
-_CLAIM_MANY = _CLAIM_SQL.format(due=_MANY_DUE, columns=_CLAIM_COLUMNS)
-_CLAIM_THESE = _CLAIM_SQL.format(due=_THESE_DUE, columns=_CLAIM_COLUMNS)
+_CLAIM_ONE = _CLAIM_SQL.format(due=_ONE_DUE, columns=_CLAIM_COLUMNS, select=_CLAIMED)
+_CLAIM_MANY = _CLAIM_SQL.format(due=_MANY_DUE, columns=_CLAIM_COLUMNS, select=_CLAIMED)
+_CLAIM_THESE = _CLAIM_SQL.format(due=_THESE_DUE, columns=_CLAIM_COLUMNS, select=_CLAIMED)
+_CLAIM_THESE_WITH_INPUTS = _CLAIM_SQL.format(
+    due=_THESE_DUE, columns=_CLAIM_COLUMNS + ", t.dependencies", select=_CLAIMED_WITH_INPUTS
+)
 
 
-def _run_claim(sql: str, params: dict) -> list[Claim]:
+@dataclass(frozen=True)
+class ClaimedWork:
+    """A claim with what its run needs: the task's context (exactly what
+    :func:`fleet.engine.context.build_task_context` builds), the execution's package (only
+    the fields dispatch reads: the manifest can be large), tenant name and workflow."""
+
+    claim: Claim
+    context: dict
+    package: WorkflowPackage
+    tenant_name: str
+    workflow_name: str
+
+
+def _claimed_work(row: tuple) -> ClaimedWork:
+    claim = _claims([row[:10]])[0]
+    # row[10] is the task's dependencies, again with the context's parts.
+    input_context, dependencies, tasks = row[11], row[10], row[12]
+    package_id, package_tenant, kind, digest, host_triple, tenant_name, workflow = row[13:20]
+    package = WorkflowPackage(
+        id=package_id, tenant_id=package_tenant, kind=kind, digest=digest, host_triple=host_triple
+    )
+    context = merge_context(input_context, dependencies, tasks)
+    return ClaimedWork(claim, context, package, tenant_name, workflow)
+
+
+def _run_claim(
+    sql: str, params: dict, before_read: Callable[[], None] | None = None
+) -> list[tuple]:
     params["relax"] = not connection.in_atomic_block
     params["grace"] = RESULT_GRACE_S
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return _claims(cursor.fetchall())
+        if before_read is not None:
+            before_read()
+        return cursor.fetchall()
 
 
 def claim_task(task_execution_id: uuid.UUID, claimer: str, deadline: bool = True) -> Claim | None:
@@ -125,11 +180,11 @@ def claim_task(task_execution_id: uuid.UUID, claimer: str, deadline: bool = True
     ``deadline=False`` leaves ``result_deadline`` unset: the fleet starts the
     result-wait clock only once a packet is actually delivered to an agent.
     """
-    claims = _run_claim(
+    rows = _run_claim(
         _CLAIM_ONE,
         {"task_execution_id": task_execution_id, "claimer": claimer, "deadline": deadline},
     )
-    return claims[0] if claims else None
+    return _claims(rows)[0] if rows else None
 
 
 def claim_tasks(
@@ -137,15 +192,41 @@ def claim_tasks(
 ) -> list[Claim]:
     """:func:`claim_task` for several tasks in one statement: the ones still Ready and due
     (and not locked by someone claiming them right now), in no particular order."""
-    return _run_claim(
-        _CLAIM_THESE,
-        {"task_execution_ids": list(task_execution_ids), "claimer": claimer, "deadline": deadline},
+    return _claims(
+        _run_claim(
+            _CLAIM_THESE,
+            {
+                "task_execution_ids": list(task_execution_ids),
+                "claimer": claimer,
+                "deadline": deadline,
+            },
+        )
     )
+
+
+def claim_work(
+    task_execution_ids: list[uuid.UUID],
+    claimer: str,
+    deadline: bool = True,
+    before_read: Callable[[], None] | None = None,
+) -> list[ClaimedWork]:
+    """:func:`claim_tasks` with each claim's context and its execution's package, tenant and
+    workflow, all in the claim's one statement (what an executor reads next, without two
+    more round trips).  ``before_read`` runs between sending the statement and reading its
+    rows (a pipelined transaction's sync: fleet/platform/pipelined_tx.py)."""
+    rows = _run_claim(
+        _CLAIM_THESE_WITH_INPUTS,
+        {"task_execution_ids": list(task_execution_ids), "claimer": claimer, "deadline": deadline},
+        before_read,
+    )
+    return [_claimed_work(row) for row in rows]
 
 
 def claim_ready_tasks(claimer: str, limit: int, deadline: bool = True) -> list[Claim]:
     """Claim up to ``limit`` due Ready tasks, highest priority then oldest first (SKIP LOCKED)."""
-    return _run_claim(_CLAIM_MANY, {"limit": limit, "claimer": claimer, "deadline": deadline})
+    return _claims(
+        _run_claim(_CLAIM_MANY, {"limit": limit, "claimer": claimer, "deadline": deadline})
+    )
 
 
 def due_ready_task_events(limit: int) -> list[tuple]:
@@ -170,6 +251,23 @@ def due_ready_task_events(limit: int) -> list[tuple]:
         return cursor.fetchall()
 
 
+def release_set(task: str, reason: str) -> str:
+    """SQL SET clause: the claimed task row aliased ``task`` back to Ready without using up an
+    attempt, ``reason`` (SQL) its wait reason.  :func:`release_claim`'s, and the fleet's
+    reservation folds it into its statement for the tasks that got no slot."""
+    return (
+        f"status = 'Ready', attempt = GREATEST({task}.attempt - 1, 0), wait_reason = {reason}, "
+        "agent_id = NULL, claimed_by = '', result_deadline = NULL"
+    )
+
+
+_RELEASE = f"""
+UPDATE fleet_taskexecution SET {release_set("fleet_taskexecution", "%s")},
+    refusals = refusals + %s
+WHERE id = %s AND assignment = %s AND status = 'Running'
+"""
+
+
 def release_claim(
     task_execution_id: uuid.UUID, assignment: int, reason: str, refused: bool = False
 ) -> bool:
@@ -178,14 +276,18 @@ def release_claim(
     The assignment stays bumped, so any outcome for the released run is fenced off.
     """
     with connection.cursor() as cursor:
+        cursor.execute(_RELEASE, [reason, 1 if refused else 0, task_execution_id, assignment])
+        return cursor.rowcount == 1
+
+
+def note_wait_reason(released: list[tuple[uuid.UUID, int]], reason: str) -> None:
+    """Say why these released (task id, assignment) runs wait, unless they moved on since."""
+    with connection.cursor() as cursor:
         cursor.execute(
             """
-            UPDATE fleet_taskexecution SET
-                status = 'Ready', attempt = GREATEST(attempt - 1, 0), wait_reason = %s,
-                agent_id = NULL, claimed_by = '', result_deadline = NULL,
-                refusals = refusals + %s
-            WHERE id = %s AND assignment = %s AND status = 'Running'
+            UPDATE fleet_taskexecution t SET wait_reason = %s
+            FROM unnest(%s::uuid[], %s::int[]) AS r(id, assignment)
+            WHERE t.id = r.id AND t.assignment = r.assignment AND t.status = 'Ready'
             """,
-            [reason, 1 if refused else 0, task_execution_id, assignment],
+            [reason, [r[0] for r in released], [r[1] for r in released]],
         )
-        return cursor.rowcount == 1

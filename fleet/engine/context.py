@@ -52,7 +52,7 @@ def build_task_context(task_execution_id: uuid.UUID) -> dict:
         row = cursor.fetchone()
     if row is None:
         raise TaskExecution.DoesNotExist(f"task execution {task_execution_id} does not exist")
-    return _merge(*row)
+    return merge_context(*row)
 
 
 def build_task_contexts(task_execution_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict]:
@@ -60,10 +60,12 @@ def build_task_contexts(task_execution_ids: list[uuid.UUID]) -> dict[uuid.UUID, 
     each context is exactly the one :func:`build_task_context` builds."""
     with connection.cursor() as cursor:
         cursor.execute(_CONTEXTS_SQL, [list(task_execution_ids)])
-        return {row[0]: _merge(*row[1:]) for row in cursor.fetchall()}
+        return {row[0]: merge_context(*row[1:]) for row in cursor.fetchall()}
 
 
-def _merge(input_context: Any, dependencies: Any, tasks: Any) -> dict:
+def merge_context(input_context: Any, dependencies: Any, tasks: Any) -> dict:
+    """A task's context from the parts :data:`_CONTEXT_SQL` reads (the claim statement of
+    :func:`fleet.engine.claims.claim_work` reads the same parts)."""
     context = dict(_json(input_context) or {})
     dependencies = _json(dependencies) or []
     if dependencies:

@@ -9,7 +9,7 @@ Running because of this executor.
 
 The database work is batched (:class:`~fleet.engine.batcher.Batcher`): the runs
 that start while one batch is being prepared are claimed together (one claim
-statement, one context query), and the outcomes that arrive while one batch is
+statement, which also reads their contexts and package digests), and the outcomes that arrive while one batch is
 being recorded are recorded together (one transaction, one synchronous commit).
 On an idle server a batch is a single run and waits for nothing; under load the
 round trips, thread hand-offs and WAL flushes are shared by the whole batch.
@@ -21,12 +21,11 @@ import asyncio
 import logging
 import threading
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 
 from agents.sandbox.archive import ArchiveError
 from agents.sandbox.package_cache import PackageCache, PackageCacheError
@@ -35,8 +34,8 @@ from agents.sandbox.task_runner import RunOutcome, TaskRunner, TaskRunnerClosed
 from artifacts.store.storage import load_blob
 from fleet.engine import ready_queue, task_logs
 from fleet.engine.batcher import Batcher
-from fleet.engine.claims import Claim, claim_tasks, release_claim
-from fleet.engine.context import build_task_contexts, encode_context
+from fleet.engine.claims import Claim, claim_work, release_claim
+from fleet.engine.context import encode_context
 from fleet.engine.db_threads import DbThreadPool
 from fleet.engine.events import ExecutionResult, ExecutionStatus, ExecutorMetrics, TaskReadyEvent
 from fleet.engine.executor import TaskExecutor
@@ -54,8 +53,6 @@ DEFAULT_CACHE_BYTES = 2 * 1024**3
 # would get a live run declared lost.  Database threads are twice that, so recording
 # finished runs never delays preparing the next ones.
 DB_THREADS_PER_WORKER = 2
-# Executions remembered for their package digest (it never changes for an execution).
-DIGEST_MEMO_SIZE = 10_000
 # On stop, in-flight runs get this long to finish before their children are killed.
 # Shorter than serve's own stop timeout, so closing the children and connections still fits.
 DRAIN_TIMEOUT_S = 20.0
@@ -67,11 +64,6 @@ APPLY_RETRY_S = 0.5
 # its commit's WAL flush does not hold up the next.
 RESULT_BATCH = 64
 RESULT_BATCHES_AT_ONCE = 2
-_DIGESTS = """
-SELECT e.id, p.digest FROM fleet_workflowexecution e
-JOIN workflow_packages p ON p.id = e.package_id
-WHERE e.id = ANY(%s::uuid[])
-"""
 _OUTCOME_BY_STATUS = {"success": Outcome.SUCCESS, "failure": Outcome.FAILURE}
 
 
@@ -129,7 +121,6 @@ class InProcessExecutor(TaskExecutor):
         self.runner = runner or TaskRunner(workers, log_bytes=get_config().task_log_bytes)
         self.cache = PackageCache(Path(cache_root), cache_bytes)
         self.drain_timeout_s = drain_timeout_s
-        self._digests: OrderedDict[uuid.UUID, str] = OrderedDict()
         self._db: DbThreadPool | None = None
         self._preparer: Batcher[uuid.UUID, _Prepared | None] | None = None
         self._recorder: Batcher[tuple[uuid.UUID, TaskReport], Applied] | None = None
@@ -258,43 +249,22 @@ class InProcessExecutor(TaskExecutor):
         return self._preparer, self._recorder
 
     def _prepare_batch(self, task_execution_ids: list[uuid.UUID]) -> list[_Prepared | None]:
-        """Claim these tasks in one statement, then resolve each one's package and context
-        (database thread).  None for a task not claimed (someone else got it, not due)."""
-        claims = {
-            claim.task_execution_id: claim
-            for claim in claim_tasks(task_execution_ids, self.claimer)
+        """Claim these tasks in one statement that also reads each one's context and package
+        digest, then resolve each package (database thread).  None for a task not claimed
+        (someone else got it, not due)."""
+        claimed = {
+            work.claim.task_execution_id: work
+            for work in claim_work(task_execution_ids, self.claimer)
         }
-        if not claims:
-            return [None] * len(task_execution_ids)
-        try:
-            contexts = build_task_contexts(list(claims))
-            digests = self._digests_of({claim.workflow_execution_id for claim in claims.values()})
-        except Exception as exc:
-            log.exception("preparing %d claimed tasks failed", len(claims))
-            failed = {
-                task_execution_id: _Prepared(
-                    claim,
-                    error_type=type(exc).__name__,
-                    error_message=f"could not prepare the task: {exc}",
-                )
-                for task_execution_id, claim in claims.items()
-            }
-            return _each_once(task_execution_ids, failed)
         prepared = {
-            task_execution_id: self._resolve(
-                claim, digests.get(claim.workflow_execution_id, ""), contexts.get(task_execution_id)
-            )
-            for task_execution_id, claim in claims.items()
+            task_execution_id: self._resolve(work.claim, work.package.digest, work.context)
+            for task_execution_id, work in claimed.items()
         }
         return _each_once(task_execution_ids, prepared)
 
-    def _resolve(self, claim: Claim, digest: str, context: dict | None) -> _Prepared:
+    def _resolve(self, claim: Claim, digest: str, context: dict) -> _Prepared:
         """The claimed task's unpacked package (pinned until its run ends) and input."""
         try:
-            if context is None:
-                raise LookupError(f"task execution {claim.task_execution_id} does not exist")
-            if not digest:
-                raise LookupError(f"execution {claim.workflow_execution_id} has no package")
             context_json = encode_context(context)
             self.cache.pin(digest)
             try:
@@ -316,24 +286,6 @@ class InProcessExecutor(TaskExecutor):
                 error_type=type(exc).__name__,
                 error_message=f"could not prepare the task: {exc}",
             )
-
-    def _digests_of(self, workflow_execution_ids: set[uuid.UUID]) -> dict[uuid.UUID, str]:
-        """Each execution's package digest (remembered: it never changes for an execution)."""
-        with self._lock:  # other database threads add and evict entries
-            known = {
-                wid: self._digests[wid] for wid in workflow_execution_ids if wid in self._digests
-            }
-        missing = workflow_execution_ids - known.keys()
-        if missing:
-            with connection.cursor() as cursor:
-                cursor.execute(_DIGESTS, [list(missing)])
-                rows = cursor.fetchall()
-            with self._lock:
-                for workflow_id, digest in rows:
-                    known[workflow_id] = self._digests[workflow_id] = digest
-                while len(self._digests) > DIGEST_MEMO_SIZE:
-                    self._digests.popitem(last=False)
-        return known
 
     async def _run(self, prepared: _Prepared) -> RunOutcome | None:
         if prepared.error_type:

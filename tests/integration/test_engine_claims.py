@@ -194,3 +194,45 @@ def test_the_due_rows_are_picked_once_whatever_the_plan(tenant, statement):
         cursor.execute("EXPLAIN " + getattr(claims_module, statement), params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "CTE due" in plan and "CTE Scan on due" in plan, plan
+
+
+@pytest.mark.django_db
+def test_claim_work_reads_contexts_and_packages_in_the_claims_one_statement(tenant):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from fleet.engine.claims import claim_work
+    from fleet.engine.context import build_task_context, encode_context
+    from fleet.engine.results import TaskReport, result_handler
+
+    chain = [
+        {"id": "a", "function": "demo.steps:f"},
+        {"id": "b", "function": "demo.steps:f", "dependencies": ["a"]},
+        {"id": "d", "function": "demo.steps:f", "dependencies": ["b", "a"]},
+    ]
+    package = make_package(tenant, chain, SOURCE, workflow="chain")
+    execution, tasks = start(tenant, "chain", {"in": "✓", "k": 0})
+    for name, output in (("a", {"k": 1, "a": 1}), ("b", {"k": 2, "b": 1.5})):
+        claim = claim_task(tasks[name].pk, "server-1")
+        result_handler.apply(TaskReport(claim.task_execution_id, 1, "success", output=output))
+    expected = encode_context(build_task_context(tasks["d"].pk))
+    other = start(tenant, "chain", {"x": 1})[1]["a"]  # a root task of a second execution
+
+    with CaptureQueriesContext(connection) as queries:
+        claimed = claim_work([tasks["d"].pk, other.pk, tasks["a"].pk], "server-1")
+    assert len(queries) == 1  # claim, contexts and packages: one round trip
+    by_task = {work.claim.task_execution_id: work for work in claimed}
+    assert set(by_task) == {tasks["d"].pk, other.pk}  # a is done: not claimed
+    d = by_task[tasks["d"].pk]
+    assert (d.claim.task_name, d.claim.assignment, d.claim.workflow_execution_id) == (
+        "d", 1, execution.pk,
+    )  # fmt: skip
+    assert encode_context(d.context) == expected
+    assert d.context == {"in": "✓", "k": 2, "a": 1, "b": 1.5}
+    assert by_task[other.pk].context == {"x": 1}
+    for work in claimed:
+        assert (work.package.pk, work.package.digest, work.package.kind) == (
+            package.pk, package.digest, package.kind,
+        )  # fmt: skip
+        assert (work.tenant_name, work.workflow_name) == (tenant.name, "chain")
+    assert TaskExecution.objects.get(pk=tasks["d"].pk).status == TaskStatus.RUNNING

@@ -321,3 +321,66 @@ def test_a_batch_reads_its_executions_packages_in_one_statement(tenant):
     assert {(r.payload["tenant"], r.payload["artifact_digest"]) for r in packets} == {
         (tenant.name, package.digest)
     }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_placing_a_plain_task_costs_two_round_trips(tenant):
+    """BEGIN goes out with the claim (which reads the context and the package too), COMMIT
+    with the reservation and its packet: the idle pickup's placement."""
+    from tests.support.round_trips import RoundTrips
+
+    wide_package(tenant, 1)
+    agent = make_agent(tenant, "a", max_concurrency=4)
+    ids = ready_tasks(tenant)
+    with RoundTrips() as traced:
+        placed = place_tasks(ids, "server-1")
+    assert [p.agent_id for p in placed.values()] == [agent.id]
+    trips = traced.trips()
+    assert len(trips) == 2, trips
+    assert trips[0].count("Execute") == 2  # BEGIN + the claim
+    assert trips[-1].count("Execute") == 2 and "Sync" in trips[-1]  # reservation + COMMIT
+    row = DeliveryOutbox.objects.get(task_execution_id=ids[0])
+    assert (row.agent_id, row.assignment) == (agent.id, 1)
+    assert TaskExecution.objects.get(pk=ids[0]).status == "Running"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tasks_without_a_slot_are_released_by_the_reservation_and_told_why(tenant):
+    """The reservation statement itself puts the tasks it found no slot for back to Ready (no
+    attempt used), so it can travel with the COMMIT; their wait reason follows it."""
+    wide_package(tenant, 5)
+    agent = make_agent(tenant, "a", max_concurrency=2)
+    ids = ready_tasks(tenant)
+    placed = place_tasks(ids, "server-1")
+    got = [i for i, p in placed.items() if isinstance(p, Placed)]
+    waiting = {i: p for i, p in placed.items() if isinstance(p, NoAgent)}
+    assert len(got) == 2 and len(waiting) == 3
+    assert {p.reason for p in waiting.values()} == {"the 1 live agent is at capacity"}
+    rows = TaskExecution.objects.filter(pk__in=list(waiting)).values_list(
+        "status", "attempt", "assignment", "wait_reason", "agent_id", "claimed_by"
+    )
+    assert set(rows) == {("Ready", 0, 1, "the 1 live agent is at capacity", None, "")}
+    assert Agent.objects.get(pk=agent.pk).in_flight == 2
+    assert not DeliveryOutbox.objects.filter(task_execution_id__in=list(waiting)).exists()
+    # Released, they are claimed again like any Ready task once a slot is free.
+    make_agent(tenant, "b", max_concurrency=4)
+    again = place_tasks(list(waiting), "server-1")
+    assert all(isinstance(p, Placed) for p in again.values())
+    assert set(
+        TaskExecution.objects.filter(pk__in=list(waiting)).values_list("attempt", "assignment")
+    ) == {(1, 2)}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_in_the_pipelined_transaction_a_task_no_agent_matches_fails_at_once(tenant):
+    """A lone task with selectors nobody matches goes through the pipelined transaction (not
+    a test's atomic block): it fails for good, through the result handler, and stays failed."""
+    from tests.support.routing import agent, routed_package
+
+    routed_package(tenant, tags=["tpu"], retries=3)
+    agent(tenant, "w1", tags=["cpu"])
+    _execution, tasks = start(tenant, "demo", {})
+    placed = place_tasks([tasks["a"].pk], "server-1")
+    assert isinstance(placed[tasks["a"].pk], Unroutable)
+    task = TaskExecution.objects.get(pk=tasks["a"].pk)
+    assert (task.status, task.attempt, task.error_type) == ("Failed", 1, "NoMatchingAgent")

@@ -45,6 +45,18 @@ def _count_rounds(monkeypatch) -> list[int]:
     return sizes
 
 
+def delivered_packet(tenant):
+    """A packet delivered to an agent (not connected yet) and not confirmed: (agent, task, row)."""
+    two_task_package(tenant)
+    agent = make_agent(tenant, connected=False)
+    make_agent(tenant, "helper")  # placement needs a live agent; the row is then moved
+    _, task = ready_root(tenant)
+    place_task(task.pk, "s")
+    row = DeliveryOutbox.objects.get(task_execution=task)
+    DeliveryOutbox.objects.filter(pk=row.pk).update(agent=agent, state="delivered")
+    return agent, task, row
+
+
 def test_it_writes_the_beats_of_many_agents_in_one_statement(tenant, monkeypatch):
     agents = [make_agent(tenant, f"a{i}") for i in range(20)]
     Agent.objects.update(last_heartbeat="2001-01-01T00:00:00Z")
@@ -78,13 +90,7 @@ def test_the_gather_window_is_a_small_share_of_the_interval_and_at_most_a_second
 def test_a_held_beat_never_holds_back_the_sockets_confirmations(tenant, agent_key, monkeypatch):
     """The beat waits for company (30 s here); the confirmation that follows it on the same
     socket lands at once, and takes the beat along in its round."""
-    two_task_package(tenant)
-    agent = make_agent(tenant, connected=False)
-    make_agent(tenant, "helper")
-    _, task = ready_root(tenant)
-    place_task(task.pk, "s")
-    row = DeliveryOutbox.objects.get(task_execution=task)
-    DeliveryOutbox.objects.filter(pk=row.pk).update(agent=agent, state="delivered")
+    agent, task, row = delivered_packet(tenant)
     Agent.objects.filter(pk=agent.pk).update(last_heartbeat="2001-01-01T00:00:00Z")
     monkeypatch.setattr(socket_writes, "beat_gather_s", lambda _interval: LONG_GATHER_S)
 
@@ -147,3 +153,28 @@ def _dsn() -> dict:
     params.pop("cursor_factory", None)
     params.pop("context", None)
     return {**params, "autocommit": False}
+
+
+def test_a_round_of_beats_does_not_hold_back_the_next_confirmation(tenant, monkeypatch):
+    """Confirmations are spaced out under load (MIN_ROUND_GAP_S, a minute here), but only
+    after a round that wrote confirmations: one right after a round of beats goes at once."""
+    agent, task, row = delivered_packet(tenant)
+    monkeypatch.setattr(socket_writes, "beat_gather_s", lambda _interval: 0.0)
+    monkeypatch.setattr(socket_writes, "MIN_ROUND_GAP_S", 60.0)
+
+    async def scenario():
+        writes = socket_writes.writer()
+        try:
+            answer = await writes.heartbeat(agent.id, tenant.id, [], None, False)
+            writes.received(agent.id, [row.id])
+            await until(
+                lambda: DeliveryOutbox.objects.filter(
+                    pk=row.pk, received_at__isnull=False
+                ).exists(),
+                timeout=10,
+            )
+        finally:
+            await socket_writes.close_writer()
+        return answer
+
+    assert run_async(scenario()).state == "live"

@@ -124,21 +124,24 @@ class SocketWrites:
 
     async def _loop_forever(self) -> None:
         delay = 0.1
-        last_round = 0.0
+        last_confirming = 0.0  # when the last round that wrote confirmations began
         while True:
             if self._retry:
                 await wait_event(self._wake, RECEIVED_RETRY_S)
             else:
                 await self._wake.wait()
             await self._gather_beats()
-            gap = last_round + MIN_ROUND_GAP_S - self._loop.time()
+            # Only confirmations space each other out: a round of beats just before must
+            # not hold back the first confirmation after it (an idle pickup's latency).
+            gap = last_confirming + MIN_ROUND_GAP_S - self._loop.time()
             if gap > 0 and not self._beats:  # a beat never waits (liveness)
                 await asyncio.sleep(gap)
-            last_round = self._loop.time()
             self._wake.clear()
             beats, self._beats = self._beats, {}
             received, self._received = self._received, []
             received.extend(key for key in self._retry if key not in received)
+            if received:
+                last_confirming = self._loop.time()
             try:
                 await self._write(beats, received)
                 delay = 0.1

@@ -5,7 +5,8 @@ task per transaction: four statements, each planned and committed for one task,
 which was most of the database's work per task.  :func:`place_tasks` does the
 same for a batch:
 
-* one claim statement for every task of the batch (:func:`claim_tasks`);
+* one claim statement for every task of the batch, which also reads their contexts and
+  their executions' packages (:func:`~fleet.engine.claims.claim_work`);
 * per claim the same :func:`~fleet.executors.fleet.delivery.placement.prepare` (the shared
   context builder, the packet, the oversize and selector checks);
 * *plain* tasks (no selector, no group or affinity binding — the common case) that
@@ -15,7 +16,12 @@ same for a batch:
   (:func:`~fleet.executors.fleet.delivery.placement.reserve_and_enqueue`): a batch
   spanning ten tenants costs what a batch of one does; every other task goes through
   :func:`~fleet.executors.fleet.delivery.placement.place_prepared` as if alone;
-* one commit.
+  the reservation statement itself releases the tasks it found no slot for (back to
+  Ready, no attempt used), and their wait reason is written once its result is read;
+* one commit.  The transaction is pipelined (:mod:`fleet.platform.pipelined_tx`): BEGIN
+  goes out with the claim, and when one reservation statement is all there is (one
+  group: the idle pickup, most batches) it goes out with the COMMIT and its result is
+  read after it — two round trips for the whole placement.
 
 A batch that reserves in more than one statement (packages of different target
 triples, or tasks with selectors) first takes every lock it may wait for, in one statement per
@@ -37,11 +43,11 @@ import logging
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 
-from fleet.engine.claims import claim_tasks, release_claim
-from fleet.engine.context import build_task_contexts
+from fleet.engine.claims import ClaimedWork, claim_work, note_wait_reason
 from fleet.executors.fleet.delivery import placement
 from fleet.executors.fleet.delivery.placement import (
     NoAgent,
@@ -58,36 +64,49 @@ from fleet.executors.fleet.routing.metrics import (
     observe_selections,
 )
 from fleet.executors.fleet.routing.selectors import UNCONSTRAINED
+from fleet.platform.pipelined_tx import pipelined_atomic
 
 log = logging.getLogger(__name__)
 
 Placement = Placed | NoAgent | NotClaimed
 
 
-def _place_plain(group: list[Prepared], prelocked: bool = False) -> dict[uuid.UUID, Placement]:
+def _place_plain(
+    group: list[Prepared], prelocked: bool = False
+) -> Callable[[], dict[uuid.UUID, Placement]]:
+    """Send the group's one reservation statement (the caller's transaction); the returned
+    call reads its result — before the commit, or after it when it is the transaction's
+    last statement, so that it travels with the COMMIT.  The tasks without a slot were
+    released by the statement itself; the call writes why they wait."""
     # Timed like selection.select times one task: choosing and reserving (and enqueueing,
     # which is the same statement), one observation per task of the group.
     started = time.perf_counter()
-    try:
-        placed = placement.reserve_and_enqueue(group, prelocked)
-    finally:
-        observe_selections(time.perf_counter() - started, len(group))
+    reservation = placement.reserve_and_enqueue(group, prelocked)
+
+    def finish() -> dict[uuid.UUID, Placement]:
+        try:
+            placed = reservation.placed()
+        finally:
+            observe_selections(time.perf_counter() - started, len(group))
+        return _results(group, placed)
+
+    return finish
+
+
+def _results(group: list[Prepared], placed: dict[uuid.UUID, Placed]) -> dict[uuid.UUID, Placement]:
     results: dict[uuid.UUID, Placement] = {}
-    reasons: dict[int, str] = {}  # per tenant: the group spans tenants
+    waiting: dict[int, list[Prepared]] = defaultdict(list)  # per tenant: the group spans tenants
     for prepared in group:
-        claim = prepared.claim
-        agent = placed.get(claim.task_execution_id)
+        agent = placed.get(prepared.claim.task_execution_id)
         if agent is not None:
-            results[claim.task_execution_id] = agent
-            continue
-        # No slot left (or the free agents are being reserved by someone else right now).
-        reason = reasons.get(claim.tenant_id)
-        if reason is None:
-            reason = reasons[claim.tenant_id] = no_capacity_reason(
-                claim.tenant_id, prepared.triples
-            )
-        release_claim(claim.task_execution_id, claim.assignment, reason)
-        results[claim.task_execution_id] = NoAgent(claim.tenant_id, reason)
+            results[prepared.claim.task_execution_id] = agent
+        else:  # no slot left (or the free agents were being reserved by someone else)
+            waiting[prepared.claim.tenant_id].append(prepared)
+    reasons: dict[int, str] = {}
+    for tenant_id, released in waiting.items():
+        reason = reasons[tenant_id] = _explain(tenant_id, released)
+        for prepared in released:
+            results[prepared.claim.task_execution_id] = NoAgent(tenant_id, reason)
     if placed:
         SELECTION_SUCCESS.labels(step=UNCONSTRAINED.step).inc(len(placed))
     if len(placed) < len(group):
@@ -97,19 +116,36 @@ def _place_plain(group: list[Prepared], prelocked: bool = False) -> dict[uuid.UU
     return results
 
 
+def _explain(tenant_id: int, released: list[Prepared]) -> str:
+    """Why these released tasks of one tenant wait, written on their rows.  After the commit
+    the batch is placed whatever happens here: a database error leaves the placeholder."""
+    try:
+        reason = no_capacity_reason(tenant_id, released[0].triples)
+        note_wait_reason(
+            [(p.claim.task_execution_id, p.claim.assignment) for p in released], reason
+        )
+    except DatabaseError as exc:
+        log.warning("could not say why %d task(s) wait: %s", len(released), exc)
+        return placement.NO_SLOT
+    return reason
+
+
 def _place_batch(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid.UUID, Placement]:
     results: dict[uuid.UUID, Placement] = {}
     # Plain tasks by the target triples they can run on (None: any), whatever the tenant.
     plain: dict[frozenset[str] | None, list[Prepared]] = defaultdict(list)
     others: list[Prepared] = []
-    with transaction.atomic():
-        claims = sorted(claim_tasks(task_execution_ids, claimer, deadline=False), key=_claim_key)
-        contexts = build_task_contexts([claim.task_execution_id for claim in claims])
-        placement.prime_executions(claim.workflow_execution_id for claim in claims)
-        for claim in claims:
-            prepared = placement.prepare(claim, contexts[claim.task_execution_id])
+    last: Callable[[], dict[uuid.UUID, Placement]] | None = None
+    # BEGIN goes out with the claim, COMMIT with the last statement (pipeline mode).
+    with pipelined_atomic() as tx:
+        # One statement: the claims, their contexts and their executions' packages; it goes
+        # out with the BEGIN, and the sync that reads it leaves pipeline mode.
+        claimed = claim_work(task_execution_ids, claimer, deadline=False, before_read=tx.sync)
+        claimed.sort(key=_claim_key)
+        for work in claimed:
+            prepared = placement.prepare(work)
             if isinstance(prepared, Unroutable):
-                results[claim.task_execution_id] = prepared
+                results[work.claim.task_execution_id] = prepared
             elif prepared.request.plain:
                 plain[prepared.triples].append(prepared)
             else:
@@ -118,17 +154,24 @@ def _place_batch(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid
         prelocked = len(plain) + len(others) > 1
         if prelocked:
             placement.lock_up_front([p for group in plain.values() for p in group] + others)
-        for group in plain.values():
-            results.update(_place_plain(group, prelocked))
-        for prepared in others:
-            results[prepared.claim.task_execution_id] = placement.place_prepared(
-                prepared, wait=not prelocked
-            )
+            for group in plain.values():
+                results.update(_place_plain(group, prelocked)())
+            for prepared in others:
+                results[prepared.claim.task_execution_id] = placement.place_prepared(
+                    prepared, wait=False
+                )
+        elif plain:  # the common case: one statement, sent with the COMMIT, read after it
+            tx.pipeline_tail()
+            last = _place_plain(next(iter(plain.values())))
+        elif others:
+            results[others[0].claim.task_execution_id] = placement.place_prepared(others[0])
+    if last is not None:
+        results.update(last())
     return results
 
 
-def _claim_key(claim) -> str:
-    return str(claim.task_execution_id)
+def _claim_key(work: ClaimedWork) -> str:
+    return str(work.claim.task_execution_id)
 
 
 def place_tasks(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid.UUID, Placement]:

@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -41,7 +39,14 @@ from django.utils import timezone
 from artifacts.models import WorkflowPackage
 from artifacts.store.queries import resolve_artifact, runnable_triples
 from fleet.engine import ready_queue
-from fleet.engine.claims import RESULT_GRACE_S, Claim, claim_task, release_claim
+from fleet.engine.claims import (
+    RESULT_GRACE_S,
+    Claim,
+    ClaimedWork,
+    claim_work,
+    release_claim,
+    release_set,
+)
 from fleet.engine.context import build_task_context, encode_context
 from fleet.engine.events import ExecutionStatus
 from fleet.engine.results import TaskReport, result_handler
@@ -72,8 +77,6 @@ from fleet.platform.config import get_config
 
 log = logging.getLogger(__name__)
 
-EXECUTION_CACHE_SIZE = 4096
-
 
 @dataclass(frozen=True)
 class Placed:
@@ -102,69 +105,13 @@ class Unroutable(NotClaimed):
     status: ExecutionStatus = ExecutionStatus.FAILED
 
 
-_EXECUTION_INFO = """
-SELECT e.id, p.id, p.tenant_id, p.kind, p.digest, p.host_triple, t.name, e.workflow_name
-FROM fleet_workflowexecution e
-JOIN workflow_packages p ON p.id = e.package_id
-JOIN fleet_tenant t ON t.id = e.tenant_id
-WHERE e.id = ANY(%s::uuid[])
-"""
-
-
-class _ExecutionInfo:
-    """workflow execution → (package, tenant name, workflow name); immutable for an
-    execution's life."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cache: OrderedDict[uuid.UUID, tuple[WorkflowPackage, str, str]] = OrderedDict()
-
-    def get(self, workflow_execution_id: uuid.UUID) -> tuple[WorkflowPackage, str, str]:
-        with self._lock:
-            hit = self._cache.get(workflow_execution_id)
-            if hit is not None:
-                self._cache.move_to_end(workflow_execution_id)
-                return hit
-        self.prime([workflow_execution_id])
-        with self._lock:
-            return self._cache[workflow_execution_id]
-
-    def prime(self, workflow_execution_ids: Iterable[uuid.UUID]) -> None:
-        """Load the executions not cached yet in ONE query (a batch's claims: one statement,
-        not one per execution)."""
-        with self._lock:
-            missing = list({i for i in workflow_execution_ids if i not in self._cache})
-        if not missing:
-            return
-        with connection.cursor() as cursor:
-            cursor.execute(_EXECUTION_INFO, [missing])
-            rows = cursor.fetchall()
-        with self._lock:
-            for execution_id, pk, tenant_id, kind, digest, host_triple, tenant, workflow in rows:
-                # Only the fields dispatch reads (the manifest can be large).
-                package = WorkflowPackage(
-                    id=pk, tenant_id=tenant_id, kind=kind, digest=digest, host_triple=host_triple
-                )
-                self._cache[execution_id] = (package, tenant, workflow)
-            while len(self._cache) > EXECUTION_CACHE_SIZE:
-                self._cache.popitem(last=False)
-
-
-_executions = _ExecutionInfo()
-
-
-def prime_executions(workflow_execution_ids: Iterable[uuid.UUID]) -> None:
-    """What :func:`prepare` reads of these executions, loaded in one query (batch placement)."""
-    _executions.prime(workflow_execution_ids)
-
-
 def place_task(task_execution_id: uuid.UUID, claimer: str) -> Placed | NoAgent | NotClaimed:
     """Claim the task and hand it to an agent through the outbox (see module docstring)."""
     with transaction.atomic():
-        claim = claim_task(task_execution_id, claimer, deadline=False)
-        if claim is None:
+        claimed = claim_work([task_execution_id], claimer, deadline=False)
+        if not claimed:
             return NotClaimed()
-        prepared = prepare(claim)
+        prepared = prepare(claimed[0])
         if isinstance(prepared, Unroutable):
             return prepared
         return place_prepared(prepared)
@@ -186,30 +133,28 @@ class Prepared:
     digests: dict[str, str] | None
 
 
-def prepare(claim: Claim, context: dict | None = None) -> Prepared | Unroutable:
-    """Build the claimed task's context (unless the caller built it, e.g. with
-    ``build_task_contexts`` for a batch) and packet, in the caller's transaction; a task
-    no agent could ever take fails here (:class:`Unroutable`)."""
-    package, tenant_name, workflow = _executions.get(claim.workflow_execution_id)
+def prepare(work: ClaimedWork) -> Prepared | Unroutable:
+    """Build the claimed task's packet from what its claim statement read (its context, its
+    execution's package: :func:`fleet.engine.claims.claim_work`), in the caller's
+    transaction; a task no agent could ever take fails here (:class:`Unroutable`)."""
+    claim, package, context = work.claim, work.package, work.context
     triples = runnable_triples(package)
     # Everything is ready before the reservation: the agent's row stays locked
     # (other dispatches skip it, its results and beats wait) only for one
     # statement and the commit.
-    if context is None:
-        context = build_task_context(claim.task_execution_id)
     context_json = encode_context(context)
     oversize = context_ref.too_large(context_json, get_config().max_context_bytes)
     if oversize:
         return _fail(claim, "ContextTooLarge", oversize, "context_too_large")
     try:
         request = selection.request_for(
-            claim.tenant_id, claim.routing, claim.workflow_execution_id, workflow, context
+            claim.tenant_id, claim.routing, claim.workflow_execution_id, work.workflow_name, context
         )
     except SelectorError as exc:
         return _fail(claim, "InvalidSelector", str(exc), "invalid_selector")
     ref = PackageRef(digest=package.digest, kind=package.kind, target_triple="")
     payload = context_ref.packet_context(
-        work_packet(claim, context_json, ref, tenant_name), context_json
+        work_packet(claim, context_json, ref, work.tenant_name), context_json
     )
     return Prepared(claim, package, triples, request, payload, _digests_by_triple(package, triples))
 
@@ -359,7 +304,13 @@ def _reserve_many_sql(prelocked: bool) -> str:
         best=best_score_per_tenant(Selectors()),
         tiebreak=tiebreak(Selectors(), best="a.best_score"),
         lock="FOR NO KEY UPDATE OF a SKIP LOCKED" if prelocked else "FOR NO KEY UPDATE OF a",
+        release=release_set("t", "%(no_slot)s"),
     )
+
+
+# The wait reason a task released for want of a slot carries until its caller has written
+# the real one (fleet/executors/fleet/routing/candidates.py, no_capacity_reason).
+NO_SLOT = "no free agent slot"
 
 
 # Built once: the statement is the same for every batch (its values are parameters).
@@ -383,41 +334,44 @@ def lock_up_front(groups: list[Prepared]) -> None:
         cursor.execute(ledger.lock_in_order_sql(group_candidates_sql()), params)
 
 
-def reserve_and_enqueue(group: list[Prepared], prelocked: bool = False) -> dict[uuid.UUID, Placed]:
-    """Reserve N slots for plain tasks that can run on the same target triples (any
-    tenants, any packages) and insert their packets, in one statement (the caller's
-    transaction), each tenant's tasks on its own agents: task id → Placed (a
-    :class:`Delivered` for a local agent) for those that got a slot; the rest got none.
-    ``prelocked``: the caller locked the agents (:func:`lock_up_front`); an agent locked
-    by another transaction is then passed over rather than waited for."""
-    first = group[0]
-    params = {
-        **UNCONSTRAINED.params,
-        **candidate_params(first.claim.tenant_id, first.triples),
-        "tenants": sorted({p.claim.tenant_id for p in group}),
-        "me": local_sockets.server_id(),
-        "grace": RESULT_GRACE_S,
-        "tasks": [p.claim.task_execution_id for p in group],
-        "assignments": [p.claim.assignment for p in group],
-        "payloads": [json.dumps(p.payload) for p in group],
-        "task_tenants": [p.claim.tenant_id for p in group],
-        "digests": [json.dumps(p.digests or {}) for p in group],
-        "digest": [p.package.digest for p in group],
-    }
-    claims = {p.claim.task_execution_id: p.claim for p in group}
-    placed: dict[uuid.UUID, Placed] = {}
-    with connection.cursor() as cursor:
-        cursor.execute(_RESERVE_MANY[prelocked], params)
-        for (
-            task_execution_id,
-            agent_id,
-            name,
-            local,
-            outbox_id,
-            payload,
-            waited_s,
-        ) in cursor.fetchall():
-            claim = claims[task_execution_id]
+class Reservation:
+    """The statement of :func:`reserve_and_enqueue`, sent; its rows are read by
+    :meth:`placed`, which may come after the commit (the rows arrive with it)."""
+
+    def __init__(self, group: list[Prepared], prelocked: bool) -> None:
+        first = group[0]
+        params = {
+            **UNCONSTRAINED.params,
+            **candidate_params(first.claim.tenant_id, first.triples),
+            "tenants": sorted({p.claim.tenant_id for p in group}),
+            "me": local_sockets.server_id(),
+            "grace": RESULT_GRACE_S,
+            "no_slot": NO_SLOT,
+            "tasks": [p.claim.task_execution_id for p in group],
+            "assignments": [p.claim.assignment for p in group],
+            "payloads": [json.dumps(p.payload) for p in group],
+            "task_tenants": [p.claim.tenant_id for p in group],
+            "digests": [json.dumps(p.digests or {}) for p in group],
+            "digest": [p.package.digest for p in group],
+        }
+        self._claims = {p.claim.task_execution_id: p.claim for p in group}
+        self._cursor = connection.cursor()
+        try:
+            self._cursor.execute(_RESERVE_MANY[prelocked], params)
+        except BaseException:
+            self._cursor.close()
+            raise
+
+    def placed(self) -> dict[uuid.UUID, Placed]:
+        """Task id → Placed (a :class:`Delivered` for a local agent) for the tasks that got
+        a slot; the others are Ready again (their wait reason :data:`NO_SLOT`)."""
+        try:
+            rows = self._cursor.fetchall()
+        finally:
+            self._cursor.close()
+        placed: dict[uuid.UUID, Placed] = {}
+        for task_execution_id, agent_id, name, local, outbox_id, payload, waited_s in rows:
+            claim = self._claims[task_execution_id]
             if not local:
                 placed[task_execution_id] = Placed(
                     claim.tenant_id, claim.assignment, agent_id, name
@@ -429,7 +383,18 @@ def reserve_and_enqueue(group: list[Prepared], prelocked: bool = False) -> dict[
                 claim.tenant_id, claim.assignment, agent_id, name,
                 outbox_id=outbox_id, packet=packet, waited_s=float(waited_s or 0.0),
             )  # fmt: skip
-    return placed
+        return placed
+
+
+def reserve_and_enqueue(group: list[Prepared], prelocked: bool = False) -> Reservation:
+    """Reserve N slots for plain tasks that can run on the same target triples (any
+    tenants, any packages) and insert their packets, in one statement (the caller's
+    transaction), each tenant's tasks on its own agents; the tasks that got no slot are
+    released (back to Ready, no attempt used) in the same statement.  Read the result with
+    :meth:`Reservation.placed`, before or after the commit.
+    ``prelocked``: the caller locked the agents (:func:`lock_up_front`); an agent locked
+    by another transaction is then passed over rather than waited for."""
+    return Reservation(group, prelocked)
 
 
 def reserve_for_reclaim(

@@ -223,6 +223,14 @@ WITH locked AS (
     FROM work w
     WHERE t.id = w.task_execution_id AND t.assignment = w.assignment
     RETURNING t.id, extract(epoch FROM now() - t.ready_at) AS waited_s
+), released AS (
+    -- The tasks that got no slot go back to Ready in this same statement, no attempt used
+    -- ({release}: the claims owner's SET clause), so the caller needs no statement of its
+    -- own before the commit; it writes why they wait once it has read the result.
+    UPDATE fleet_taskexecution t SET {release}
+    FROM todo w
+    WHERE t.id = w.task_execution_id AND t.assignment = w.assignment AND t.status = 'Running'
+      AND NOT EXISTS (SELECT 1 FROM work k WHERE k.task_execution_id = w.task_execution_id)
 ), relax AS (
     -- As for a single dispatch: a lost one leaves the tasks Ready (they run again), and
     -- the outcome's synchronous commit flushes it anyway.
