@@ -12,16 +12,21 @@ order (as under WSGI) and calls it with one hop.  A request for an async view (t
 result endpoint) still takes Django's async chain, so it never holds the sync thread while
 it awaits.
 
-The agents' own sync endpoints (registration, REST beats, deregistration: see
+The agents' registration and deregistration (see
 ``agents.surface.api.POOLED_VIEWS``) take the same sync chain in one hop to a thread of the
 delivery database pool instead.  A registration storm is thousands of them at once: on
 the per-request sync thread each one also borrowed a connection from the pool (and checked
 it with a round trip), while the delivery threads keep theirs and prepare the few
-statements these endpoints run (docs/scaling.md, "Registration storms").
+statements these endpoints run (docs/scaling.md, "Registration storms").  At most
+:data:`POOLED_AT_ONCE` of them hold a pool thread at a time: registrations of one tenant
+take turns on its roster lock, and a storm's registrations waiting there must not hold
+every thread while the sockets' hellos and the results wait behind them (agents that
+connected in a storm were evicted for beats that waited on their hello).
 """
 
 from __future__ import annotations
 
+import asyncio
 from enum import Enum
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
@@ -32,6 +37,8 @@ from django.urls import Resolver404, resolve
 
 from agents.surface.api import POOLED_VIEWS
 from fleet.executors.fleet.delivery import db as delivery_db
+
+POOLED_AT_ONCE = 4  # of the delivery pool's threads (fleet/executors/fleet/delivery/db.py)
 
 
 class Route(Enum):
@@ -48,10 +55,13 @@ class OneHopASGIHandler(ASGIHandler):
         self.sync_handler = BaseHandler()
         self.sync_handler.load_middleware(is_async=False)
         self.one_hop = sync_to_async(self.sync_handler.get_response, thread_sensitive=True)
+        self.pooled_slots = asyncio.Semaphore(POOLED_AT_ONCE)
 
     async def pooled(self, request: HttpRequest) -> HttpResponse:
-        """The sync chain on a delivery pool thread (its connection kept, not borrowed)."""
-        return await delivery_db.call(self.sync_handler.get_response, request)
+        """The sync chain on a delivery pool thread (its connection kept, not borrowed), at
+        most POOLED_AT_ONCE requests at a time; the others wait on the event loop."""
+        async with self.pooled_slots:
+            return await delivery_db.call(self.sync_handler.get_response, request)
 
     async def get_response_async(self, request: HttpRequest) -> HttpResponse:
         route = route_of(request.path_info)

@@ -28,6 +28,7 @@ import json
 import logging
 import time
 import uuid
+from collections import deque
 from typing import Any
 
 from channels.consumer import get_handler_name
@@ -207,8 +208,11 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         self._closing = False
         self._registered = False
         self._drain_sent = False
+        # Frames parsed and not yet handled, and the task handling them: started when a
+        # frame arrives and ended when none is left, so an idle socket (thousands per
+        # server) holds no task and no queue of its own (docs/scaling.md, memory).
         self._worker: asyncio.Task | None = None
-        self._inbound: asyncio.Queue = asyncio.Queue(maxsize=INBOUND_QUEUE)
+        self._inbound: deque[dict[str, Any]] = deque()
         self._results: set[asyncio.Future] = set()
         self._results_pending = 0  # results of this socket taken and not yet answered
         self._results_room = asyncio.Event()
@@ -238,7 +242,6 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             await self._close(result.code, result.reason)
             return
         self.grant = result
-        self._worker = asyncio.create_task(self._handle_inbound(), name=f"agent-{agent_id}-in")
 
     async def _admitted(self) -> bool:
         """Whether this process takes the socket now: not while it shuts down (4012: go to
@@ -298,16 +301,20 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         except (wire.WireFormatError, FrameRejected) as exc:
             await self._close(CLOSE_MALFORMED, f"malformed frame: {exc}")
             return
-        try:
-            self._inbound.put_nowait(frame)
-        except asyncio.QueueFull:
+        if len(self._inbound) >= INBOUND_QUEUE:
             await self._close(CLOSE_FLOOD, f"more than {INBOUND_QUEUE} frames waiting")
+            return
+        self._inbound.append(frame)
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._handle_inbound())
 
     async def _handle_inbound(self) -> None:
-        while True:
-            batch = [await self._inbound.get()]
-            while len(batch) < INBOUND_BATCH and not self._inbound.empty():
-                batch.append(self._inbound.get_nowait())
+        """Handle the waiting frames in order, in batches, until none is left.  Between the
+        last check and the return there is no await: a frame that arrives later finds this
+        task done and starts the next one."""
+        inbound = self._inbound
+        while inbound:
+            batch = [inbound.popleft() for _ in range(min(len(inbound), INBOUND_BATCH))]
             try:
                 await self._handle_batch(batch)
             except asyncio.CancelledError:

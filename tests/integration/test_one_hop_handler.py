@@ -5,6 +5,7 @@ real ASGI application, every middleware still in place."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import uuid
@@ -12,8 +13,8 @@ import uuid
 import pytest
 from channels.testing import HttpCommunicator
 
-from cloacina_site import asgi
 from agents.models import Agent
+from cloacina_site import asgi, one_hop
 from cloacina_site.one_hop import Route, is_async_view, route_of
 from fleet.executors.fleet.delivery import db as delivery_db
 from tests.support.loop import run_async
@@ -103,7 +104,7 @@ def test_csrf_and_login_still_guard_the_console(hops):
 def test_it_sends_the_agents_sync_endpoints_to_the_delivery_pool():
     agent = uuid.uuid4()
     assert route_of("/api/v1/agents/register") is Route.POOLED
-    assert route_of(f"/api/v1/agents/{agent}/heartbeat") is Route.POOLED
+    assert route_of(f"/api/v1/agents/{agent}/heartbeat") is Route.ONE_HOP  # liveness: never queued
     assert route_of(f"/api/v1/agents/{agent}/deregister") is Route.POOLED
     assert route_of(f"/api/v1/agents/{agent}/drain") is Route.ONE_HOP
     assert route_of(f"/api/v1/agents/{agent}/results") is Route.ASYNC
@@ -126,5 +127,39 @@ def test_a_registration_runs_on_a_pool_thread_with_every_middleware(
     assert refused["status"] == 422
     assert "target_triple" in refused["body"].decode()
     assert not Agent.objects.filter(name="x").exists()
-    unknown = call("POST", f"/api/v1/agents/{uuid.uuid4()}/heartbeat", agent_key, b"{}")
+    unknown = call("POST", f"/api/v1/agents/{uuid.uuid4()}/deregister", agent_key, b"")
     assert unknown["status"] == 404 and "detail" in json.loads(unknown["body"])
+    assert [path for path, _ in pooled][-1].endswith("/deregister")
+
+
+def test_at_most_a_few_pooled_requests_hold_a_pool_thread_at_once(monkeypatch):
+    """A storm's registrations queue on the event loop, not on every delivery thread (the
+    sockets' hellos and the results need them)."""
+    handler = one_hop.OneHopASGIHandler()
+    holding, peak, release = 0, 0, asyncio.Event()
+
+    async def pool_call(fn, request):
+        nonlocal holding, peak
+        holding += 1
+        peak = max(peak, holding)
+        await release.wait()
+        holding -= 1
+        return request
+
+    monkeypatch.setattr(delivery_db, "call", pool_call)
+
+    async def storm() -> tuple[int, list]:
+        calls = [
+            asyncio.ensure_future(handler.pooled(n)) for n in range(3 * one_hop.POOLED_AT_ONCE)
+        ]
+        while holding < one_hop.POOLED_AT_ONCE:  # the first ones reach the pool
+            await asyncio.sleep(0)
+        for _ in range(10):  # the others had turns to get there too, and did not
+            await asyncio.sleep(0)
+        seen = peak
+        release.set()
+        return seen, await asyncio.gather(*calls)
+
+    seen, answers = run_async(storm())
+    assert seen == one_hop.POOLED_AT_ONCE
+    assert answers == list(range(3 * one_hop.POOLED_AT_ONCE))  # every one answered, in turn
