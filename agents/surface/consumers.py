@@ -4,9 +4,10 @@ Thin by design.  The handshake's ``Authorization: Bearer`` key is checked and
 the agent must belong to the key's tenant; the connection then owns the agent
 (``connected_to`` + a new ``connection_generation``).  Frames are size-
 checked (1 MiB), rate-limited (token bucket) and parsed as they arrive, then
-queued (bounded) for one worker task that batches their database work: so a
-burst of ``received`` frames costs one UPDATE, and a slow database never
-blocks the socket's reader.  Work packets come from this process's relay
+queued (bounded) for a worker task that batches their database work while any
+wait: so a burst of ``received`` frames costs one UPDATE, and a slow database never
+blocks the socket's reader.  Heartbeats skip that queue: each goes to the socket
+writer at once, so a beat never waits behind a hello or results on the delivery pool.  Work packets come from this process's relay
 through the channel layer (``delivery.work``); the relay can also close the
 socket (``delivery.close``) when the agent died or connected elsewhere, or when the
 key the socket was opened with is revoked or its tenant deactivated (4401).
@@ -301,6 +302,12 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         except (wire.WireFormatError, FrameRejected) as exc:
             await self._close(CLOSE_MALFORMED, f"malformed frame: {exc}")
             return
+        if frame["type"] == "heartbeat":
+            # Written at once, beside the other frames: they may wait on the delivery pool
+            # (a hello, results) when the server is busy, and a beat held behind them for a
+            # liveness window gets a healthy agent evicted.
+            self._take_beat(frame)
+            return
         if len(self._inbound) >= INBOUND_QUEUE:
             await self._close(CLOSE_FLOOD, f"more than {INBOUND_QUEUE} frames waiting")
             return
@@ -337,15 +344,6 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         received = [f["outbox_id"] for f in batch if f["type"] == "received"]
         if received:
             writes.received(grant.agent_id, received)
-        beats = [f for f in batch if f["type"] == "heartbeat"]
-        if beats:
-            HEARTBEATS.labels(via="socket").inc(len(beats))
-            # Answered in the background: the writer holds a beat back a moment to write it
-            # with others (socket_writes), and this socket's other frames must not wait.
-            if self._beat is None or self._beat.done():
-                self._beat = asyncio.ensure_future(self._write_beat(beats[-1]))
-            else:
-                self._next_beat = beats[-1]  # one beat in flight: the newest is written next
         chunks = [frame["chunk"] for frame in batch if frame["type"] == "log"]
         if chunks:  # live output of running tasks: fenced on this agent holding them
             await delivery_db.call(
@@ -367,6 +365,16 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
                 task = asyncio.ensure_future(self._apply_results(chunk))
                 self._results.add(task)
                 task.add_done_callback(self._results.discard)
+
+    def _take_beat(self, beat: dict) -> None:
+        """Hand ``beat`` to the socket writer (its own connection, not the delivery pool).
+        Answered in the background: the writer holds a beat back a moment to write it with
+        others (socket_writes), and this socket's other frames must not wait."""
+        HEARTBEATS.labels(via="socket").inc()
+        if self._beat is None or self._beat.done():
+            self._beat = asyncio.ensure_future(self._write_beat(beat))
+        else:
+            self._next_beat = beat  # one beat in flight: the newest is written next
 
     async def _write_beat(self, beat: dict) -> None:
         """Record ``beat`` (and then any newer one that came meanwhile) and act on the answer:
