@@ -11,15 +11,40 @@ those hops were a third of the server's CPU for the request (docs/performance.md
 order (as under WSGI) and calls it with one hop.  A request for an async view (the agents'
 result endpoint) still takes Django's async chain, so it never holds the sync thread while
 it awaits.
+
+The agents' registration and deregistration (see
+``agents.surface.api.POOLED_VIEWS``) take the same sync chain in one hop to a thread of the
+delivery database pool instead.  A registration storm is thousands of them at once: on
+the per-request sync thread each one also borrowed a connection from the pool (and checked
+it with a round trip), while the delivery threads keep theirs and prepare the few
+statements these endpoints run (docs/scaling.md, "Registration storms").  At most
+:data:`POOLED_AT_ONCE` of them hold a pool thread at a time: registrations of one tenant
+take turns on its roster lock, and a storm's registrations waiting there must not hold
+every thread while the sockets' hellos and the results wait behind them (agents that
+connected in a storm were evicted for beats that waited on their hello).
 """
 
 from __future__ import annotations
+
+import asyncio
+from enum import Enum
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.base import BaseHandler
 from django.http import HttpRequest, HttpResponse
 from django.urls import Resolver404, resolve
+
+from agents.surface.api import POOLED_VIEWS
+from fleet.executors.fleet.delivery import db as delivery_db
+
+POOLED_AT_ONCE = 4  # of the delivery pool's threads (fleet/executors/fleet/delivery/db.py)
+
+
+class Route(Enum):
+    ASYNC = "async"  # Django's async chain
+    ONE_HOP = "one_hop"  # the sync chain, in one hop to the request's sync thread
+    POOLED = "pooled"  # the sync chain, in one hop to a delivery pool thread
 
 
 class OneHopASGIHandler(ASGIHandler):
@@ -30,16 +55,34 @@ class OneHopASGIHandler(ASGIHandler):
         self.sync_handler = BaseHandler()
         self.sync_handler.load_middleware(is_async=False)
         self.one_hop = sync_to_async(self.sync_handler.get_response, thread_sensitive=True)
+        self.pooled_slots = asyncio.Semaphore(POOLED_AT_ONCE)
+
+    async def pooled(self, request: HttpRequest) -> HttpResponse:
+        """The sync chain on a delivery pool thread (its connection kept, not borrowed), at
+        most POOLED_AT_ONCE requests at a time; the others wait on the event loop."""
+        async with self.pooled_slots:
+            return await delivery_db.call(self.sync_handler.get_response, request)
 
     async def get_response_async(self, request: HttpRequest) -> HttpResponse:
-        if is_async_view(request.path_info):
+        route = route_of(request.path_info)
+        if route is Route.ASYNC:
             return await super().get_response_async(request)
+        if route is Route.POOLED:
+            return await self.pooled(request)
         return await self.one_hop(request)
 
 
-def is_async_view(path: str) -> bool:
-    """Whether ``path`` resolves to an async view (an unknown path is a sync 404)."""
+def route_of(path: str) -> Route:
+    """How the handler runs the view of ``path`` (an unknown path is a sync 404)."""
     try:
-        return iscoroutinefunction(resolve(path).func)
+        match = resolve(path)
     except Resolver404:
-        return False
+        return Route.ONE_HOP
+    if iscoroutinefunction(match.func):
+        return Route.ASYNC
+    return Route.POOLED if match.view_name in POOLED_VIEWS else Route.ONE_HOP
+
+
+def is_async_view(path: str) -> bool:
+    """Whether ``path`` resolves to an async view."""
+    return route_of(path) is Route.ASYNC

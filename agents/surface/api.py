@@ -30,6 +30,13 @@ from fleet.platform.config import get_config
 
 router = Router()
 
+# The sync endpoints an agent calls that the HTTP handler runs, middleware and all, on a
+# thread of the delivery database pool (cloacina_site/one_hop.py): thousands of agents
+# register or deregister at once in a storm or a deploy.  Not the REST beat: it is the
+# liveness of an agent whose socket is down, and must not queue behind the pool's
+# results and hellos when the server is busy.
+POOLED_VIEWS = frozenset({"api-v1:register_agent", "api-v1:deregister_agent"})
+
 
 class Error(Schema):
     detail: str

@@ -4,9 +4,10 @@ Thin by design.  The handshake's ``Authorization: Bearer`` key is checked and
 the agent must belong to the key's tenant; the connection then owns the agent
 (``connected_to`` + a new ``connection_generation``).  Frames are size-
 checked (1 MiB), rate-limited (token bucket) and parsed as they arrive, then
-queued (bounded) for one worker task that batches their database work: so a
-burst of ``received`` frames costs one UPDATE, and a slow database never
-blocks the socket's reader.  Work packets come from this process's relay
+queued (bounded) for a worker task that batches their database work while any
+wait: so a burst of ``received`` frames costs one UPDATE, and a slow database never
+blocks the socket's reader.  Heartbeats skip that queue: each goes to the socket
+writer at once, so a beat never waits behind a hello or results on the delivery pool.  Work packets come from this process's relay
 through the channel layer (``delivery.work``); the relay can also close the
 socket (``delivery.close``) when the agent died or connected elsewhere, or when the
 key the socket was opened with is revoked or its tenant deactivated (4401).
@@ -28,6 +29,7 @@ import json
 import logging
 import time
 import uuid
+from collections import deque
 from typing import Any
 
 from channels.consumer import get_handler_name
@@ -207,8 +209,11 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         self._closing = False
         self._registered = False
         self._drain_sent = False
+        # Frames parsed and not yet handled, and the task handling them: started when a
+        # frame arrives and ended when none is left, so an idle socket (thousands per
+        # server) holds no task and no queue of its own (docs/scaling.md, memory).
         self._worker: asyncio.Task | None = None
-        self._inbound: asyncio.Queue = asyncio.Queue(maxsize=INBOUND_QUEUE)
+        self._inbound: deque[dict[str, Any]] = deque()
         self._results: set[asyncio.Future] = set()
         self._results_pending = 0  # results of this socket taken and not yet answered
         self._results_room = asyncio.Event()
@@ -238,7 +243,6 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             await self._close(result.code, result.reason)
             return
         self.grant = result
-        self._worker = asyncio.create_task(self._handle_inbound(), name=f"agent-{agent_id}-in")
 
     async def _admitted(self) -> bool:
         """Whether this process takes the socket now: not while it shuts down (4012: go to
@@ -298,22 +302,36 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         except (wire.WireFormatError, FrameRejected) as exc:
             await self._close(CLOSE_MALFORMED, f"malformed frame: {exc}")
             return
-        if frame["type"] == "received" and self._registered and self._inbound.empty():
-            # Nothing of this socket waits ahead of it (its hello is applied): handed to
-            # the writer now, without a hop through the queue and the worker task, which
-            # would only do the same (one per task: the commonest frame there is).
+        if frame["type"] == "heartbeat":
+            # Written at once, beside the other frames: they may wait on the delivery pool
+            # (a hello, results) when the server is busy, and a beat held behind them for a
+            # liveness window gets a healthy agent evicted.
+            self._take_beat(frame)
+            return
+        if frame["type"] == "received" and self._registered and self._idle():
+            # Nothing of this socket waits ahead of it or is being handled (its hello is
+            # applied): handed to the writer now, without a hop through the queue and the
+            # worker task, which would only do the same (one per task: the commonest frame).
             socket_writes.writer().received(self.grant.agent_id, [frame["outbox_id"]])
             return
-        try:
-            self._inbound.put_nowait(frame)
-        except asyncio.QueueFull:
+        if len(self._inbound) >= INBOUND_QUEUE:
             await self._close(CLOSE_FLOOD, f"more than {INBOUND_QUEUE} frames waiting")
+            return
+        self._inbound.append(frame)
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._handle_inbound())
+
+    def _idle(self) -> bool:
+        """No frame of this socket waits or is being handled."""
+        return not self._inbound and (self._worker is None or self._worker.done())
 
     async def _handle_inbound(self) -> None:
-        while True:
-            batch = [await self._inbound.get()]
-            while len(batch) < INBOUND_BATCH and not self._inbound.empty():
-                batch.append(self._inbound.get_nowait())
+        """Handle the waiting frames in order, in batches, until none is left.  Between the
+        last check and the return there is no await: a frame that arrives later finds this
+        task done and starts the next one."""
+        inbound = self._inbound
+        while inbound:
+            batch = [inbound.popleft() for _ in range(min(len(inbound), INBOUND_BATCH))]
             try:
                 await self._handle_batch(batch)
             except asyncio.CancelledError:
@@ -336,15 +354,6 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         received = [f["outbox_id"] for f in batch if f["type"] == "received"]
         if received:
             writes.received(grant.agent_id, received)
-        beats = [f for f in batch if f["type"] == "heartbeat"]
-        if beats:
-            HEARTBEATS.labels(via="socket").inc(len(beats))
-            # Answered in the background: the writer holds a beat back a moment to write it
-            # with others (socket_writes), and this socket's other frames must not wait.
-            if self._beat is None or self._beat.done():
-                self._beat = asyncio.ensure_future(self._write_beat(beats[-1]))
-            else:
-                self._next_beat = beats[-1]  # one beat in flight: the newest is written next
         chunks = [frame["chunk"] for frame in batch if frame["type"] == "log"]
         if chunks:  # live output of running tasks: fenced on this agent holding them
             await delivery_db.call(
@@ -366,6 +375,16 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
                 task = asyncio.ensure_future(self._apply_results(chunk))
                 self._results.add(task)
                 task.add_done_callback(self._results.discard)
+
+    def _take_beat(self, beat: dict) -> None:
+        """Hand ``beat`` to the socket writer (its own connection, not the delivery pool).
+        Answered in the background: the writer holds a beat back a moment to write it with
+        others (socket_writes), and this socket's other frames must not wait."""
+        HEARTBEATS.labels(via="socket").inc()
+        if self._beat is None or self._beat.done():
+            self._beat = asyncio.ensure_future(self._write_beat(beat))
+        else:
+            self._next_beat = beat  # one beat in flight: the newest is written next
 
     async def _write_beat(self, beat: dict) -> None:
         """Record ``beat`` (and then any newer one that came meanwhile) and act on the answer:

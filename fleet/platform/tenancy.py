@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import secrets
 
 from django.conf import settings
-from django.db import models
+from django.db import connection, models
 from django.utils import timezone
 
 from fleet.platform.config import get_config
@@ -128,10 +129,42 @@ class ApiKey(models.Model):
         parts = token.split("_", 2)
         if len(parts) != 3 or parts[0] != KEY_PREFIX:
             return None
-        # lookup is unique: at most one row, and no ORDER BY (first() would add one).
-        key = next(iter(cls.objects.select_related("tenant").filter(lookup=parts[1])[:1]), None)
+        key = _key_by_lookup(parts[1])
         if key is None or not hmac.compare_digest(key.key_hash, hash_secret(token)):
             return None
         if not key.is_active:
             return None
         return key
+
+
+def _key_by_lookup(lookup: str) -> ApiKey | None:
+    """The key whose ``lookup`` is given, with its tenant (None: no such key).
+
+    Every request of an agent verifies its key (agent keys are not cached: revocation is
+    immediate), so this is the statement ``select_related("tenant")`` would run, written
+    once: compiling that query was a good share of a registration's CPU.
+    """
+    key_fields, tenant_fields, sql = _key_query()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [lookup])  # lookup is unique: at most one row
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    split = len(key_fields)
+    key = ApiKey.from_db(connection.alias, key_fields, row[:split])
+    # A platform (admin) key has no tenant: the LEFT JOIN's columns are all NULL.
+    key.tenant = (
+        Tenant.from_db(connection.alias, tenant_fields, row[split:]) if key.tenant_id else None
+    )
+    return key
+
+
+@functools.cache
+def _key_query() -> tuple[list[str], list[str], str]:
+    keys, tenants = ApiKey._meta.concrete_fields, Tenant._meta.concrete_fields
+    columns = [f"k.{f.column}" for f in keys] + [f"t.{f.column}" for f in tenants]
+    sql = (
+        f"SELECT {', '.join(columns)} FROM {ApiKey._meta.db_table} k "
+        f"LEFT JOIN {Tenant._meta.db_table} t ON t.id = k.tenant_id WHERE k.lookup = %s"
+    )
+    return [f.attname for f in keys], [f.attname for f in tenants], sql

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import uuid
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from agents.models import Agent
 from agents.protocol import wire
 from agents.surface import consumers
-from fleet.executors.fleet.delivery import local_sockets
+from fleet.executors.fleet.delivery import local_sockets, redelivery
 from fleet.executors.fleet.delivery.placement import place_task
 from fleet.executors.fleet.delivery.relay import Relay
 from fleet.executors.fleet.lifecycle import revoke_key
@@ -702,3 +703,39 @@ def test_a_socket_is_bound_to_the_key_it_was_opened_with_and_closed_4401_with_it
     assert (closed, code) == (1, 4401), how
     agent.refresh_from_db()
     assert agent.state == "live"  # revocation retires the agents of the key, not this one
+
+
+def test_a_beat_lands_while_the_sockets_hello_waits_on_a_busy_delivery_pool(
+    tenant, agent_key, monkeypatch
+):
+    """The 2,000-agent evictions: a socket's beats queued behind its hello, and the hello
+    behind a storm's registrations on the delivery pool; the agent was evicted with its
+    socket open.  A beat is written by the socket writer whatever the pool is doing."""
+    agent = make_agent(tenant, connected=False)
+    Agent.objects.filter(pk=agent.pk).update(last_heartbeat="2001-01-01T00:00:00Z")
+    pool_busy = threading.Event()
+    apply_hello = redelivery.apply_hello
+
+    def slow_hello(agent_id, holding):
+        pool_busy.wait(30)  # the delivery pool is busy: this hello waits for a thread
+        return apply_hello(agent_id, holding)
+
+    monkeypatch.setattr(redelivery, "apply_hello", slow_hello)
+
+    async def scenario() -> bool:
+        comm = socket(agent.id, agent_key)
+        await opened(comm)  # the hello is sent and waits
+        await comm.send_json_to({"type": "heartbeat", "in_flight": 0, "metrics": {"up": 1}})
+        await until(lambda: Agent.objects.get(pk=agent.pk).metrics == {"up": 1})
+        hello_still_waiting = local_sockets.get(agent.id) is None
+        pool_busy.set()
+        await until(lambda: local_sockets.get(agent.id) is not None)
+        await comm.disconnect()
+        return hello_still_waiting
+
+    try:
+        assert run_async(scenario()) is True
+    finally:
+        pool_busy.set()
+    agent.refresh_from_db()
+    assert agent.last_heartbeat.year > 2001 and agent.state == "live"

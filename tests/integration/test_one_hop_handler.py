@@ -1,17 +1,22 @@
 """The ASGI application's HTTP handler (cloacina_site/one_hop.py): sync views get the
-whole middleware chain in one hop to the sync thread, async views Django's async chain;
-both through the real ASGI application, every middleware still in place."""
+whole middleware chain in one hop to the sync thread, async views Django's async chain,
+the agents' own sync endpoints the sync chain on a delivery pool thread; all through the
+real ASGI application, every middleware still in place."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import uuid
 
 import pytest
 from channels.testing import HttpCommunicator
 
-from cloacina_site import asgi
-from cloacina_site.one_hop import is_async_view
+from agents.models import Agent
+from cloacina_site import asgi, one_hop
+from cloacina_site.one_hop import Route, is_async_view, route_of
+from fleet.executors.fleet.delivery import db as delivery_db
 from tests.support.loop import run_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,6 +35,24 @@ def hops(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(handler, "one_hop", counting)
     return seen
+
+
+@pytest.fixture
+def pooled(monkeypatch) -> list[tuple[str, str]]:
+    """The paths the handler ran on a delivery pool thread, and that thread's name."""
+    seen: list[tuple[str, str]] = []
+    handler = asgi.django_asgi_app
+
+    async def counting(request):
+        def run(request):
+            seen.append((request.path, threading.current_thread().name))
+            return handler.sync_handler.get_response(request)
+
+        return await delivery_db.call(run, request)
+
+    monkeypatch.setattr(handler, "pooled", counting)
+    yield seen
+    delivery_db.close()  # its threads' connections, before the test database goes
 
 
 def call(method: str, path: str, key: str | None = None, body: bytes = b"") -> dict:
@@ -76,3 +99,67 @@ def test_csrf_and_login_still_guard_the_console(hops):
     posted = call("POST", "/console/login/", body=b"{}")
     assert posted["status"] == 403  # no CSRF token: refused by the CSRF middleware
     assert hops == ["/console/", "/console/login/"]
+
+
+def test_it_sends_the_agents_sync_endpoints_to_the_delivery_pool():
+    agent = uuid.uuid4()
+    assert route_of("/api/v1/agents/register") is Route.POOLED
+    assert route_of(f"/api/v1/agents/{agent}/heartbeat") is Route.ONE_HOP  # liveness: never queued
+    assert route_of(f"/api/v1/agents/{agent}/deregister") is Route.POOLED
+    assert route_of(f"/api/v1/agents/{agent}/drain") is Route.ONE_HOP
+    assert route_of(f"/api/v1/agents/{agent}/results") is Route.ASYNC
+
+
+def test_a_registration_runs_on_a_pool_thread_with_every_middleware(
+    hops, pooled, agent_key, tenant
+):
+    body = {"name": "pooled-1", "target_triple": "x86_64-unknown-linux-gnu", "protocol_version": 1}
+    response = call("POST", "/api/v1/agents/register", agent_key, json.dumps(body).encode())
+    assert response["status"] == 201, response["body"]
+    assert [path for path, _ in pooled] == ["/api/v1/agents/register"]
+    assert pooled[0][1].startswith("delivery-db-")
+    assert hops == []
+    assert header(response, b"x-content-type-options") == "nosniff"
+    assert header(response, b"x-frame-options") == "DENY"
+    assert Agent.objects.get(tenant=tenant, name="pooled-1").state == "live"
+    # Refusals are answered there too, as JSON naming the problem, and nothing is stored.
+    refused = call("POST", "/api/v1/agents/register", agent_key, b'{"name": "x"}')
+    assert refused["status"] == 422
+    assert "target_triple" in refused["body"].decode()
+    assert not Agent.objects.filter(name="x").exists()
+    unknown = call("POST", f"/api/v1/agents/{uuid.uuid4()}/deregister", agent_key, b"")
+    assert unknown["status"] == 404 and "detail" in json.loads(unknown["body"])
+    assert [path for path, _ in pooled][-1].endswith("/deregister")
+
+
+def test_at_most_a_few_pooled_requests_hold_a_pool_thread_at_once(monkeypatch):
+    """A storm's registrations queue on the event loop, not on every delivery thread (the
+    sockets' hellos and the results need them)."""
+    handler = one_hop.OneHopASGIHandler()
+    holding, peak, release = 0, 0, asyncio.Event()
+
+    async def pool_call(fn, request):
+        nonlocal holding, peak
+        holding += 1
+        peak = max(peak, holding)
+        await release.wait()
+        holding -= 1
+        return request
+
+    monkeypatch.setattr(delivery_db, "call", pool_call)
+
+    async def storm() -> tuple[int, list]:
+        calls = [
+            asyncio.ensure_future(handler.pooled(n)) for n in range(3 * one_hop.POOLED_AT_ONCE)
+        ]
+        while holding < one_hop.POOLED_AT_ONCE:  # the first ones reach the pool
+            await asyncio.sleep(0)
+        for _ in range(10):  # the others had turns to get there too, and did not
+            await asyncio.sleep(0)
+        seen = peak
+        release.set()
+        return seen, await asyncio.gather(*calls)
+
+    seen, answers = run_async(storm())
+    assert seen == one_hop.POOLED_AT_ONCE
+    assert answers == list(range(3 * one_hop.POOLED_AT_ONCE))  # every one answered, in turn

@@ -12,7 +12,14 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from agents.protocol.work import parse_packet, run_result
-from fleet.bench.scale import ScaleResult, ScaleSettings, spread
+from fleet.bench.scale import (
+    CONNECT_FLOOR_PER_S,
+    CONNECT_TIMEOUT_S,
+    ScaleResult,
+    ScaleSettings,
+    connect_timeout_s,
+    spread,
+)
 from fleet.bench.swarm import NoFetchCache, NoopRunner, Swarm, SwarmKey
 
 PACKET = {
@@ -88,3 +95,8 @@ def test_the_table_lists_every_figure_under_the_settings():
     assert "heartbeat=1sx3" in lines[0]
     assert "agents connected  30/30" in lines
     assert "pg deadlocks      0" in lines
+
+
+def test_the_connect_phase_leaves_a_slow_machine_time_for_thousands_of_agents():
+    assert connect_timeout_s(100) == CONNECT_TIMEOUT_S
+    assert connect_timeout_s(5000) == 5000 / CONNECT_FLOOR_PER_S > CONNECT_TIMEOUT_S

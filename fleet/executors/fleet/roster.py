@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from agents.models import ACTIVE_STATES, Agent
+from agents.models import Agent
 from agents.protocol.triples import TripleError, parse_triple
 from agents.protocol.wire import WireFormatError, require_same_format
 from fleet.engine.context import unstorable
@@ -174,33 +174,46 @@ def _check_admission() -> None:
         )
 
 
-def _check_rate(key: ApiKey) -> None:
-    """429 past the registration rate of ``key`` or of its tenant (checked before anyone is
-    replaced)."""
-    now = timezone.now()
-    per_key = registrations_per_key_per_minute()
-    if per_key > 0:
+@dataclass(frozen=True)
+class RateLimits:
+    """Registrations per sliding minute: ``per_key`` of one key, ``per_tenant`` of all of a
+    tenant's keys (0: unlimited)."""
+
+    per_key: int
+    per_tenant: int
+
+    @classmethod
+    def configured(cls) -> RateLimits:
+        config = get_config()
+        return cls(
+            config.registrations_per_key_per_minute, config.registrations_per_tenant_per_minute
+        )
+
+
+def _check_rate(
+    key: ApiKey, counts: lifecycle.RosterCounts, limits: RateLimits, now: datetime
+) -> None:
+    """429 past the registration rate of ``key`` or of its tenant (``counts``: the roster
+    under its lock, before anyone is replaced)."""
+    per_key = limits.per_key
+    if per_key > 0 and counts.key_recent >= per_key:
         window = Agent.objects.filter(api_key=key, registered_at__gt=now - RATE_WINDOW)
-        recent = window.count()
-        if recent >= per_key:
-            raise RosterError(
-                ErrorKind.LIMITED,
-                f"this key registered {recent} agents in the last minute (at most {per_key}); "
-                "an agent registers once and keeps its name "
-                "(CLOACINA_AGENT_REGISTRATIONS_PER_KEY_PER_MINUTE)",
-                retry_after_s=_rate_frees_in_s(window, recent, per_key, now),
-            )
-    per_tenant = get_config().registrations_per_tenant_per_minute
-    if per_tenant > 0:
+        raise RosterError(
+            ErrorKind.LIMITED,
+            f"this key registered {counts.key_recent} agents in the last minute (at most "
+            f"{per_key}); an agent registers once and keeps its name "
+            "(CLOACINA_AGENT_REGISTRATIONS_PER_KEY_PER_MINUTE)",
+            retry_after_s=_rate_frees_in_s(window, counts.key_recent, per_key, now),
+        )
+    per_tenant = limits.per_tenant
+    if per_tenant > 0 and counts.tenant_recent >= per_tenant:
         window = Agent.objects.filter(tenant_id=key.tenant_id, registered_at__gt=now - RATE_WINDOW)
-        recent = window.count()
-        if recent >= per_tenant:
-            raise RosterError(
-                ErrorKind.LIMITED,
-                f"tenant {key.tenant.name!r} registered {recent} agents in the last minute (at "
-                f"most {per_tenant}: CLOACINA_AGENT_REGISTRATIONS_PER_TENANT_PER_MINUTE)",
-                retry_after_s=_rate_frees_in_s(window, recent, per_tenant, now),
-            )
+        raise RosterError(
+            ErrorKind.LIMITED,
+            f"tenant {key.tenant.name!r} registered {counts.tenant_recent} agents in the last "
+            f"minute (at most {per_tenant}: CLOACINA_AGENT_REGISTRATIONS_PER_TENANT_PER_MINUTE)",
+            retry_after_s=_rate_frees_in_s(window, counts.tenant_recent, per_tenant, now),
+        )
 
 
 def _rate_frees_in_s(window: QuerySet[Agent], recent: int, limit: int, now: datetime) -> float:
@@ -217,12 +230,11 @@ def registration_cap(tenant: Tenant) -> int:
     return config.registered_agents_cap(tenant.effective_limit(config.default_max_agents))
 
 
-def _check_cap(key: ApiKey, name: str) -> None:
+def _check_cap(key: ApiKey, counts: lifecycle.RosterCounts) -> None:
     """429 when the tenant already holds its cap of agents that are not dead, unless this
     registration replaces one of them (same name)."""
-    live = Agent.objects.filter(tenant_id=key.tenant_id, state__in=ACTIVE_STATES)
     cap = registration_cap(key.tenant)
-    if live.count() >= cap and not live.filter(name=name).exists():
+    if counts.active >= cap and counts.holder is None:
         raise RosterError(
             ErrorKind.LIMITED,
             f"tenant {key.tenant.name!r} already has {cap} agents that are not dead (the cap "
@@ -234,15 +246,24 @@ def _check_cap(key: ApiKey, name: str) -> None:
 
 def register(key: ApiKey, registration: Registration) -> Agent:
     """Add an agent to the key's tenant; a live agent of the same name is replaced
-    (declared dead, its work reclaimed) — a restarted agent keeps its name."""
+    (declared dead, its work reclaimed) — a restarted agent keeps its name.
+
+    The request's own checks come first and cost no database work; the rate and the cap
+    are checked once, under the tenant's roster lock, on the counts the lifecycle reads
+    there in one statement (exact, and before anyone is replaced)."""
     reg = _validate(registration)
     _check_admission()  # first: a storm costs this process no database work per refusal
-    _check_rate(key)
-    _check_cap(key, reg.name)  # refuse before replacing anyone
+    now, limits = timezone.now(), RateLimits.configured()
+    bounds = lifecycle.RegistrationBounds(
+        key_id=key.pk,
+        since=now - RATE_WINDOW,
+        per_key=limits.per_key > 0,
+        per_tenant=limits.per_tenant > 0,
+    )
 
-    def admit() -> None:  # again under the roster lock: both bounds are exact
-        _check_rate(key)
-        _check_cap(key, reg.name)
+    def admit(counts: lifecycle.RosterCounts) -> None:
+        _check_rate(key, counts, limits, now)
+        _check_cap(key, counts)
 
     agent = lifecycle.register(
         key.tenant_id,
@@ -260,6 +281,7 @@ def register(key: ApiKey, registration: Registration) -> Agent:
             "metrics": reg.metrics or {},
             "instance_id": reg.instance_id,
         },
+        bounds,
         admit,
     )
     if agent is None:
