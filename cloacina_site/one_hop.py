@@ -32,6 +32,7 @@ from enum import Enum
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.base import BaseHandler
+from django.db import connections
 from django.http import HttpRequest, HttpResponse
 from django.urls import Resolver404, resolve
 
@@ -54,8 +55,27 @@ class OneHopASGIHandler(ASGIHandler):
         # hold the plain methods, the async chain's their awaitable adaptations.
         self.sync_handler = BaseHandler()
         self.sync_handler.load_middleware(is_async=False)
-        self.one_hop = sync_to_async(self.sync_handler.get_response, thread_sensitive=True)
+        self.one_hop = sync_to_async(self.respond_and_release, thread_sensitive=True)
         self.pooled_slots = asyncio.Semaphore(POOLED_AT_ONCE)
+        self.release_connections = sync_to_async(release_connections, thread_sensitive=True)
+
+    def respond_and_release(self, request: HttpRequest) -> HttpResponse:
+        """The sync chain's response, this request thread's database connections given back
+        before the thread lets go of it (a streaming response keeps them until it is closed).
+
+        Django gives them back on request_finished, which never comes for a request the
+        server killed after its client went away (daphne cancels the application; the view
+        runs on in its thread and the response is dropped): each such request kept a
+        pooled connection for good, and a connect storm of impatient clients drained the
+        whole pool (PoolTimeout in every job)."""
+        try:
+            response = self.sync_handler.get_response(request)
+        except BaseException:
+            release_connections()
+            raise
+        if not response.streaming:
+            release_connections()
+        return response
 
     async def pooled(self, request: HttpRequest) -> HttpResponse:
         """The sync chain on a delivery pool thread (its connection kept, not borrowed), at
@@ -65,11 +85,24 @@ class OneHopASGIHandler(ASGIHandler):
 
     async def get_response_async(self, request: HttpRequest) -> HttpResponse:
         route = route_of(request.path_info)
-        if route is Route.ASYNC:
-            return await super().get_response_async(request)
         if route is Route.POOLED:
             return await self.pooled(request)
-        return await self.one_hop(request)
+        try:
+            if route is Route.ASYNC:
+                return await super().get_response_async(request)
+            return await self.one_hop(request)
+        except asyncio.CancelledError:
+            # Killed while an async view's sync parts (sync_to_async on this request's
+            # thread) may hold a connection: given back on that thread, after whatever is
+            # still running there (see respond_and_release for the sync views).
+            await asyncio.shield(self.release_connections())
+            raise
+
+
+def release_connections() -> None:
+    """Give this thread's database connections back (to the pool, when pooled)."""
+    for conn in connections.all(initialized_only=True):
+        conn.close()
 
 
 def route_of(path: str) -> Route:

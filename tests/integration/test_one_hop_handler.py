@@ -18,6 +18,7 @@ from cloacina_site import asgi, one_hop
 from cloacina_site.one_hop import Route, is_async_view, route_of
 from fleet.executors.fleet.delivery import db as delivery_db
 from tests.support.loop import run_async
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -163,3 +164,38 @@ def test_at_most_a_few_pooled_requests_hold_a_pool_thread_at_once(monkeypatch):
     seen, answers = run_async(storm())
     assert seen == one_hop.POOLED_AT_ONCE
     assert answers == list(range(3 * one_hop.POOLED_AT_ONCE))  # every one answered, in turn
+
+
+def test_a_killed_sync_request_gives_its_database_connection_back(monkeypatch):
+    """daphne cancels the application of a request whose client went away; the view runs on
+    in its thread and Django never sends request_finished for it.  The connection the view
+    borrowed must still go back, or a storm of such requests drains the pool."""
+    from django.db import connection
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    handler = asgi.django_asgi_app
+    in_view, finish = threading.Event(), threading.Event()
+    used = []
+
+    def slow_view(request):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        used.append(connection)  # this request thread's connection
+        in_view.set()
+        finish.wait(10)
+        return HttpResponse("too late")
+
+    monkeypatch.setattr(handler.sync_handler, "get_response", slow_view)
+
+    async def killed_request() -> None:
+        request = asyncio.ensure_future(handler.one_hop(RequestFactory().get("/console/")))
+        assert await asyncio.to_thread(in_view.wait, 10)
+        request.cancel()  # what daphne does to an instance whose client went away
+        finish.set()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+
+    run_async(killed_request())
+    # The thread finishes the view after the cancellation, on its own time.
+    wait_until(lambda: used[0].connection is None, timeout=5, what="the connection given back")
