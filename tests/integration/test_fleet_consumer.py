@@ -309,7 +309,9 @@ def test_a_dead_agents_heartbeat_over_the_socket_closes_it_4404(tenant, agent_ke
     assert TaskExecution.objects.count() == 0
 
 
-def test_results_over_the_socket_are_applied_and_acknowledged(tenant, agent_key):
+def delivered_packet(tenant):
+    """A root task placed on an agent whose socket is this server's, its packet delivered;
+    and another agent of the tenant it was never addressed to."""
     two_task_package(tenant)
     agent = make_agent(tenant, connected=False)
     Agent.objects.filter(pk=agent.pk).update(connected_to=local_sockets.server_id())
@@ -318,6 +320,11 @@ def test_results_over_the_socket_are_applied_and_acknowledged(tenant, agent_key)
     row = DeliveryOutbox.objects.get(task_execution=task)
     DeliveryOutbox.objects.filter(pk=row.pk).update(state="delivered")
     other = make_agent(tenant, "other")
+    return agent, task, row, other
+
+
+def test_results_over_the_socket_are_applied_and_acknowledged(tenant, agent_key):
+    agent, task, row, other = delivered_packet(tenant)
     body = {
         "outbox_id": row.id,
         "task_execution_id": str(task.pk),
@@ -362,14 +369,7 @@ def test_results_over_the_socket_are_applied_and_acknowledged(tenant, agent_key)
 
 
 def test_log_frames_tail_the_running_task_and_its_result_carries_the_whole_log(tenant, agent_key):
-    two_task_package(tenant)
-    agent = make_agent(tenant, connected=False)
-    Agent.objects.filter(pk=agent.pk).update(connected_to=local_sockets.server_id())
-    _, task = ready_root(tenant)
-    place_task(task.pk, "s")
-    row = DeliveryOutbox.objects.get(task_execution=task)
-    DeliveryOutbox.objects.filter(pk=row.pk).update(state="delivered")
-    other = make_agent(tenant, "other")
+    agent, task, row, other = delivered_packet(tenant)
 
     def log(text: str, end: int) -> dict:
         return {"type": "log", "task_execution_id": str(task.pk),
