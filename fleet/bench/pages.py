@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import httpx
 import psutil
@@ -85,21 +85,24 @@ class PagesResult:
         return "\n".join(lines)
 
 
-def seed_agents(tenant: Tenant, count: int) -> None:
-    """``count`` agents of every health (see the module docstring); odd ones tagged ``gpu``,
-    every fourth in pool ``big``."""
+def agent_rows(
+    tenant: Tenant, count: int, *, late: datetime, connected_to: str, name_width: int = 5
+) -> list[Agent]:
+    """``count`` unsaved agents of every health: a tenth each recently dead, draining,
+    without a socket (unhealthy) and late (last beat at ``late``: degraded), the rest
+    healthy and connected to ``connected_to``.  Odd ones tagged ``gpu``, every fourth in
+    pool ``big``.  (tests/integration/test_console_at_scale.py seeds its fleets with it.)"""
     now = timezone.now()
-    late = now - timedelta(seconds=2 * HEARTBEAT_S)
     rows = []
     for i in range(count):
         kind = i % 10
         rows.append(
             Agent(
                 tenant=tenant,
-                name=f"agent-{i:05d}",
+                name=f"agent-{i:0{name_width}d}",
                 state={0: "dead", 1: "draining"}.get(kind, "live"),
                 dead_at=now - timedelta(minutes=1) if kind == 0 else None,
-                connected_to="" if kind == 2 else "bench-elsewhere",
+                connected_to="" if kind == 2 else connected_to,
                 last_heartbeat=late if kind == 3 else now,
                 target_triple=host_triple(),
                 max_concurrency=4,
@@ -107,6 +110,13 @@ def seed_agents(tenant: Tenant, count: int) -> None:
                 tags=(["gpu"] if i % 2 else []) + (["pool:big"] if i % 4 == 0 else []),
             )
         )
+    return rows
+
+
+def seed_agents(tenant: Tenant, count: int) -> None:
+    """``count`` agents of every health (:func:`agent_rows`) and the pool ``big``."""
+    late = timezone.now() - timedelta(seconds=2 * HEARTBEAT_S)
+    rows = agent_rows(tenant, count, late=late, connected_to="bench-elsewhere")
     Agent.objects.bulk_create(rows, batch_size=2000)
     AgentPool.objects.create(tenant=tenant, name="big")
 

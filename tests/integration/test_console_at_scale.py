@@ -17,6 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agents.models import Agent
+from fleet.bench.pages import agent_rows
 from fleet.executors.fleet.routing import health
 from fleet.models import (
     AgentPool,
@@ -38,30 +39,13 @@ FLEET_TENANTS, FLEET_AGENTS = 120, 400
 
 
 def _agent_rows(tenant, n: int) -> list[Agent]:
-    """``n`` agents of every health: a tenth each dead (recently), draining, without a socket
-    (unhealthy) and late (degraded); the rest healthy.  Odd ones carry tag ``gpu``, every
-    fourth the pool ``big``."""
-    now, config = timezone.now(), get_config()
-    late = now - timedelta(seconds=health.degraded_after_s(config.heartbeat_interval_s) + 1)
-    rows = []
-    for i in range(n):
-        kind = i % 10
-        tags = (["gpu"] if i % 2 else []) + (["pool:big"] if i % 4 == 0 else [])
-        rows.append(
-            Agent(
-                tenant=tenant,
-                name=f"agent-{i:04d}",
-                state={0: "dead", 1: "draining"}.get(kind, "live"),
-                dead_at=now - timedelta(minutes=1) if kind == 0 else None,
-                connected_to="" if kind == 2 else "test-server",
-                last_heartbeat=late if kind == 3 else now,
-                target_triple="x86_64-unknown-linux-gnu",
-                max_concurrency=4,
-                in_flight=i % 5,
-                tags=tags,
-            )
-        )
-    return rows
+    """``n`` agents of every health (fleet.bench.pages.agent_rows: a tenth each dead, draining,
+    without a socket and late), late ones just past the degraded threshold."""
+    config = get_config()
+    late = timezone.now() - timedelta(
+        seconds=health.degraded_after_s(config.heartbeat_interval_s) + 1
+    )
+    return agent_rows(tenant, n, late=late, connected_to="test-server", name_width=4)
 
 
 def _executions(tenant, n: int) -> None:
