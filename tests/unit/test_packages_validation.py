@@ -305,17 +305,20 @@ def test_a_parse_bomb_is_refused_by_its_source_size_quickly_and_cheaply():
     RSS measured: of this test process, around the validation call."""
     data = parse_bomb()
     assert len(data) < 16 * 1024
-    before, start = rss_mb(), time.monotonic()
+    # CPU time of this process (a loaded CI machine does not inflate it; the parse took ~11 s).
+    before, start = rss_mb(), time.process_time()
     with pytest.raises(PackageError) as refused:
         validate_package(data)
-    elapsed, grown = time.monotonic() - start, rss_mb() - before
+    elapsed, grown = time.process_time() - start, rss_mb() - before
     assert isinstance(refused.value, PackageLimitError)
     assert re.fullmatch(
         r"workflow/demo/steps.py is 4194\d{3} bytes of source; a task module may have at most "
         r"1048576 \(CLOACINA_MAX_MODULE_SOURCE_BYTES\)",
         str(refused.value),
     ), refused.value
-    print(f"\nparse bomb refused by size in {elapsed:.2f} s; test process RSS +{grown:.1f} MB")
+    print(
+        f"\nparse bomb refused by size in {elapsed:.2f} s of CPU; test process RSS +{grown:.1f} MB"
+    )
     assert elapsed < 2 and grown < 100
 
 
@@ -342,7 +345,9 @@ def test_many_compiled_modules_are_found_in_linear_time():
     files.update(
         {f"workflow/m{i}.cpython-311-x86_64-linux-gnu.so": b"\x7fELF" for i in range(count)}
     )
-    start = time.monotonic()
+    # This process's CPU time, not the wall clock: a loaded machine (CI runs two test
+    # processes per core) must not fail it; the quadratic scan cost ~29 s of CPU.
+    start = time.process_time()
     package = validate_package(build_archive(files), limits())
     assert len(package.task_names) == count
-    assert time.monotonic() - start < 5
+    assert time.process_time() - start < 5
