@@ -127,11 +127,10 @@ class WorkIntake:
             log.warning("refusing %s: %s", packet.describe(), mismatch)
             self._report(held, refusal(packet, mismatch))
             return
+        # The label _hold made (packet.describe()): arguments of a log call are built even
+        # when its level is off, and this path runs once per task.
         log.debug(
-            "received %s (attempt %d, timeout %gs)",
-            packet.describe(),
-            packet.attempt,
-            packet.timeout_s,
+            "received %s (attempt %d, timeout %gs)", held.label, packet.attempt, packet.timeout_s
         )
         task = asyncio.create_task(
             self._execute(packet, held), name=f"task-{packet.task_execution_id}"
@@ -224,7 +223,7 @@ class WorkIntake:
                 self.cache.unpin(digest)
         log.info(
             "%s finished: %s in %.3fs%s",
-            packet.describe(),
+            held.label,
             run.status,
             run.duration_s,
             f" ({run.error_type}: {run.error_message})" if run.status != "success" else "",
