@@ -41,7 +41,7 @@ from agents.runtime.outcome_reporter import HeldTask, OutcomeReporter, ResultSoc
 from agents.runtime.recent_outcomes import RecentOutcomes, outcome_size
 from agents.sandbox.archive import ArchiveError
 from agents.sandbox.package_cache import PackageCache, PackageCacheError
-from agents.sandbox.task_log import LogChunk, follow
+from agents.sandbox.task_log import LiveTail, LogChunk
 from agents.sandbox.task_runner import RunOutcome, TaskRunner
 
 log = logging.getLogger("cloacina.agent")
@@ -238,14 +238,14 @@ class WorkIntake:
         ring = self.runner.new_log()
         tail = None
         if self._send_log is not None:
-            tail = asyncio.ensure_future(follow(ring, functools.partial(self._ship, packet, held)))
+            tail = LiveTail(ring, functools.partial(self._ship, packet, held))
         try:
             return await self.runner.run(
                 package_dir, packet.function, context_json, packet.timeout_s, ring
             )
         finally:
             if tail is not None:
-                tail.cancel()
+                tail.stop()
 
     async def _ship(self, packet: WorkPacket, held: HeldTask, chunk: LogChunk) -> None:
         frame = frames.log_chunk(
