@@ -1,9 +1,9 @@
 """The unpacked-package cache: ``root/<sha256 digest>/`` holds one verified, extracted package.
 
-DB-free (the agent uses it; the in-process executor too).  A hit makes no request
-and, after a package's first use, no system call either: the cache remembers the
-packages it has seen and touches a package's directory (its mtime, the LRU clock other
-processes sharing the root read) at most every ``TOUCH_INTERVAL_S``.  A miss fetches the bytes, checks them against the
+DB-free (the agent uses it; the in-process executor too).  A hit makes no request,
+and mostly no system call either: the cache remembers the packages it has seen and
+touches a package's directory (its mtime, the LRU clock other processes sharing the root
+read) at most every ``TOUCH_INTERVAL_S``.  A miss fetches the bytes, checks them against the
 digest, extracts into a temporary directory beside the cache and renames it
 into place: the rename is atomic, so a reader never sees a half-written
 package.  A per-digest lock (a thread lock plus an ``flock`` on
@@ -37,11 +37,12 @@ TMP_PREFIX = ".tmp-"
 # A temporary extraction dir this old was left by a process that died mid-extract.
 STALE_TMP_AGE_S = 3600.0
 # How stale a package's mtime may get while this process keeps using it.  Every task of an
-# agent looks its package up: a touch per task was a system call per task for nothing.
-# Eviction in this process orders by its own record of use, exact to the call; another
-# process sharing the root sees this one's use at most this late (it evicts only packages
-# far older than that), and a package deleted from under us is noticed at the next touch.
-TOUCH_INTERVAL_S = 10.0
+# agent looks its package up: a touch per task was a system call per task, where one a
+# second does.  Eviction in this process orders by its own record of use, exact to the
+# call; another process sharing the root (agents with one CLOACINA_HOME) sees this one's
+# use at most this late, and a package it deleted from under us is noticed at the next
+# touch: short, so that window stays narrow.
+TOUCH_INTERVAL_S = 1.0
 
 
 class PackageCacheError(Exception):

@@ -190,16 +190,17 @@ def test_a_fetch_that_returns_something_else_than_bytes_is_refused(tmp_path):
     assert leftovers(tmp_path) == []
 
 
-def test_a_hit_after_the_first_use_makes_no_system_call(tmp_path, monkeypatch):
+def test_a_hit_within_the_touch_interval_makes_no_system_call(tmp_path, monkeypatch):
+    from agents.sandbox import package_cache  # local: the module whose os calls are patched
+
+    monkeypatch.setattr(package_cache, "TOUCH_INTERVAL_S", 3600.0)  # however slow this box
     cache = PackageCache(tmp_path, max_bytes=10**6)
     digest, data = archive("a")
     cache.get(digest, Fetcher(data))
-    assert cache.get(digest, Fetcher(data)) == tmp_path / digest  # the first hit touches
+    assert cache.get(digest, Fetcher(data)) == tmp_path / digest
 
     def no_syscall(*args, **kwargs):
         raise AssertionError("a hit touched the filesystem")
-
-    from agents.sandbox import package_cache  # local: the module whose os calls are patched
 
     monkeypatch.setattr(package_cache.os, "utime", no_syscall)
     monkeypatch.setattr(package_cache.os, "stat", no_syscall)
