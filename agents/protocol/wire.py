@@ -74,39 +74,93 @@ def require_same_format(server_format: str, agent_format: str) -> None:
         )
 
 
-def _check_value(value: Any, where: str, depth: int = 0) -> None:
-    """Refuse anything outside the JSON data model, naming its path (e.g. ``$.context.when``)."""
+class _Refused(Exception):
+    """Internal: why a value is refused, and the path to it, collected while unwinding."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.steps: list[str] = []  # innermost first
+
+
+def _check_value(value: Any, where: str) -> None:
+    """Refuse anything outside the JSON data model, naming its path (e.g. ``$.context.when``).
+
+    Every frame in and out passes here, on the agent and on the server: the walk builds
+    no path text while the value is good, only once it finds what it refuses.
+    """
+    try:
+        _walk(value, 0)
+    except _Refused as exc:
+        raise WireFormatError(f"{where}{''.join(reversed(exc.steps))}: {exc.reason}") from None
+
+
+def _walk(value: Any, depth: int) -> None:
     if depth > MAX_DEPTH:
-        raise WireFormatError(f"{where}: nested more than {MAX_DEPTH} levels deep")
-    if value is None or isinstance(value, bool | str):
+        raise _Refused(f"nested more than {MAX_DEPTH} levels deep")
+    kind = type(value)
+    # The exact built-in types first; subclasses (an IntEnum, an OrderedDict) and what is
+    # refused go the long way round (_check_other).
+    if kind is str or value is None or kind is bool:
         return
-    if isinstance(value, int):
+    if kind is dict:
+        _walk_object(value, depth)
+    elif kind is list:
+        _walk_array(value, depth)
+    elif kind is int:
         if not MIN_INT <= value <= MAX_INT:
-            raise WireFormatError(f"{where}: integer {value} does not fit in 64 bits")
+            raise _Refused(f"integer {value} does not fit in 64 bits")
+    elif kind is float:
+        if not math.isfinite(value):
+            raise _Refused(f"{value} is not a finite number")
+    else:
+        _check_other(value, depth)
+
+
+def _walk_object(value: dict, depth: int) -> None:
+    for key, item in value.items():
+        if type(key) is not str and not isinstance(key, str):
+            # JSON would silently turn 1 into "1": a different object on the other side.
+            raise _Refused(f"object key {key!r} is {type(key).__name__}, keys must be strings")
+        try:
+            _walk(item, depth + 1)
+        except _Refused as exc:
+            exc.steps.append(f".{key}")
+            raise
+
+
+def _walk_array(value: list | tuple, depth: int) -> None:
+    for index, item in enumerate(value):
+        try:
+            _walk(item, depth + 1)
+        except _Refused as exc:
+            exc.steps.append(f"[{index}]")
+            raise
+
+
+def _check_other(value: Any, depth: int) -> None:
+    """A subclass of a JSON type is checked as that type; anything else is refused."""
+    if isinstance(value, str):
+        return
+    if isinstance(value, int):  # bool included
+        if not isinstance(value, bool) and not MIN_INT <= value <= MAX_INT:
+            raise _Refused(f"integer {value} does not fit in 64 bits")
         return
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise WireFormatError(f"{where}: {value} is not a finite number")
+            raise _Refused(f"{value} is not a finite number")
         return
     if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                # JSON would silently turn 1 into "1": a different object on the other side.
-                raise WireFormatError(
-                    f"{where}: object key {key!r} is {type(key).__name__}, keys must be strings"
-                )
-            _check_value(item, f"{where}.{key}", depth + 1)
+        _walk_object(value, depth)
         return
     if isinstance(value, msgpack.ExtType):
         # A tuple subclass, so test it first: an extension type is no JSON value.
-        raise WireFormatError(f"{where}: ExtType (MessagePack extension) is not a JSON type")
+        raise _Refused("ExtType (MessagePack extension) is not a JSON type")
     if isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            _check_value(item, f"{where}[{index}]", depth + 1)
+        _walk_array(value, depth)
         return
-    raise WireFormatError(
-        f"{where}: {type(value).__name__} is not a JSON type (object, array, string, number, "
-        "boolean, null)"
+    raise _Refused(
+        f"{type(value).__name__} is not a JSON type (object, array, string, number, boolean, null)"
     )
 
 

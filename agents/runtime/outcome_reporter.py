@@ -42,6 +42,12 @@ RESULT_ACK_TIMEOUT_S = 10.0
 MAX_RESULT_FRAME_BYTES = 1024 * 1024  # the server closes a socket over this (4413)
 
 Answer = tuple[int, dict[str, Any]]
+_NO_ACK = object()  # what a result frame's future holds when its result_ack never came
+
+
+def _resolve(future: asyncio.Future, value: object) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 @dataclass
@@ -201,23 +207,27 @@ class OutcomeReporter:
             return None
         outbox_id = held.result["outbox_id"]
         future = self._acks.expect(outbox_id, socket)
+        # A plain timer on the future, not asyncio.timeout(): one per task, and the
+        # context manager (current task, cancellation bookkeeping) cost several times more.
+        timer = asyncio.get_running_loop().call_later(
+            RESULT_ACK_TIMEOUT_S, _resolve, future, _NO_ACK
+        )
         try:
             try:
                 await socket.ws.send(data)
             except (ConnectionClosed, OSError):
                 return None
-            try:
-                async with asyncio.timeout(RESULT_ACK_TIMEOUT_S):
-                    answer = await future
-            except TimeoutError:
-                log.info(
-                    "no result_ack for %s within %gs; posting it over REST",
-                    held.label,
-                    RESULT_ACK_TIMEOUT_S,
-                )
-                return None
+            answer = await future
         finally:
+            timer.cancel()
             self._acks.forget(outbox_id, future)
+        if answer is _NO_ACK:
+            log.info(
+                "no result_ack for %s within %gs; posting it over REST",
+                held.label,
+                RESULT_ACK_TIMEOUT_S,
+            )
+            return None
         if answer is not None:
             self.answered_by_socket += 1
         return answer  # None: the socket closed first — REST, or the next socket

@@ -41,7 +41,7 @@ from agents.runtime.outcome_reporter import HeldTask, OutcomeReporter, ResultSoc
 from agents.runtime.recent_outcomes import RecentOutcomes, outcome_size
 from agents.sandbox.archive import ArchiveError
 from agents.sandbox.package_cache import PackageCache, PackageCacheError
-from agents.sandbox.task_log import LogChunk, follow
+from agents.sandbox.task_log import LiveTail, LogChunk
 from agents.sandbox.task_runner import RunOutcome, TaskRunner
 
 log = logging.getLogger("cloacina.agent")
@@ -127,11 +127,10 @@ class WorkIntake:
             log.warning("refusing %s: %s", packet.describe(), mismatch)
             self._report(held, refusal(packet, mismatch))
             return
+        # The label _hold made (packet.describe()): arguments of a log call are built even
+        # when its level is off, and this path runs once per task.
         log.debug(
-            "received %s (attempt %d, timeout %gs)",
-            packet.describe(),
-            packet.attempt,
-            packet.timeout_s,
+            "received %s (attempt %d, timeout %gs)", held.label, packet.attempt, packet.timeout_s
         )
         task = asyncio.create_task(
             self._execute(packet, held), name=f"task-{packet.task_execution_id}"
@@ -224,7 +223,7 @@ class WorkIntake:
                 self.cache.unpin(digest)
         log.info(
             "%s finished: %s in %.3fs%s",
-            packet.describe(),
+            held.label,
             run.status,
             run.duration_s,
             f" ({run.error_type}: {run.error_message})" if run.status != "success" else "",
@@ -239,14 +238,14 @@ class WorkIntake:
         ring = self.runner.new_log()
         tail = None
         if self._send_log is not None:
-            tail = asyncio.ensure_future(follow(ring, functools.partial(self._ship, packet, held)))
+            tail = LiveTail(ring, functools.partial(self._ship, packet, held))
         try:
             return await self.runner.run(
                 package_dir, packet.function, context_json, packet.timeout_s, ring
             )
         finally:
             if tail is not None:
-                tail.cancel()
+                tail.stop()
 
     async def _ship(self, packet: WorkPacket, held: HeldTask, chunk: LogChunk) -> None:
         frame = frames.log_chunk(

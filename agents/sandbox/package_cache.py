@@ -1,7 +1,9 @@
 """The unpacked-package cache: ``root/<sha256 digest>/`` holds one verified, extracted package.
 
-DB-free (the agent uses it; the in-process executor too).  A hit is a stat and
-a touch, with no request.  A miss fetches the bytes, checks them against the
+DB-free (the agent uses it; the in-process executor too).  A hit makes no request,
+and mostly no system call either: the cache remembers the packages it has seen and
+touches a package's directory (its mtime, the LRU clock other processes sharing the root
+read) at most every ``TOUCH_INTERVAL_S``.  A miss fetches the bytes, checks them against the
 digest, extracts into a temporary directory beside the cache and renames it
 into place: the rename is atomic, so a reader never sees a half-written
 package.  A per-digest lock (a thread lock plus an ``flock`` on
@@ -34,6 +36,13 @@ DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 TMP_PREFIX = ".tmp-"
 # A temporary extraction dir this old was left by a process that died mid-extract.
 STALE_TMP_AGE_S = 3600.0
+# How stale a package's mtime may get while this process keeps using it.  Every task of an
+# agent looks its package up: a touch per task was a system call per task, where one a
+# second does.  Eviction in this process orders by its own record of use, exact to the
+# call; another process sharing the root (agents with one CLOACINA_HOME) sees this one's
+# use at most this late, and a package it deleted from under us is noticed at the next
+# touch: short, so that window stays narrow.
+TOUCH_INTERVAL_S = 1.0
 
 
 class PackageCacheError(Exception):
@@ -68,6 +77,9 @@ class PackageCache:
         self._digest_locks: dict[str, threading.Lock] = {}
         self._pins: dict[str, int] = {}
         self._sizes: dict[str, int] = {}  # digest -> unpacked bytes, learnt lazily
+        # digest -> (its directory, monotonic time of our last touch): the hit path.
+        self._seen: dict[str, tuple[Path, float]] = {}
+        self._last_used: dict[str, float] = {}  # digest -> wall time of our last use
         self._inflight: dict[str, asyncio.Future] = {}  # aget: one fetch per digest per loop
         self.hits = 0
         self.misses = 0
@@ -80,14 +92,16 @@ class PackageCache:
 
     def get(self, digest: str, fetch: Callable[[], bytes]) -> Path:
         """The unpacked package for ``digest``; ``fetch()`` is called only on a miss."""
+        hit = self._hit(digest)
+        if hit is not None:
+            return hit
         path = self.path_for(digest)
-        if self._hit(path):
-            return path
         with self._digest_lock(digest):
-            if self._hit(path):  # another caller filled it while we waited
+            if self._hit(digest) is not None:  # another caller filled it while we waited
                 return path
             self.misses += 1
             self._fill(digest, path, fetch())
+            self._remember(digest, path)
         self.evict(keep=digest)
         return path
 
@@ -98,9 +112,9 @@ class PackageCache:
 
         Concurrent misses for one digest on this loop share a single fetch.
         """
-        path = self.path_for(digest)
-        if self._hit(path):
-            return path
+        hit = self._hit(digest)
+        if hit is not None:
+            return hit
         if not inspect.iscoroutinefunction(fetch):
             return await asyncio.to_thread(self.get, digest, fetch)
         pending = self._inflight.get(digest)
@@ -134,7 +148,8 @@ class PackageCache:
 
     def pin(self, digest: str) -> None:
         """Protect ``digest`` from eviction until :meth:`unpin` (counted)."""
-        _checked(digest)
+        if digest not in self._seen:
+            _checked(digest)
         with self._guard:
             self._pins[digest] = self._pins.get(digest, 0) + 1
 
@@ -160,7 +175,9 @@ class PackageCache:
             ages = []
             for digest in self.entries():
                 with contextlib.suppress(FileNotFoundError):
-                    ages.append((os.stat(self.root / digest).st_mtime, digest))
+                    mtime = os.stat(self.root / digest).st_mtime
+                    # Our own uses are exact; the mtime may lag them by TOUCH_INTERVAL_S.
+                    ages.append((max(mtime, self._last_used.get(digest, 0.0)), digest))
             total = sum(self._size(d) for _, d in ages)
             for _mtime, digest in sorted(ages):
                 if total <= self.max_bytes:
@@ -174,6 +191,7 @@ class PackageCache:
                     if not locked:
                         continue
                     size = self._size(digest)
+                    self._forget(digest)
                     self._discard(self.root / digest)
                     self._sizes.pop(digest, None)
                     total -= size
@@ -182,13 +200,31 @@ class PackageCache:
 
     # -- internals ------------------------------------------------------------
 
-    def _hit(self, path: Path) -> bool:
+    def _hit(self, digest: str) -> Path | None:
+        """The package's directory if it is unpacked (None: a miss)."""
+        seen = self._seen.get(digest)
+        now = time.monotonic()
+        if seen is not None and now - seen[1] < TOUCH_INTERVAL_S:
+            self._last_used[digest] = time.time()
+            self.hits += 1
+            return seen[0]
+        path = self.path_for(digest)
         try:
-            os.utime(path)  # mtime is the LRU clock
+            os.utime(path)  # mtime is the LRU clock other processes read
         except FileNotFoundError:
-            return False
+            self._forget(digest)
+            return None
+        self._remember(digest, path, now)
         self.hits += 1
-        return True
+        return path
+
+    def _remember(self, digest: str, path: Path, touched: float | None = None) -> None:
+        self._seen[digest] = (path, time.monotonic() if touched is None else touched)
+        self._last_used[digest] = time.time()
+
+    def _forget(self, digest: str) -> None:
+        self._seen.pop(digest, None)
+        self._last_used.pop(digest, None)
 
     def _fill(self, digest: str, path: Path, data: bytes) -> None:
         if not isinstance(data, bytes | bytearray | memoryview):

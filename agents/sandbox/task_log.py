@@ -170,13 +170,17 @@ async def follow(
     ring: LogRing,
     ship: Callable[[LogChunk], Awaitable[object]],
     interval_s: float = LIVE_LOG_INTERVAL_S,
+    first_after_s: float | None = None,
 ) -> None:
     """Ship what ``ring`` gained since the last look, every ``interval_s`` at most, until
     cancelled (the run ended: its outcome carries the whole log).  Each chunk is bounded
-    by the ring; one that fails to ship is not retried (the next covers what it can)."""
+    by the ring; one that fails to ship is not retried (the next covers what it can).
+    ``first_after_s``: the first look's delay (default ``interval_s``)."""
     offset = 0
+    delay = interval_s if first_after_s is None else first_after_s
     while True:
-        await asyncio.sleep(interval_s)
+        await asyncio.sleep(delay)
+        delay = interval_s
         chunk = ring.since(offset, LIVE_CHUNK_MAX_BYTES)
         if chunk is None:
             continue
@@ -187,3 +191,34 @@ async def follow(
             raise
         except Exception:
             log.warning("could not ship a live log chunk", exc_info=True)
+
+
+class LiveTail:
+    """:func:`follow` for one run, started only once the run has lasted ``interval_s``.
+
+    Most tasks finish well within a second: for them this is one timer, set and cancelled,
+    not a task that is created, sleeps and is cancelled again (each run of the agent and
+    of the in-process executor paid for that).  Chunks go out at the same moments as with
+    :func:`follow` started with the run.  ``stop()`` when the run ends.
+    """
+
+    def __init__(
+        self,
+        ring: LogRing,
+        ship: Callable[[LogChunk], Awaitable[object]],
+        interval_s: float = LIVE_LOG_INTERVAL_S,
+    ) -> None:
+        self._task: asyncio.Future | None = None
+        self._timer = asyncio.get_running_loop().call_later(
+            interval_s, self._start, ring, ship, interval_s
+        )
+
+    def _start(
+        self, ring: LogRing, ship: Callable[[LogChunk], Awaitable[object]], interval_s: float
+    ) -> None:
+        self._task = asyncio.ensure_future(follow(ring, ship, interval_s, first_after_s=0.0))
+
+    def stop(self) -> None:
+        self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()

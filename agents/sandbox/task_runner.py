@@ -63,6 +63,8 @@ OUTPUT_DRAIN_READS = 64
 # How long a run goes before its output is read as it comes (until then it waits in the
 # pipe, 64 KiB at most, and is read after the reply).
 OUTPUT_WATCH_AFTER_S = 0.05
+# One read of a child's replies (a larger one, a big output, takes several).
+RECV_BYTES = 256 * 1024
 
 Status = Literal["success", "failure", "timeout"]
 
@@ -137,6 +139,7 @@ class _Slot:
         self.sock: socket.socket | None = None
         self.output: int | None = None  # read end of the child's stdout+stderr pipe
         self._watching: asyncio.AbstractEventLoop | None = None
+        self._inbox = bytearray()  # bytes read from the child past the last whole frame
         self.fresh = False  # started but not yet known to answer
 
     def spawn(self) -> None:
@@ -177,6 +180,7 @@ class _Slot:
         os.set_blocking(output, False)
         parent_sock.setblocking(False)
         self.sock, self.output = parent_sock, output
+        self._inbox = bytearray()
         self.fresh = True
 
     def read_output(self, ring: LogRing | None, reads: int = OUTPUT_DRAIN_READS) -> None:
@@ -214,7 +218,7 @@ class _Slot:
         sock.setblocking(True)
         sock.settimeout(timeout_s)
         try:
-            sock.sendall(_frame(b'{"op":"ping"}'))
+            sock.sendall(encode_frame(b'{"op":"ping"}'))
             reply = json.loads(_recv_frame_blocking(sock))
         except (TimeoutError, OSError, EOFError) as exc:
             raise RuntimeError(
@@ -231,7 +235,7 @@ class _Slot:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout_s):
-                await loop.sock_sendall(self.sock, _frame(b'{"op":"ping"}'))
+                await loop.sock_sendall(self.sock, encode_frame(b'{"op":"ping"}'))
                 reply = json.loads(await self.recv())
         except TimeoutError:
             raise RuntimeError(
@@ -242,24 +246,24 @@ class _Slot:
         self.fresh = False
 
     async def send(self, data: bytes) -> None:
-        await asyncio.get_running_loop().sock_sendall(self.sock, _frame(data))
+        await asyncio.get_running_loop().sock_sendall(self.sock, encode_frame(data))
 
     async def recv(self) -> bytes:
-        """One frame from the child; EOFError when its end is closed (it died)."""
-        (size,) = struct.unpack("!i", await self._read(4))
-        if size == -1:
-            (size,) = struct.unpack("!Q", await self._read(8))
-        return await self._read(size)
+        """One frame from the child; EOFError when its end is closed (it died).
 
-    async def _read(self, n: int) -> bytes:
+        The child writes a small reply as one write (header and body together), so one
+        read takes it whole: no second wait on the socket for the body.
+        """
         loop = asyncio.get_running_loop()
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = await loop.sock_recv(self.sock, n - len(buf))
+        inbox = self._inbox
+        while True:
+            frame = take_frame(inbox)
+            if frame is not None:
+                return frame
+            chunk = await loop.sock_recv(self.sock, RECV_BYTES)
             if not chunk:
                 raise EOFError("the task worker closed its end")
-            buf += chunk
-        return bytes(buf)
+            inbox += chunk
 
     def kill(self) -> int | None:
         """SIGKILL the child (if still alive), reap it and return its exit status."""
@@ -290,7 +294,27 @@ class _Slot:
         self.process = self.sock = None
 
 
-def _frame(data: bytes) -> bytes:
+def take_frame(inbox: bytearray) -> bytes | None:
+    """The first whole frame in ``inbox``, removed from it; None until one has arrived."""
+    if len(inbox) < 4:
+        return None
+    (size,) = struct.unpack_from("!i", inbox)
+    start = 4
+    if size == -1:
+        if len(inbox) < 12:
+            return None
+        (size,) = struct.unpack_from("!Q", inbox, 4)
+        start = 12
+    end = start + size
+    if len(inbox) < end:
+        return None
+    frame = bytes(inbox[start:end])
+    del inbox[:end]
+    return frame
+
+
+def encode_frame(data: bytes) -> bytes:
+    """``data`` framed as ``multiprocessing.connection`` frames it (what the child reads)."""
     if len(data) > 0x7FFFFFFF:
         return struct.pack("!iQ", -1, len(data)) + data
     return struct.pack("!i", len(data)) + data

@@ -14,7 +14,9 @@ from django.http import HttpRequest
 from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
 
+from artifacts.models import WorkflowPackage
 from artifacts.store.manifest import PRIORITY_LIMIT
+from artifacts.store.queries import active_package
 from fleet.api.execution_view import error_text, execution_view
 from fleet.api.reruns import RerunLinkOut, RetryLinkOut, links_of
 from fleet.engine import ready_queue, scheduler
@@ -160,10 +162,10 @@ def _summary(execution: WorkflowExecution) -> dict:
     }
 
 
-def _check_backlog(tenant: Tenant, workflow: str) -> None:
+def _check_backlog(tenant: Tenant, workflow: str, package: WorkflowPackage | None) -> None:
     """429 when the execution would take the tenant past its backlog limit
     (:mod:`fleet.executors.fleet.routing.fairness`: the tenant's max_backlog, else the platform's)."""
-    refusal = fairness.start_refusal(tenant, workflow)
+    refusal = fairness.start_refusal(tenant, workflow, package)
     if refusal:
         raise HttpError(429, refusal)
 
@@ -180,9 +182,11 @@ def start_execution(request: HttpRequest, workflow: str, body: StartIn):
         context = validate_context(body.context, get_config().max_context_bytes)
     except ContextError as exc:
         raise HttpError(422, str(exc)) from None
-    _check_backlog(tenant, workflow)
+    # Looked up once for the backlog check and the start (None: the start answers 404).
+    package = active_package(tenant, workflow)
+    _check_backlog(tenant, workflow, package)
     execution, roots = scheduler.start_execution_with_roots(
-        tenant, workflow, context, priority=body.priority or 0
+        tenant, workflow, context, priority=body.priority or 0, package=package
     )
     ready_queue.submit(roots)
     return Status(201, {"id": execution.id, "status": execution.status})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from artifacts.store.queries import active_package
 from fleet.engine import ready_queue, scheduler
 from fleet.engine.context import ContextError, validate_context
 from fleet.executors.fleet.routing import fairness
@@ -26,9 +27,12 @@ def start(tenant: Tenant, workflow: str, context: Any) -> WorkflowExecution:
     """Start ``workflow`` of the tenant's active package with ``context``; refusals are
     DomainErrors (404 unknown workflow, 422 bad context, 429 over the backlog)."""
     context = checked_context(context)
-    refusal = fairness.start_refusal(tenant, workflow)
+    package = active_package(tenant, workflow)  # once, for the backlog and the start
+    refusal = fairness.start_refusal(tenant, workflow, package)
     if refusal:
         raise scheduler.SchedulingError(ErrorKind.LIMITED, refusal)
-    execution, roots = scheduler.start_execution_with_roots(tenant, workflow, context)
+    execution, roots = scheduler.start_execution_with_roots(
+        tenant, workflow, context, package=package
+    )
     ready_queue.submit(roots)
     return execution

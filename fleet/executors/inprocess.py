@@ -29,7 +29,7 @@ from django.db import DatabaseError
 
 from agents.sandbox.archive import ArchiveError
 from agents.sandbox.package_cache import PackageCache, PackageCacheError
-from agents.sandbox.task_log import LogChunk, follow
+from agents.sandbox.task_log import LiveTail, LogChunk
 from agents.sandbox.task_runner import RunOutcome, TaskRunner, TaskRunnerClosed
 from artifacts.store.storage import load_blob
 from fleet.engine import ready_queue, task_logs
@@ -292,7 +292,7 @@ class InProcessExecutor(TaskExecutor):
             return RunOutcome("failure", None, prepared.error_type, prepared.error_message)
         claim = prepared.claim
         ring = self.runner.new_log()
-        tail = asyncio.ensure_future(follow(ring, partial(self._ship_live, claim)))
+        tail = LiveTail(ring, partial(self._ship_live, claim))
         try:
             outcome = await self.runner.run(
                 prepared.package_dir, claim.function, prepared.context_json, claim.timeout_s, ring
@@ -303,7 +303,7 @@ class InProcessExecutor(TaskExecutor):
             log.exception("running task %s failed in the runner", claim.task_execution_id)
             return RunOutcome("failure", None, "ExecutorError", f"the task runner failed: {exc}")
         finally:
-            tail.cancel()
+            tail.stop()
             self.cache.unpin(prepared.digest)
         if outcome.error_type == "TaskRunnerClosed":
             return None

@@ -101,6 +101,21 @@ def test_starting_an_execution_is_two_queries(client, write_key):
     assert TaskExecution.objects.filter(workflow_execution_id=response.json()["id"]).count() == 10
 
 
+def test_with_a_backlog_limit_a_start_reads_the_active_package_once(client, write_key):
+    apply_overrides(max_backlog=1000)
+    wide_package(client, write_key, "wide", 10)
+    assert start(client, write_key, "wide").status_code == 201
+    response, sql = queries(lambda: start(client, write_key, "wide"))
+    assert response.status_code == 201
+    # The active package, the backlog count, the execution and its tasks.
+    assert len(sql) <= START_QUERIES + 1, sql
+    assert sum(f"FROM {WorkflowPackage._meta.db_table}" in q for q in sql) == 1, sql
+    apply_overrides(max_backlog=10)
+    response = start(client, write_key, "wide")
+    assert response.status_code == 429 and "over the platform's" in response.json()["detail"]
+    assert start(client, write_key, "no_such_workflow").status_code == 429  # counted first
+
+
 def test_a_cold_key_costs_one_query_more(client, write_key, read_key):
     wide_package(client, write_key, "wide", 3)
     execution_id = start(client, write_key, "wide").json()["id"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -187,3 +188,36 @@ def test_a_fetch_that_returns_something_else_than_bytes_is_refused(tmp_path):
     with pytest.raises(PackageCacheError, match="gave NoneType, not bytes"):
         cache.get(digest, lambda: None)
     assert leftovers(tmp_path) == []
+
+
+def test_a_hit_within_the_touch_interval_makes_no_system_call(tmp_path, monkeypatch):
+    from agents.sandbox import package_cache  # local: the module whose os calls are patched
+
+    monkeypatch.setattr(package_cache, "TOUCH_INTERVAL_S", 3600.0)  # however slow this box
+    cache = PackageCache(tmp_path, max_bytes=10**6)
+    digest, data = archive("a")
+    cache.get(digest, Fetcher(data))
+    assert cache.get(digest, Fetcher(data)) == tmp_path / digest
+
+    def no_syscall(*args, **kwargs):
+        raise AssertionError("a hit touched the filesystem")
+
+    monkeypatch.setattr(package_cache.os, "utime", no_syscall)
+    monkeypatch.setattr(package_cache.os, "stat", no_syscall)
+    for _ in range(3):
+        assert cache.get(digest, Fetcher(b"")) == tmp_path / digest
+        assert run_async(cache.aget(digest, Fetcher(b""))) == tmp_path / digest
+    assert cache.hits == 7 and cache.misses == 1
+
+
+def test_a_package_deleted_from_under_the_cache_is_noticed_at_the_next_touch(tmp_path, monkeypatch):
+    cache = PackageCache(tmp_path, max_bytes=10**6)
+    digest, data = archive("a")
+    path = cache.get(digest, Fetcher(data))
+    shutil.rmtree(path)  # another process sharing the root evicted it
+    from agents.sandbox import package_cache  # local: the module whose clock is patched
+
+    monkeypatch.setattr(package_cache, "TOUCH_INTERVAL_S", 0.0)
+    fetch = Fetcher(data)
+    assert cache.get(digest, fetch) == path
+    assert fetch.calls == 1 and (path / "workflow" / "blob.txt").exists()

@@ -8,6 +8,7 @@ import pytest
 
 from agents.sandbox.task_log import (
     DEFAULT_TASK_LOG_BYTES,
+    LiveTail,
     LogChunk,
     LogRing,
     TaskLog,
@@ -150,3 +151,45 @@ async def test_follow_survives_a_chunk_that_fails_to_ship():
         await asyncio.sleep(0.001)
     tail.cancel()
     assert calls == ["lost\n", "next\n"]
+
+
+@in_own_loop
+async def test_a_live_tail_of_a_short_run_starts_no_task():
+    ring = LogRing(64)
+    shipped: list[LogChunk] = []
+
+    async def ship(chunk: LogChunk) -> None:
+        shipped.append(chunk)
+
+    before = len(asyncio.all_tasks())
+    tail = LiveTail(ring, ship, interval_s=0.05)
+    ring.append(b"quick\n")
+    assert len(asyncio.all_tasks()) == before  # a timer, not a task
+    tail.stop()
+    await asyncio.sleep(0.1)
+    assert shipped == [] and len(asyncio.all_tasks()) == before
+
+
+@in_own_loop
+async def test_a_live_tail_ships_from_its_interval_on_until_stopped():
+    ring = LogRing(64)
+    shipped: list[tuple[LogChunk, float]] = []
+    loop = asyncio.get_running_loop()
+
+    async def ship(chunk: LogChunk) -> None:
+        shipped.append((chunk, loop.time()))
+
+    started = loop.time()
+    tail = LiveTail(ring, ship, interval_s=0.05)
+    ring.append(b"one\n")
+    while not shipped:
+        await asyncio.sleep(0.005)
+    ring.append(b"two\n")
+    while len(shipped) < 2:
+        await asyncio.sleep(0.005)
+    tail.stop()
+    ring.append(b"three\n")
+    await asyncio.sleep(0.15)
+    assert [(c.text, c.end) for c, _ in shipped] == [("one\n", 4), ("two\n", 8)]
+    assert shipped[0][1] - started >= 0.05  # not before its interval
+    assert shipped[1][1] - shipped[0][1] >= 0.05

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from django.db import connection
 
+from artifacts.models import WorkflowPackage
 from artifacts.store.queries import active_package
 from fleet.models import TaskStatus, Tenant
 from fleet.platform.config import get_config
 
 UNFINISHED = [TaskStatus.NOT_STARTED, TaskStatus.READY, TaskStatus.RUNNING]
+LOOK_UP = object()  # start_refusal's default: look the active package up itself
 
 
 def max_backlog(tenant: Tenant) -> tuple[int, str]:
@@ -51,10 +53,16 @@ def backlog_refusal(tenant: Tenant, adding: int) -> str:
     )
 
 
-def start_refusal(tenant: Tenant, workflow: str) -> str:
+def start_refusal(
+    tenant: Tenant, workflow: str, package: WorkflowPackage | None | object = LOOK_UP
+) -> str:
     """Why starting an execution of ``workflow`` (the tenant's active package) must be refused
-    now ('' when it fits or the tenant has no limit): the API's 429, a schedule's run now."""
+    now ('' when it fits or the tenant has no limit): the API's 429, a schedule's run now.
+
+    ``package``: the active package when the caller has already looked it up (None: there
+    is none), so a start with a backlog limit asks for it once, not twice."""
     if not max_backlog(tenant)[0]:
         return ""
-    package = active_package(tenant, workflow)
+    if package is LOOK_UP:
+        package = active_package(tenant, workflow)
     return backlog_refusal(tenant, len(package.task_names) if package else 0)
