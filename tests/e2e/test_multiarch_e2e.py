@@ -62,7 +62,9 @@ def test_native_builds_run_only_where_they_can_load_and_python_anywhere(procs):
         reasons.append(task_of(server, key, waiting)["wait_reason"])
         return host_triple() in reasons[-1]
 
-    wait_until(explained, 20, "a wait reason naming the host triple", logs=lambda: str(reasons[-3:]))
+    wait_until(
+        explained, 20, "a wait reason naming the host triple", logs=lambda: str(reasons[-3:])
+    )
     assert task_of(server, key, waiting)["status"] == "Ready"
 
     # A python package is architecture-independent: it runs on the aarch64 agent,
