@@ -3,10 +3,11 @@
 :func:`apply_in_batch` applies the batch's current successes as a set
 (:mod:`fleet.engine.success_sets`: one statement for N of them) and every other outcome
 through :class:`~fleet.engine.results.TaskResultHandler` as if alone.
-:func:`batch_transaction` is the transaction both batchers use (the fleet's socket
-results, :mod:`fleet.executors.fleet.result_intake`, and the in-process executor's
-outcomes, :func:`apply_reports`); should a batch fail, nothing of it is committed and its
-outcomes are applied again one by one.
+:func:`batch_transaction` is the in-process executor's batch transaction
+(:func:`apply_reports`) and :func:`pipelined_batch_transaction` the same transaction with
+its ``BEGIN`` and ``COMMIT`` travelling with the first and last statements, for the fleet's
+socket results (:mod:`fleet.executors.fleet.result_intake`); should a batch fail, nothing of
+it is committed and its outcomes are applied again one by one.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from fleet.engine.results import (
     result_handler,
 )
 from fleet.models import Outcome
+from fleet.platform.pipelined_tx import pipelined_atomic
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,20 @@ def batch_transaction() -> Iterator[None]:
     the task and workflow rows in one order, and two batches cannot deadlock."""
     with transaction.atomic(), without_savepoints():
         yield
+        if connection.needs_rollback:  # an outcome's error was caught in its handler
+            raise BatchFailed("an outcome of the batch left its transaction unusable")
+
+
+@contextmanager
+def pipelined_batch_transaction() -> Iterator[pipelined_atomic]:
+    """:func:`batch_transaction` whose ``BEGIN`` travels with the batch's first statement and
+    whose ``COMMIT`` with its last (:mod:`fleet.platform.pipelined_tx`): the caller calls
+    ``tx.sync()`` between sending its first statement and reading it, and may call
+    ``tx.pipeline_tail()`` before statements whose results nobody reads before the commit.
+    Two round trips fewer per batch; the same transaction, the same synchronous commit
+    before anyone is answered."""
+    with pipelined_atomic() as tx, without_savepoints():
+        yield tx
         if connection.needs_rollback:  # an outcome's error was caught in its handler
             raise BatchFailed("an outcome of the batch left its transaction unusable")
 
