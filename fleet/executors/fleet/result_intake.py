@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agents.sandbox.task_log import TaskLog
 from fleet.engine import ready_queue
-from fleet.engine.outcome_batches import apply_in_batch, pipelined_batch_transaction
+from fleet.engine.outcome_batches import apply_in_batch, batch_transaction
 from fleet.engine.results import (
     Applied,
     TaskReport,
@@ -272,7 +272,7 @@ def apply_results(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Answer]:
     try:
         # BEGIN goes out with the intake check, COMMIT with the slot release: three round
         # trips for a batch of successes (check, outcomes, release), not five.
-        with pipelined_batch_transaction() as tx:
+        with batch_transaction() as tx:
             checks = _check(items, before_read=tx.sync)
             # Workflow by workflow, task by task: every batch takes the task and workflow
             # rows in one order, so two batches (two servers) cannot deadlock on them.
