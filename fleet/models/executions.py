@@ -115,8 +115,16 @@ class TaskExecution(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     result_deadline = models.DateTimeField(null=True, blank=True)
+    # Not indexed: no query looks tasks up by agent (only an agent's deletion, which the
+    # server never does, would scan for them), and the placement sets it in an update of
+    # its own, which an index on it kept from being HOT.
     agent = models.ForeignKey(
-        "agents.Agent", null=True, blank=True, on_delete=models.SET_NULL, related_name="tasks"
+        "agents.Agent",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="tasks",
+        db_index=False,
     )
     refusals = models.PositiveIntegerField(default=0)
     wait_reason = models.TextField(blank=True, default="")

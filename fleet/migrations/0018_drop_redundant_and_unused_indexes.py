@@ -61,4 +61,16 @@ class Migration(migrations.Migration):
                 to="fleet.tenant",
             ),
         ),
+        migrations.AlterField(
+            model_name="taskexecution",
+            name="agent",
+            field=models.ForeignKey(
+                blank=True,
+                db_index=False,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="tasks",
+                to="agents.agent",
+            ),
+        ),
     ]
