@@ -354,7 +354,7 @@ class Reservation:
             "digests": [json.dumps(p.digests or {}) for p in group],
             "digest": [p.package.digest for p in group],
         }
-        self._claims = {p.claim.task_execution_id: p for p in group}
+        self._prepared = {p.claim.task_execution_id: p for p in group}
         self._cursor = connection.cursor()
         try:
             self._cursor.execute(_RESERVE_MANY[prelocked], params)
@@ -371,7 +371,7 @@ class Reservation:
             self._cursor.close()
         placed: dict[uuid.UUID, Placed] = {}
         for task_execution_id, agent_id, name, local, outbox_id, triple, digest, waited_s in rows:
-            prepared = self._claims[task_execution_id]
+            prepared = self._prepared[task_execution_id]
             claim = prepared.claim
             if not local:
                 placed[task_execution_id] = Placed(
