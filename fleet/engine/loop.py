@@ -159,8 +159,12 @@ class EngineLoop:
         async with self._capacity_gate:
             while not self._dispatcher.has_capacity():
                 self._capacity_freed.clear()
+                # asyncio.timeout, not wait_for: under a full fleet this runs once per
+                # finished run, and wait_for (Python 3.11) wraps the wait in a task of its
+                # own each time.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._capacity_freed.wait(), CAPACITY_POLL_S)
+                    async with asyncio.timeout(CAPACITY_POLL_S):
+                        await self._capacity_freed.wait()
 
     async def _worker(self) -> None:
         while True:

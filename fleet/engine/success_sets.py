@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from typing import NamedTuple
 
 from django.db import connection
@@ -129,13 +130,17 @@ _statements = hooks.PerHook(_build)  # built once per registered settle hook
 Closed = dict[uuid.UUID, tuple[int, str]]  # workflow → (open tasks, status) after closing
 
 
-def complete_current(items: list[tuple[TaskReport, str]]) -> list[Applied | None]:
+def complete_current(
+    items: list[tuple[TaskReport, str]], before_read: Callable[[], None] | None = None
+) -> list[Applied | None]:
     """Apply each (report, output JSON) — successes of distinct tasks, as
     :meth:`TaskResultHandler.prepare` returned them — if it names the task's current
     assignment (and holder); ``None`` for each that does not, for the per-row path.
 
     Runs in the caller's transaction; what the settled tasks held goes to the batch's
-    slot release (:func:`fleet.engine.results.hand_over_holders`)."""
+    slot release (:func:`fleet.engine.results.hand_over_holders`).  ``before_read`` runs
+    between sending the set's statement and reading its rows (a pipelined transaction's
+    sync: its BEGIN travels with the statement)."""
     if not items:
         return []
     tasks = [report.task_execution_id for report, _output in items]
@@ -144,6 +149,8 @@ def complete_current(items: list[tuple[TaskReport, str]]) -> list[Applied | None
     statements = _statements()
     with connection.cursor() as cursor:
         cursor.execute(statements.complete, _complete_params(items))
+        if before_read is not None:
+            before_read()
         rows = cursor.fetchall()
         heads = {
             row[0]: TaskHead(row[0], "Completed", *row[1:6], has_dependents=row[6]) for row in rows

@@ -16,9 +16,14 @@ class DeliveryOutbox(models.Model):
     """One work packet addressed to one agent (table ``delivery_outbox``)."""
 
     tenant = models.ForeignKey("fleet.Tenant", on_delete=models.CASCADE, related_name="outbox_rows")
-    agent = models.ForeignKey("agents.Agent", on_delete=models.CASCADE, related_name="outbox_rows")
+    # No index of their own: outbox_agent_state_idx leads with the agent and
+    # one_packet_per_assignment with the task; a packet's state changes (delivered, acked)
+    # are non-HOT updates that write an entry into every index.
+    agent = models.ForeignKey(
+        "agents.Agent", on_delete=models.CASCADE, related_name="outbox_rows", db_index=False
+    )
     task_execution = models.ForeignKey(
-        "fleet.TaskExecution", on_delete=models.CASCADE, related_name="outbox_rows"
+        "fleet.TaskExecution", on_delete=models.CASCADE, related_name="outbox_rows", db_index=False
     )
     assignment = models.PositiveIntegerField()
     state = models.CharField(

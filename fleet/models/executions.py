@@ -39,7 +39,10 @@ class TriggerRule(models.TextChoices):
 
 class WorkflowExecution(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    tenant = models.ForeignKey("fleet.Tenant", on_delete=models.CASCADE, related_name="executions")
+    # No index of its own: the (tenant, status, created_at) index leads with it.
+    tenant = models.ForeignKey(
+        "fleet.Tenant", on_delete=models.CASCADE, related_name="executions", db_index=False
+    )
     package = models.ForeignKey(
         "artifacts.WorkflowPackage", on_delete=models.PROTECT, related_name="executions"
     )
@@ -74,11 +77,16 @@ class TaskExecution(models.Model):
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Neither foreign key has an index of its own: uniq_task_per_execution leads with the
+    # execution and the (tenant, status) index with the tenant.  A task row is updated
+    # non-HOT three or four times in its life (status, agent_id and finished_at are indexed),
+    # and each such update writes an entry into every index: two redundant ones were a
+    # fifth of that work (docs/performance.md, "round i17-cpu").
     workflow_execution = models.ForeignKey(
-        WorkflowExecution, on_delete=models.CASCADE, related_name="tasks"
+        WorkflowExecution, on_delete=models.CASCADE, related_name="tasks", db_index=False
     )
     tenant = models.ForeignKey(
-        "fleet.Tenant", on_delete=models.CASCADE, related_name="task_executions"
+        "fleet.Tenant", on_delete=models.CASCADE, related_name="task_executions", db_index=False
     )
     task_name = models.CharField(max_length=200)  # the manifest's task id
     function = models.CharField(max_length=400)
@@ -107,8 +115,16 @@ class TaskExecution(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     result_deadline = models.DateTimeField(null=True, blank=True)
+    # Not indexed: no query looks tasks up by agent (only an agent's deletion, which the
+    # server never does, would scan for them), and the placement sets it in an update of
+    # its own, which an index on it kept from being HOT.
     agent = models.ForeignKey(
-        "agents.Agent", null=True, blank=True, on_delete=models.SET_NULL, related_name="tasks"
+        "agents.Agent",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="tasks",
+        db_index=False,
     )
     refusals = models.PositiveIntegerField(default=0)
     wait_reason = models.TextField(blank=True, default="")

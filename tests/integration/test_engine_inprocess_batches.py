@@ -101,3 +101,48 @@ def test_a_stale_outcome_in_a_batch_is_recorded_not_applied(tenant):
     assert applied[0].status == ExecutionStatus.COMPLETED
     assert applied[1].applied is False and "is not current" in applied[1].reason
     assert TaskExecution.objects.get(pk=claims[1].task_execution_id).status == "Running"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_of_successes_sends_its_begin_with_them(tenant):
+    """The batch's BEGIN travels with its set of successes, and its COMMIT closes it: two
+    round trips (before: BEGIN, the set, COMMIT)."""
+    from tests.support.round_trips import RoundTrips  # local: only this test traces
+
+    wide(tenant, width=3)
+    start(tenant, "wide", {})
+    claims = claim_tasks(list(TaskExecution.objects.values_list("pk", flat=True)), "s")
+    with RoundTrips() as traced:
+        applied = apply_reports([success(c) for c in claims[:2]])  # the execution stays open
+    assert [a.status for a in applied] == [ExecutionStatus.COMPLETED] * 2
+    trips = traced.trips()
+    assert len(trips) == 2, trips
+    assert trips[0].count("Execute") == 2  # BEGIN + the set of successes
+    assert trips[1].count("Execute") == 1 and "Sync" in trips[1]  # COMMIT
+    assert TaskExecution.objects.filter(status="Completed").count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pipelined_batch_without_a_set_applies_each_outcome_on_its_own_path(tenant):
+    """No set to send the BEGIN with (one current success, a stale one, a failure): the
+    BEGIN goes alone and each outcome takes the per-row path (the ORM's row counts
+    included) in the same transaction."""
+    wide(tenant, width=3)
+    start(tenant, "wide", {})
+    claims = claim_tasks(list(TaskExecution.objects.values_list("pk", flat=True)), "s")
+    workflow, current = success(claims[0])
+    stale = TaskReport(claims[1].task_execution_id, claims[1].assignment + 5, Outcome.SUCCESS)
+    failed = TaskReport(
+        claims[2].task_execution_id, claims[2].assignment, Outcome.FAILURE, error_type="E"
+    )
+    applied = apply_reports(
+        [(workflow, current), (workflow, stale), (claims[2].workflow_execution_id, failed)]
+    )
+    assert applied[0].status == ExecutionStatus.COMPLETED
+    assert applied[1].applied is False and "is not current" in applied[1].reason
+    assert applied[2].applied is True
+    statuses = dict(TaskExecution.objects.values_list("pk", "status"))
+    assert statuses[claims[0].task_execution_id] == "Completed"
+    assert statuses[claims[1].task_execution_id] == "Running"
+    assert statuses[claims[2].task_execution_id] == "Failed"
+    assert TaskOutcome.objects.filter(applied=True).count() == 2

@@ -153,3 +153,64 @@ def test_a_result_failing_in_its_handler_sends_the_whole_batch_result_by_result(
     assert TaskOutcome.objects.filter(applied=True).count() == 4
     assert TaskExecution.objects.filter(status="Completed").count() == 3
     assert Agent.objects.get(pk=agent.pk).in_flight == 1  # the duplicate's packet stays open
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_of_successes_costs_three_round_trips(tenant, wide):
+    """BEGIN goes out with the intake check, COMMIT with the slot release: the check, the
+    outcomes and the release are the batch's only round trips."""
+    from tests.support.round_trips import RoundTrips  # local: only this test traces
+
+    agent = make_agent(tenant, "a", max_concurrency=8)
+    placed = list(delivered(tenant, "wide").values())[:3]  # the execution stays open
+    items = [(tenant.pk, agent.id, result_in(task, row)) for task, row in placed]
+    with RoundTrips() as traced:
+        answers = apply_results(items)
+    assert answers == [(200, {"applied": True, "reason": ""})] * 3
+    # The batch's transaction, then (no dispatcher waits here) the NOTIFY that wakes the
+    # ones of other processes, after the commit.
+    *transaction, notify = traced.trips()
+    assert len(transaction) == 3, transaction
+    assert transaction[0].count("Execute") == 2  # BEGIN + the intake check
+    assert transaction[-1].count("Execute") == 2 and "Sync" in transaction[-1]  # release + COMMIT
+    assert notify == ["Query"]
+    sent = [fields[3] for fields in traced.lines if len(fields) > 3 and fields[0] == "F"]
+    assert [text for text in sent if '"COMMIT"' in text or "pg_notify" in text][-1].count(
+        "pg_notify"
+    ) == 1
+    assert TaskExecution.objects.filter(status="Completed").count() == 3
+    assert Agent.objects.get(pk=agent.pk).in_flight == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_error_in_the_statement_sent_with_the_commit_applies_the_batch_result_by_result(
+    tenant, wide, monkeypatch
+):
+    """The slot release travels with the COMMIT: when it fails there, nothing of the batch is
+    committed and every result is applied again in a transaction of its own."""
+    from django.db import connection  # local: only this test sends a statement of its own
+
+    agent = make_agent(tenant, "a", max_concurrency=8)
+    placed = delivered(tenant, "wide")
+    items = [(tenant.pk, agent.id, result_in(task, row)) for task, row in placed.values()]
+    real_release = engine_results.release_slots
+    calls = []
+
+    def failing_in_the_pipeline_once(agent_ids):
+        calls.append(list(agent_ids))
+        if len(calls) == 1:  # a division by zero the server reports only at the COMMIT's sync
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1 / (SELECT count(*) - count(*) FROM agents_agent)")
+            return
+        real_release(agent_ids)
+
+    monkeypatch.setattr(
+        "fleet.executors.fleet.result_intake.release_slots", failing_in_the_pipeline_once
+    )
+    answers = apply_results(items)
+    assert answers == [(200, {"applied": True, "reason": ""})] * 4
+    assert len(calls) == 5  # the failed batch, then each result alone
+    assert TaskOutcome.objects.filter(applied=True).count() == 4
+    assert TaskOutcome.objects.count() == 4
+    assert Agent.objects.get(pk=agent.pk).in_flight == 0
+    assert set(DeliveryOutbox.objects.values_list("state", flat=True)) == {"acked"}

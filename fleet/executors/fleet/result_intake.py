@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import Counter
+from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 from django.db import DatabaseError, connection, transaction
@@ -118,8 +120,11 @@ class Check(NamedTuple):
     breaker_to_clear: bool = False  # a success must reset the breaker of the agent it counts for
 
 
-def _check(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Check]:
-    """What :func:`_record` needs to know of each item, in one query."""
+def _check(
+    items: list[tuple[int, uuid.UUID, ResultIn]], before_read: Callable[[], None] | None = None
+) -> list[Check]:
+    """What :func:`_record` needs to know of each item, in one query.  ``before_read`` runs
+    between sending it and reading its rows (a pipelined transaction's sync)."""
     with connection.cursor() as cursor:
         cursor.execute(
             _AGENTS_AND_PACKETS,
@@ -131,6 +136,8 @@ def _check(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Check]:
                 "assignments": [body.assignment for *_, body in items],
             },
         )
+        if before_read is not None:
+            before_read()
         rows = {
             int(i): Check(name, bool(ok), workflow, successor, clear)
             for i, name, ok, workflow, successor, clear in cursor.fetchall()
@@ -200,15 +207,24 @@ def _breaker_feed(
 
 
 def _release_and_feed(
-    held: list[uuid.UUID], items: list[tuple[uuid.UUID, ResultIn, Check]]
+    held: list[uuid.UUID],
+    items: list[tuple[uuid.UUID, ResultIn, Check]],
+    pipeline_tail: Callable[[], None] | None = None,
 ) -> None:
     """Last before the commit: free the slots the settled packets ``held`` and feed the
     reporters' breakers (refusals count against them, other outcomes for them).
 
     These are the transaction's only writes of agent rows, and it takes their locks in
     one statement, in id order (the ledger's lock order): the slot release's own when
-    it covers every agent the breakers may write, else one lock of them all first."""
+    it covers every agent the breakers may write, else one lock of them all first.
+    When the slot release is all there is (no breaker to feed: the common case), it is
+    queued to travel with the COMMIT (``pipeline_tail``): nothing reads its result."""
     refused, succeeded = _breaker_feed(items)
+    if not refused and not succeeded:
+        if pipeline_tail is not None:
+            pipeline_tail()
+        release_slots(held)
+        return
     if not {*refused, *succeeded} <= set(held):
         ledger.lock_agents([*held, *refused, *succeeded])
     release_slots(held)
@@ -227,8 +243,10 @@ def _after_commit(recorded: list[tuple[ResultIn, Applied]]) -> None:
             if applied.applied
         ]
     )
-    for body, applied in recorded:
-        RESULTS.labels(outcome=body.outcome, applied=str(applied.applied).lower()).inc()
+    # One labelled child per kind of outcome in the batch, not a label lookup per result.
+    counts = Counter((body.outcome, applied.applied) for body, applied in recorded)
+    for (outcome, was_applied), n in counts.items():
+        RESULTS.labels(outcome=outcome, applied=str(was_applied).lower()).inc(n)
 
 
 def apply_result(tenant_id: int, agent_id: uuid.UUID, body: ResultIn) -> Answer:
@@ -252,8 +270,10 @@ def apply_results(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Answer]:
     transaction of its own.
     """
     try:
-        with batch_transaction():
-            checks = _check(items)
+        # BEGIN goes out with the intake check, COMMIT with the slot release: three round
+        # trips for a batch of successes (check, outcomes, release), not five.
+        with batch_transaction() as tx:
+            checks = _check(items, before_read=tx.sync)
             # Workflow by workflow, task by task: every batch takes the task and workflow
             # rows in one order, so two batches (two servers) cannot deadlock on them.
             order = sorted(
@@ -266,7 +286,9 @@ def apply_results(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Answer]:
             with deferred_slot_releases() as held:
                 answers = _record_all([(items[i][1], items[i][2], checks[i]) for i in order])
                 done = dict(zip(order, answers, strict=True))
-            _release_and_feed(held, [(items[i][1], items[i][2], checks[i]) for i in order])
+            _release_and_feed(
+                held, [(items[i][1], items[i][2], checks[i]) for i in order], tx.pipeline_tail
+            )
     except DatabaseError:
         log.warning(
             "a batch of %d results failed; applying them one by one", len(items), exc_info=True

@@ -354,7 +354,7 @@ class Reservation:
             "digests": [json.dumps(p.digests or {}) for p in group],
             "digest": [p.package.digest for p in group],
         }
-        self._claims = {p.claim.task_execution_id: p.claim for p in group}
+        self._prepared = {p.claim.task_execution_id: p for p in group}
         self._cursor = connection.cursor()
         try:
             self._cursor.execute(_RESERVE_MANY[prelocked], params)
@@ -370,14 +370,16 @@ class Reservation:
         finally:
             self._cursor.close()
         placed: dict[uuid.UUID, Placed] = {}
-        for task_execution_id, agent_id, name, local, outbox_id, payload, waited_s in rows:
-            claim = self._claims[task_execution_id]
+        for task_execution_id, agent_id, name, local, outbox_id, triple, digest, waited_s in rows:
+            prepared = self._prepared[task_execution_id]
+            claim = prepared.claim
             if not local:
                 placed[task_execution_id] = Placed(
                     claim.tenant_id, claim.assignment, agent_id, name
                 )
                 continue
-            packet = json.loads(payload) if isinstance(payload, str) else dict(payload)
+            # The row's payload: what was sent, with the agent's triple and its artifact.
+            packet = {**prepared.payload, "target_triple": triple, "artifact_digest": digest}
             packet["outbox_id"] = outbox_id
             placed[task_execution_id] = Delivered(
                 claim.tenant_id, claim.assignment, agent_id, name,

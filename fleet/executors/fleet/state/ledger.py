@@ -164,7 +164,9 @@ SELECT id, name, target_triple FROM reserved, relax
 # most: its breaker's probe (fleet/executors/fleet/state/breaker.py).  A packet for an
 # agent whose socket THIS process holds is written as delivered (its result clock
 # started) and pushed by the caller right after the commit; the others are pending, for
-# the relay that holds their socket.
+# the relay that holds their socket.  The caller builds the pushed packet from the payload
+# it sent and the two keys added here (returning the whole payload cost a jsonb output
+# and a JSON parse per task).
 RESERVE_AND_ENQUEUE = (
     """
 WITH locked AS (
@@ -215,7 +217,7 @@ WITH locked AS (
            CASE WHEN w.local THEN 1 ELSE 0 END, CASE WHEN w.local THEN now() END,
            now(), now(), '[]'::jsonb
     FROM work w
-    RETURNING id, task_execution_id, payload
+    RETURNING id, task_execution_id
 ), assigned AS (
     UPDATE fleet_taskexecution t SET agent_id = w.agent_id,
         result_deadline = CASE WHEN w.local
@@ -236,7 +238,8 @@ WITH locked AS (
     -- the outcome's synchronous commit flushes it anyway.
     SELECT set_config('synchronous_commit', 'off', true)
 )
-SELECT w.task_execution_id, w.agent_id, w.name, w.local, p.id, p.payload, a.waited_s
+SELECT w.task_execution_id, w.agent_id, w.name, w.local, p.id, w.target_triple,
+       coalesce(w.digests ->> w.target_triple, w.digest), a.waited_s
 FROM work w JOIN packets p ON p.task_execution_id = w.task_execution_id JOIN assigned a ON a.id = w.task_execution_id, relax
 """
 )
