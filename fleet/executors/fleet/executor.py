@@ -26,6 +26,7 @@ import uuid
 import psycopg
 from django.db import connection
 
+from agents.protocol import hop_trace
 from fleet.engine.batcher import Batcher
 from fleet.engine.events import ExecutionResult, ExecutionStatus, ExecutorMetrics, TaskReadyEvent
 from fleet.engine.executor import PeriodicJob, TaskExecutor
@@ -233,6 +234,7 @@ class FleetExecutor(TaskExecutor):
             raise
         finally:
             self.capacity.claiming -= 1
+        hop_trace.mark("placed_on_loop", task_execution_id)
         if isinstance(placement, NotClaimed | NoAgent):
             rendezvous.unregister(task_execution_id, future)
             if isinstance(placement, NotClaimed):

@@ -33,6 +33,7 @@ import psycopg
 from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 
+from agents.protocol import hop_trace
 from fleet.executors.fleet import lifecycle
 from fleet.executors.fleet.delivery import local_sockets
 from fleet.executors.fleet.delivery.pg import connect_async
@@ -189,6 +190,9 @@ class SocketWrites:
             await self._write_beats(conn, beats)
 
     async def _write_received(self, conn: psycopg.AsyncConnection, received: list) -> None:
+        if hop_trace.enabled():
+            for _agent, outbox_id in received:
+                hop_trace.mark("confirming", outbox=outbox_id)
         try:
             marked = await self._mark_received(conn, received)
         except _DATA_ERRORS:

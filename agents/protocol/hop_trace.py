@@ -1,0 +1,54 @@
+"""Wall-clock marks of a task's hops from Ready to the agent's ``received`` (off by default).
+
+Set ``CLOACINA_HOP_TRACE`` to a file path and every process that marks a hop (the
+server and the agents, which import this Django-free module alike) appends one line
+per mark to it: ``<epoch seconds> <hop> <task id or -> <outbox id or ->``.  Server and
+agents on one machine share ``time.time()``, the clock PostgreSQL's ``now()`` reads, so
+the marks line up with each other and with the task's ``ready_at`` / ``received_at``.
+``manage.py fleetbench --pickup-hops N`` turns them into a table (fleet/bench/pickup_hops.py).
+
+Each mark is one ``write`` to a file opened ``O_APPEND`` (a line never interleaves with
+another process's).  Unset, :func:`mark` is a global lookup and a return: it stays on the
+hot path at no cost worth measuring.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+ENV = "CLOACINA_HOP_TRACE"
+
+_fd: int | None = None
+
+
+def _open() -> int | None:
+    path = os.environ.get(ENV, "")
+    if not path:
+        return None
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+
+
+_fd = _open()
+
+
+def enabled() -> bool:
+    return _fd is not None
+
+
+def mark(hop: str, task: object = None, outbox: object = None) -> None:
+    """Record that ``task`` (its task execution id) or ``outbox`` (its packet's outbox id)
+    passed ``hop`` now; a no-op unless tracing is on."""
+    if _fd is None:
+        return
+    line = f"{time.time():.6f} {hop} {task if task is not None else '-'} "
+    line += f"{outbox if outbox is not None else '-'}\n"
+    os.write(_fd, line.encode())
+
+
+def mark_many(hop: str, tasks: list) -> None:
+    """:func:`mark` for each of ``tasks`` at one instant."""
+    if _fd is None:
+        return
+    stamp = f"{time.time():.6f} {hop} "
+    os.write(_fd, "".join(f"{stamp}{task} -\n" for task in tasks).encode())
