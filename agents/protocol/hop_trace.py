@@ -14,6 +14,7 @@ hot path at no cost worth measuring.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 
@@ -29,7 +30,26 @@ def _open() -> int | None:
     return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
 
 
+GC_PAUSE_MIN_S = 0.0005  # collections at least this long are traced (a hop's outliers)
+
+_gc_started = 0.0
+
+
+def _watch_gc(phase: str, info: dict) -> None:
+    """Trace each garbage collection long enough to show in a hop (``gc<generation>``,
+    its milliseconds in the outbox column), so a p99 can be matched to one."""
+    global _gc_started
+    if phase == "start":
+        _gc_started = time.perf_counter()
+        return
+    pause = time.perf_counter() - _gc_started
+    if pause >= GC_PAUSE_MIN_S and _fd is not None:
+        os.write(_fd, f"{time.time():.6f} gc{info['generation']} - {pause * 1000.0:.3f}\n".encode())
+
+
 _fd = _open()
+if _fd is not None:
+    gc.callbacks.append(_watch_gc)
 
 
 def enabled() -> bool:

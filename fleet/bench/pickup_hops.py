@@ -117,6 +117,8 @@ def read_trace(path: Path) -> tuple[dict[str, dict[str, float]], dict[str, str]]
     outbox_task: dict[str, str] = {}
     for line in path.read_text().splitlines():
         stamp, hop, task, outbox = line.split(" ")
+        if hop.startswith("gc"):
+            continue  # a process's collection, not a task's hop: gc_pauses() reads them
         if task != "-" and outbox != "-":
             outbox_task[outbox] = task
         marks = by_task.setdefault(task, {}) if task != "-" else by_outbox.setdefault(outbox, {})
@@ -127,6 +129,15 @@ def read_trace(path: Path) -> tuple[dict[str, dict[str, float]], dict[str, str]]
             for hop, stamp in marks.items():
                 by_task.setdefault(task, {}).setdefault(hop, stamp)
     return by_task, outbox_task
+
+
+def gc_pauses(path: Path) -> list[float]:
+    """The milliseconds of every traced garbage collection (server and agents)."""
+    return [
+        float(line.split(" ")[3])
+        for line in path.read_text().splitlines()
+        if line.split(" ")[1].startswith("gc")
+    ]
 
 
 def row_times(execution_ids: list[str]) -> dict[str, dict[str, float]]:
@@ -189,7 +200,9 @@ def run_pickup_hops_bench(
                 api.close()
                 fleet.stop()
         marks, _ = read_trace(trace)
-        result = HopTable(samples, agents, floor, hop_table(row_times(execution_ids), marks))
+        hops = hop_table(row_times(execution_ids), marks)
+        hops["a garbage collection ≥ 0.5 ms (any process)"] = gc_pauses(trace)
+        result = HopTable(samples, agents, floor, hops)
     finally:
         del os.environ[TRACE_ENV]
     shutil.rmtree(home, ignore_errors=True)
