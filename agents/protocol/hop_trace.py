@@ -36,15 +36,17 @@ _gc_started = 0.0
 
 
 def _watch_gc(phase: str, info: dict) -> None:
-    """Trace each garbage collection long enough to show in a hop (``gc<generation>``,
-    its milliseconds in the outbox column), so a p99 can be matched to one."""
+    """Trace each garbage collection long enough to show in a hop (``gc<generation>``, the
+    process id in the task column, its milliseconds in the outbox column), so a p99 can
+    be matched to one."""
     global _gc_started
     if phase == "start":
         _gc_started = time.perf_counter()
         return
     pause = time.perf_counter() - _gc_started
     if pause >= GC_PAUSE_MIN_S and _fd is not None:
-        os.write(_fd, f"{time.time():.6f} gc{info['generation']} - {pause * 1000.0:.3f}\n".encode())
+        line = f"{time.time():.6f} gc{info['generation']} {os.getpid()} {pause * 1000.0:.3f}\n"
+        os.write(_fd, line.encode())
 
 
 _fd = _open()

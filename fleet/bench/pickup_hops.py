@@ -131,13 +131,15 @@ def read_trace(path: Path) -> tuple[dict[str, dict[str, float]], dict[str, str]]
     return by_task, outbox_task
 
 
-def gc_pauses(path: Path) -> list[float]:
-    """The milliseconds of every traced garbage collection (server and agents)."""
-    return [
-        float(line.split(" ")[3])
-        for line in path.read_text().splitlines()
-        if line.split(" ")[1].startswith("gc")
-    ]
+def gc_pauses(path: Path, server_pid: int) -> dict[str, list[float]]:
+    """The milliseconds of every traced garbage collection, by process and generation."""
+    pauses: dict[str, list[float]] = {}
+    for line in path.read_text().splitlines():
+        _, hop, pid, ms = line.split(" ")
+        if hop.startswith("gc"):
+            who = "server" if pid == str(server_pid) else "agents"
+            pauses.setdefault(f"{who}: a {hop} collection ≥ 0.5 ms", []).append(float(ms))
+    return dict(sorted(pauses.items()))
 
 
 def row_times(execution_ids: list[str]) -> dict[str, dict[str, float]]:
@@ -190,6 +192,7 @@ def run_pickup_hops_bench(
         with BenchServer(database_url, "fleet", **server_env(poll_s)) as server:
             api = Api(server.url, key)
             fleet = Agents(server.url, akey, agents, AGENT_SLOTS, home)
+            server_pid = server.process.pid
             try:
                 fleet.wait_connected()
                 api.upload(workload.noop_package(workload.ONE_WORKFLOW, 1))
@@ -200,8 +203,7 @@ def run_pickup_hops_bench(
                 api.close()
                 fleet.stop()
         marks, _ = read_trace(trace)
-        hops = hop_table(row_times(execution_ids), marks)
-        hops["a garbage collection ≥ 0.5 ms (any process)"] = gc_pauses(trace)
+        hops = hop_table(row_times(execution_ids), marks) | gc_pauses(trace, server_pid)
         result = HopTable(samples, agents, floor, hops)
     finally:
         del os.environ[TRACE_ENV]
