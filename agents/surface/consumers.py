@@ -426,6 +426,8 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         finally:
             self._results_pending -= len(frames)
             self._results_room.set()
+        # A confirmation of this process skipped behind one of these acks goes now.
+        socket_writes.writer().results_applied()
         for frame in frames:
             if "invalid" in frame:
                 answer: tuple | BaseException = (
