@@ -52,20 +52,33 @@ class Batcher(Generic[I, A]):
     async def submit(self, item: I) -> A:
         """``item``'s answer once its batch is written (its exception if the write failed).
 
-        An item that finds the batcher idle (nothing waiting, room for a write) is written
-        at once in the caller's own task: waking the batching task and starting a task for
-        the write would cost two turns of the event loop before the database thread even
-        hears of it — an idle pickup's latency, and on a busy loop each turn is long."""
-        if not self._pending and not self._room.locked() and not self._closed:
-            return await self._write_now(item)
+        An item that finds the batcher idle (nothing waiting, room for a write) waits one
+        turn of the event loop for company; still alone then, it is written in the
+        caller's own task.  Through the batching task it would cost two more turns before
+        the database thread even hears of it (an idle pickup's latency; on a busy loop
+        each turn is long).  Items that joined it in that turn go through the batching
+        task together, as one batch, as before: a lone write must not make a burst that
+        arrives with it wait a whole round."""
         future = self.loop.create_future()
         self._pending.append((item, future))
+        if len(self._pending) == 1 and not self._room.locked() and not self._closed:
+            try:
+                await asyncio.sleep(0)  # the submitters of this same turn may join
+            except asyncio.CancelledError:
+                self._wake.set()  # its item stays queued: the batching task writes it
+                raise
+            if (
+                len(self._pending) == 1
+                and self._pending[0][1] is future
+                and not self._room.locked()
+            ):
+                self._pending.clear()
+                return await self._write_alone(item, future)
         self._wake.set()
         return await future
 
-    async def _write_now(self, item: I) -> A:
+    async def _write_alone(self, item: I, future: asyncio.Future) -> A:
         await self._room.acquire()  # there is room and nobody waits: returns at once
-        future = self.loop.create_future()
         try:
             await self._write([(item, future)])
         finally:

@@ -1,5 +1,6 @@
 """fleet/engine/batcher.py: a lone item on an idle batcher is written in its submitter's own
-task (no turn of the event loop for the batching task); under load items still batch."""
+task (no turns of the event loop for the batching task); items that come together, or
+while a write is in flight, still go as one batch."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def test_it_batches_what_arrives_while_a_write_is_in_flight() -> None:
         recorder.gate = asyncio.Event()
         batcher = Batcher(doubled, 8, "test", recorder.call)
         first = asyncio.create_task(batcher.submit(1))
-        await asyncio.sleep(0)  # the first write is in flight, holding the only room
+        await asyncio.sleep(0)  # the first submitter waits its turn for company: none came
+        await asyncio.sleep(0)  # its write is in flight, holding the only room
         later = [asyncio.create_task(batcher.submit(i)) for i in (2, 3, 4)]
         await asyncio.sleep(0)
         assert recorder.batches == []
@@ -58,6 +60,21 @@ def test_it_batches_what_arrives_while_a_write_is_in_flight() -> None:
         assert await asyncio.gather(first, *later) == [2, 4, 6, 8]
         assert recorder.batches == [[1], [2, 3, 4]]
         assert recorder.tasks[0] is first and recorder.tasks[1] not in (first, *later)
+        await batcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_items_submitted_in_the_same_turn_are_written_as_one_batch() -> None:
+    """The idle batcher's first item waits one turn for company: a burst is not split into
+    a lone write and the rest (which would wait a whole round behind it)."""
+
+    async def scenario() -> None:
+        recorder = Recorder()
+        batcher = Batcher(doubled, 8, "test", recorder.call)
+        submitters = [asyncio.create_task(batcher.submit(i)) for i in (1, 2, 3)]
+        assert await asyncio.gather(*submitters) == [2, 4, 6]
+        assert recorder.batches == [[1, 2, 3]]
         await batcher.close()
 
     asyncio.run(scenario())
