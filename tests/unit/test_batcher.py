@@ -35,7 +35,7 @@ def doubled(items: list[int]) -> list[int]:
 def test_it_writes_a_lone_item_in_the_submitters_task() -> None:
     async def scenario() -> None:
         recorder = Recorder()
-        batcher = Batcher(doubled, 8, "test", recorder.call)
+        batcher = Batcher(doubled, 8, "test", recorder.call, lone_at_once=True)
         submitter = asyncio.create_task(batcher.submit(21))
         assert await submitter == 42
         assert recorder.batches == [[21]]
@@ -49,7 +49,7 @@ def test_it_batches_what_arrives_while_a_write_is_in_flight() -> None:
     async def scenario() -> None:
         recorder = Recorder()
         recorder.gate = asyncio.Event()
-        batcher = Batcher(doubled, 8, "test", recorder.call)
+        batcher = Batcher(doubled, 8, "test", recorder.call, lone_at_once=True)
         first = asyncio.create_task(batcher.submit(1))
         await asyncio.sleep(0)  # the first submitter waits its turn for company: none came
         await asyncio.sleep(0)  # its write is in flight, holding the only room
@@ -71,7 +71,7 @@ def test_items_submitted_in_the_same_turn_are_written_as_one_batch() -> None:
 
     async def scenario() -> None:
         recorder = Recorder()
-        batcher = Batcher(doubled, 8, "test", recorder.call)
+        batcher = Batcher(doubled, 8, "test", recorder.call, lone_at_once=True)
         submitters = [asyncio.create_task(batcher.submit(i)) for i in (1, 2, 3)]
         assert await asyncio.gather(*submitters) == [2, 4, 6]
         assert recorder.batches == [[1, 2, 3]]
@@ -86,7 +86,7 @@ def test_a_failed_lone_write_raises_in_its_submitter() -> None:
 
     async def scenario() -> None:
         recorder = Recorder()
-        batcher = Batcher(refuse, 8, "test", recorder.call)
+        batcher = Batcher(refuse, 8, "test", recorder.call, lone_at_once=True)
         with pytest.raises(RuntimeError, match="database away"):
             await batcher.submit(1)
         # The room was given back: the next lone item is written (and fails) too.
@@ -101,11 +101,23 @@ def test_a_failed_lone_write_raises_in_its_submitter() -> None:
 def test_a_closed_batcher_writes_nothing_more() -> None:
     async def scenario() -> None:
         recorder = Recorder()
-        batcher = Batcher(doubled, 8, "test", recorder.call)
+        batcher = Batcher(doubled, 8, "test", recorder.call, lone_at_once=True)
         await batcher.close()
         submitter = asyncio.create_task(batcher.submit(1))
         await asyncio.sleep(0.01)
         assert not submitter.done() and recorder.batches == []
         submitter.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_without_lone_at_once_every_item_goes_through_the_batching_task() -> None:
+    async def scenario() -> None:
+        recorder = Recorder()
+        batcher = Batcher(doubled, 8, "test", recorder.call)
+        submitter = asyncio.create_task(batcher.submit(21))
+        assert await submitter == 42
+        assert recorder.batches == [[21]] and recorder.tasks[0] is not submitter
+        await batcher.close()
 
     asyncio.run(scenario())

@@ -135,7 +135,11 @@ class FleetExecutor(TaskExecutor):
         )
         self.listener.start()
         self.relay.start()
-        self._placer = Batcher(self._place_batch, PLACE_BATCH, "fleet-placement", delivery_db.call)
+        # A lone placement (an idle pickup) goes to a delivery thread without a hop
+        # through the batching task (fleet/engine/batcher.py).
+        self._placer = Batcher(
+            self._place_batch, PLACE_BATCH, "fleet-placement", delivery_db.call, lone_at_once=True
+        )
         self._probe_task = asyncio.create_task(self._probe_capacity(), name="fleet-capacity")
         await wait_event(self.listener.listening, 5.0)
         log.info("fleet executor started (server %s)", self.claimer)

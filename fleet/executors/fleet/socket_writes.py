@@ -53,7 +53,7 @@ RECEIVED_TRIES = 20  # rounds a confirmation that was not marked is tried again
 RECEIVED_RETRY_S = 0.01
 # Under load, rounds of confirmations are at least this far apart, so each statement
 # carries several (it costs the database far more than a row does); an idle server
-# writes a lone confirmation at once.  "Under load": the last round carried more than one.
+# writes a lone confirmation at once.
 MIN_ROUND_GAP_S = 0.01
 BEAT_GATHER_SHARE = 0.05  # of the heartbeat interval: how long a lone beat waits for company
 BEAT_GATHER_MAX_S = 1.0
@@ -82,6 +82,7 @@ class SocketWrites:
         self._received: list[tuple[uuid.UUID, int]] = []
         self._retry: dict[tuple[uuid.UUID, int], int] = {}  # skipped confirmations → tries
         self._wake = asyncio.Event()
+        self._nudged = False  # results were applied since the last round (results_applied)
         self._beat_gather_s = beat_gather_s(get_config().heartbeat_interval_s)
         self._beats_since = 0.0  # when the oldest unwritten beat arrived
         self._conn: psycopg.AsyncConnection | None = None
@@ -128,6 +129,7 @@ class SocketWrites:
         task, whose result comes a millisecond after its ``received``, one idle pickup in
         ten on a loaded machine."""
         if self._retry:
+            self._nudged = True
             self._wake.set()
 
     # -- the writer -------------------------------------------------------------------
@@ -140,7 +142,6 @@ class SocketWrites:
     async def _loop_forever(self) -> None:
         delay = 0.1
         last_confirming = 0.0  # when the last round that wrote confirmations began
-        last_count = 0  # how many confirmations it wrote
         while True:
             if self._retry:
                 await wait_event(self._wake, RECEIVED_RETRY_S)
@@ -149,16 +150,16 @@ class SocketWrites:
             await self._gather_beats()
             # Only confirmations space each other out: a round of beats just before must
             # not hold back the first confirmation after it (an idle pickup's latency).
-            # After a lone confirmation (idle) the next one is written at once, a retry too.
             gap = last_confirming + MIN_ROUND_GAP_S - self._loop.time()
-            if gap > 0 and last_count > 1 and not self._beats:  # a beat never waits (liveness)
-                await asyncio.sleep(gap)
+            if gap > 0 and not self._beats and not self._lone_retry_nudged():
+                await asyncio.sleep(gap)  # a beat never waits (liveness)
+            self._nudged = False
             self._wake.clear()
             beats, self._beats = self._beats, {}
             received, self._received = self._received, []
             received.extend(key for key in self._retry if key not in received)
             if received:
-                last_confirming, last_count = self._loop.time(), len(received)
+                last_confirming = self._loop.time()
             try:
                 await self._write(beats, received)
                 delay = 0.1
@@ -175,6 +176,11 @@ class SocketWrites:
                 self._wake.set()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RECONNECT_MAX_S)
+
+    def _lone_retry_nudged(self) -> bool:
+        """The round would only retry one confirmation, its blocker just committed: an idle
+        server's (under load there are new confirmations, and the spacing holds)."""
+        return self._nudged and not self._received and len(self._retry) == 1
 
     async def _gather_beats(self) -> None:
         """Beats alone wait until the oldest is ``beat_gather_s`` old, for others to join
