@@ -23,11 +23,19 @@ ENV = "CLOACINA_HOP_TRACE"
 _fd: int | None = None
 
 
-def _open() -> int | None:
-    path = os.environ.get(ENV, "")
-    if not path:
-        return None
-    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+def trace_to(path: str) -> None:
+    """Trace this process's hops to ``path`` from now on (empty: stop).  Called at import
+    with ``CLOACINA_HOP_TRACE``; tests call it directly."""
+    global _fd
+    if _fd is not None:
+        os.close(_fd)
+        _fd = None
+    if path:
+        _fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    if _fd is not None and _watch_gc not in gc.callbacks:
+        gc.callbacks.append(_watch_gc)
+    elif _fd is None and _watch_gc in gc.callbacks:
+        gc.callbacks.remove(_watch_gc)
 
 
 GC_PAUSE_MIN_S = 0.0005  # collections at least this long are traced (a hop's outliers)
@@ -49,9 +57,7 @@ def _watch_gc(phase: str, info: dict) -> None:
         os.write(_fd, line.encode())
 
 
-_fd = _open()
-if _fd is not None:
-    gc.callbacks.append(_watch_gc)
+trace_to(os.environ.get(ENV, ""))
 
 
 def enabled() -> bool:
