@@ -60,11 +60,12 @@ class Batcher(Generic[I, A]):
 
         With ``lone_at_once``, an item that finds the batcher idle (nothing waiting, room
         for a write) waits one turn of the event loop for company; still alone then, it is
-        written in the caller's own task.  Through the batching task it would cost two more turns before
-        the database thread even hears of it (an idle pickup's latency; on a busy loop
-        each turn is long).  Items that joined it in that turn go through the batching
-        task together, as one batch, as before: a lone write must not make a burst that
-        arrives with it wait a whole round."""
+        written in the caller's own task.  Through the batching task it would wait two
+        turns (waking that task, then starting a task for the write) before the database
+        thread even hears of it: an idle pickup's latency, and on a busy loop each turn is
+        long.  Items that joined it in that turn go through the batching task together, as
+        one batch, as before: a lone write must not make a burst that arrives with it wait
+        a whole round."""
         future = self.loop.create_future()
         self._pending.append((item, future))
         if self._lone_at_once and len(self._pending) == 1 and not self._room.locked():
