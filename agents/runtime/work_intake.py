@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from agents.protocol import frames
+from agents.protocol import frames, hop_trace
 from agents.protocol.work import (
     PacketError,
     TaskKey,
@@ -96,6 +96,8 @@ class WorkIntake:
 
     async def on_work(self, raw: object, via_agent_id: str) -> None:
         """A ``work`` frame's packet, pushed through the socket of agent id ``via_agent_id``."""
+        if hop_trace.enabled() and isinstance(raw, dict):
+            hop_trace.mark("agent_read", outbox=raw.get("outbox_id"))
         try:
             packet = parse_packet(raw)
         except PacketError as exc:
@@ -119,6 +121,7 @@ class WorkIntake:
             return
         held = self._hold(packet.key, via_agent_id, packet.describe())
         await self._send(frames.received(packet.outbox_id))
+        hop_trace.mark("agent_sent", outbox=packet.outbox_id)
         if self.draining:
             self._report(held, refusal(packet, "agent draining"))
             return

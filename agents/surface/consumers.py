@@ -37,7 +37,7 @@ from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncWebsocketConsumer
 from pydantic import ValidationError
 
-from agents.protocol import wire
+from agents.protocol import hop_trace, wire
 from fleet.engine import task_logs
 from fleet.engine.context import unstorable
 from fleet.executors.fleet import result_batches, roster, socket_writes
@@ -308,6 +308,8 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             # liveness window gets a healthy agent evicted.
             self._take_beat(frame)
             return
+        if frame["type"] == "received":
+            hop_trace.mark("server_read", outbox=frame["outbox_id"])
         if frame["type"] == "received" and self._registered and self._idle():
             # Nothing of this socket waits ahead of it or is being handled (its hello is
             # applied): handed to the writer now, without a hop through the queue and the
@@ -424,6 +426,8 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         finally:
             self._results_pending -= len(frames)
             self._results_room.set()
+        # A confirmation of this process skipped behind one of these acks goes now.
+        socket_writes.writer().results_applied()
         for frame in frames:
             if "invalid" in frame:
                 answer: tuple | BaseException = (
@@ -476,6 +480,7 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         """Write one work packet (the relay calls this directly: local_sockets.py)."""
         if not self._closing:
             await self._send_frame({"type": "work", "packet": packet})
+            hop_trace.mark("frame_sent", packet.get("task_execution_id"), packet.get("outbox_id"))
 
     async def delivery_work(self, event: dict) -> None:
         await self.push_packet(event["packet"])

@@ -25,7 +25,12 @@ A = TypeVar("A")  # its answer
 
 class Batcher(Generic[I, A]):
     """``concurrency`` batches may be written at once (each on its own pool thread and
-    connection): only for writes whose transactions cannot deadlock one another."""
+    connection): only for writes whose transactions cannot deadlock one another.
+
+    ``lone_at_once``: a lone item is written in its submitter's task (see :meth:`submit`).
+    For latency-bound writes that come one at a time when idle (the fleet's placement);
+    not for writes whose batches grow only in the turns they wait (the in-process
+    executor's outcomes, one child at a time: alone, each would cost a commit)."""
 
     def __init__(
         self,
@@ -34,8 +39,10 @@ class Batcher(Generic[I, A]):
         name: str,
         call: Callable[..., Awaitable[Any]],
         concurrency: int = 1,
+        lone_at_once: bool = False,
     ) -> None:
         self._write_batch = write
+        self._lone_at_once = lone_at_once
         self._call = call
         self._max_batch = max_batch
         self._name = name
@@ -49,11 +56,42 @@ class Batcher(Generic[I, A]):
         self.items = 0
 
     async def submit(self, item: I) -> A:
-        """``item``'s answer once its batch is written (its exception if the write failed)."""
+        """``item``'s answer once its batch is written (its exception if the write failed).
+
+        With ``lone_at_once``, an item that finds the batcher idle (nothing waiting, room
+        for a write) waits one turn of the event loop for company; still alone then, it is
+        written in the caller's own task.  Through the batching task it would wait two
+        turns (waking that task, then starting a task for the write) before the database
+        thread even hears of it: an idle pickup's latency, and on a busy loop each turn is
+        long.  Items that joined it in that turn go through the batching task together, as
+        one batch, as before: a lone write must not make a burst that arrives with it wait
+        a whole round."""
         future = self.loop.create_future()
         self._pending.append((item, future))
+        if self._lone_at_once and len(self._pending) == 1 and not self._room.locked():
+            try:
+                await asyncio.sleep(0)  # the submitters of this same turn may join
+            except asyncio.CancelledError:
+                self._wake.set()  # its item stays queued: the batching task writes it
+                raise
+            if (
+                self._lone_at_once  # not closed meanwhile
+                and len(self._pending) == 1
+                and self._pending[0][1] is future
+                and not self._room.locked()
+            ):
+                self._pending.clear()
+                return await self._write_alone(item, future)
         self._wake.set()
         return await future
+
+    async def _write_alone(self, item: I, future: asyncio.Future) -> A:
+        await self._room.acquire()  # there is room and nobody waits: returns at once
+        try:
+            await self._write([(item, future)])
+        finally:
+            self._room.release()
+        return future.result()  # its exception when the write failed
 
     async def submit_many(self, items: list[I]) -> list[A | BaseException]:
         """Each item's answer (or the exception its batch failed with), in order: one wait
@@ -101,6 +139,7 @@ class Batcher(Generic[I, A]):
 
     async def close(self) -> None:
         """Stop writing; items not yet taken are cancelled."""
+        self._lone_at_once = False  # nothing is written after a close
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._task

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import close_old_connections
 
+from agents.protocol import hop_trace
 from fleet.engine import loop_inbox, ready_queue
 from fleet.engine.claims import due_ready_task_events
 from fleet.engine.dispatcher import Dispatcher
@@ -146,6 +147,7 @@ class EngineLoop:
                 continue
             self._queued.add(task_execution_id)
             self._queue.put_nowait(event)
+            hop_trace.mark("loop_queued", task_execution_id)
             added += 1
         return added
 
@@ -171,6 +173,7 @@ class EngineLoop:
             event = await self._queue.get()
             task_execution_id = event.task_execution_id
             await self._wait_for_capacity()
+            hop_trace.mark("dispatching", task_execution_id)
             self._queued.discard(task_execution_id)
             self._running.add(task_execution_id)
             requeue = False

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
+from agents.protocol import hop_trace
 from fleet.engine.events import TaskReadyEvent
 
 _lock = threading.Lock()
@@ -29,6 +30,7 @@ def submit(events: Iterable[TaskReadyEvent]) -> None:
     batch = list(events)
     if not batch:
         return
+    hop_trace.mark_many("submitted", [event.task_execution_id for event in batch])
     with _lock:
         sink = _sink
     if sink is not None:

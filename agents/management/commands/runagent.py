@@ -17,6 +17,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from agents.protocol.heap import freeze_startup_heap
 from agents.protocol.triples import TripleError, host_triple, parse_triple
 from agents.protocol.wire import ACCEPT_ANY, DEFAULT_AGENT_FORMAT, SUPPORTED_FORMATS
 from agents.runtime.agent_config import (
@@ -114,7 +115,11 @@ class Command(BaseCommand):
         # A local import, after the guard: nothing the agent loads may sneak a connection.
         from agents.runtime.agent import Agent
 
-        code = asyncio.run(_run(Agent(config)))
+        agent = Agent(config)
+        # Django and the agent's libraries are loaded and live as long as the process: no
+        # full collection walks them again (agents/protocol/heap.py says why).
+        freeze_startup_heap()
+        code = asyncio.run(_run(agent))
         if code:
             sys.exit(code)
 

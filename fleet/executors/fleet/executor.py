@@ -26,6 +26,7 @@ import uuid
 import psycopg
 from django.db import connection
 
+from agents.protocol import hop_trace
 from fleet.engine.batcher import Batcher
 from fleet.engine.events import ExecutionResult, ExecutionStatus, ExecutorMetrics, TaskReadyEvent
 from fleet.engine.executor import PeriodicJob, TaskExecutor
@@ -134,7 +135,11 @@ class FleetExecutor(TaskExecutor):
         )
         self.listener.start()
         self.relay.start()
-        self._placer = Batcher(self._place_batch, PLACE_BATCH, "fleet-placement", delivery_db.call)
+        # A lone placement (an idle pickup) goes to a delivery thread without a hop
+        # through the batching task (fleet/engine/batcher.py).
+        self._placer = Batcher(
+            self._place_batch, PLACE_BATCH, "fleet-placement", delivery_db.call, lone_at_once=True
+        )
         self._probe_task = asyncio.create_task(self._probe_capacity(), name="fleet-capacity")
         await wait_event(self.listener.listening, 5.0)
         log.info("fleet executor started (server %s)", self.claimer)
@@ -233,6 +238,7 @@ class FleetExecutor(TaskExecutor):
             raise
         finally:
             self.capacity.claiming -= 1
+        hop_trace.mark("placed_on_loop", task_execution_id)
         if isinstance(placement, NotClaimed | NoAgent):
             rendezvous.unregister(task_execution_id, future)
             if isinstance(placement, NotClaimed):

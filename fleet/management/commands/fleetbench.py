@@ -18,6 +18,8 @@ over T tenants and prints what the fleet costs at that scale (fleet/bench/scale.
 rounds, and prints the T-tenant share of the throughput and the deadlocks
 (fleet/bench/tenant_ratio.py).  ``--pages N`` instead seeds N agents in one tenant and
 times ``GET /api/v1/fleet`` and the console's tenant page over HTTP (fleet/bench/pages.py).
+``--pickup-hops N`` instead traces N idle pickups on a fleet of ``--agents`` agents and prints
+each hop's share of Ready → ``received`` (fleet/bench/pickup_hops.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from fleet.bench.database import use_bench_database
 from fleet.bench.default import run_default_bench
 from fleet.bench.lock_order import run_lock_order_bench
 from fleet.bench.pages import run_pages_bench
+from fleet.bench.pickup_hops import run_pickup_hops_bench
 from fleet.bench.replicas import run_replicas_bench
 from fleet.bench.scale import SWARM_ARGUMENTS, run_scale_bench, scale_settings
 from fleet.bench.schedules import run_schedule_bench
@@ -106,6 +109,14 @@ class Command(BaseCommand):
             "--page-requests", type=int, default=50, help="timed requests per page (--pages)"
         )
         parser.add_argument(
+            "--pickup-hops",
+            type=int,
+            default=0,
+            metavar="SAMPLES",
+            help="instead: SAMPLES idle pickups on a traced fleet of --agents agents; each hop's "
+            "p50/p90/p99 from Ready to `received` (fleet/bench/pickup_hops.py)",
+        )
+        parser.add_argument(
             "--tenant-ratio",
             type=int,
             default=0,
@@ -160,6 +171,10 @@ class Command(BaseCommand):
             )
         elif options["pages"]:
             result = run_pages_bench(url, options["pages"], options["page_requests"])
+        elif options["pickup_hops"]:
+            result = run_pickup_hops_bench(
+                url, options["pickup_hops"], options["agents"], options["poll"]
+            )
         elif options["schedules"]:
             result = run_schedule_bench(url, options["schedules"], workers)
         elif options["replicas"]:

@@ -47,6 +47,7 @@ from collections.abc import Callable
 
 from django.db import DatabaseError
 
+from agents.protocol import hop_trace
 from fleet.engine.claims import ClaimedWork, claim_work, note_wait_reason
 from fleet.executors.fleet.delivery import placement
 from fleet.executors.fleet.delivery.placement import (
@@ -136,11 +137,13 @@ def _place_batch(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid
     plain: dict[frozenset[str] | None, list[Prepared]] = defaultdict(list)
     others: list[Prepared] = []
     last: Callable[[], dict[uuid.UUID, Placement]] | None = None
+    hop_trace.mark_many("placing", task_execution_ids)
     # BEGIN goes out with the claim, COMMIT with the last statement (pipeline mode).
     with pipelined_atomic() as tx:
         # One statement: the claims, their contexts and their executions' packages; it goes
         # out with the BEGIN, and the sync that reads it leaves pipeline mode.
         claimed = claim_work(task_execution_ids, claimer, deadline=False, before_read=tx.sync)
+        hop_trace.mark_many("claimed", task_execution_ids)
         claimed.sort(key=_claim_key)
         for work in claimed:
             prepared = placement.prepare(work)
@@ -167,6 +170,7 @@ def _place_batch(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid
             results[others[0].claim.task_execution_id] = placement.place_prepared(others[0])
     if last is not None:
         results.update(last())
+    hop_trace.mark_many("committed", task_execution_ids)
     return results
 
 
