@@ -291,9 +291,7 @@ class Relay:
                 continue
             local_sockets.unregister(agent_id, socket.channel_name)
             try:
-                await layer.send(
-                    socket.channel_name, {"type": "delivery.close", "code": code, "reason": reason}
-                )
+                await local_sockets.send_close(socket, code, reason, layer)
             except ChannelFull:
                 CHANNEL_FULL.labels(where="reconcile").inc()
             closed += 1
