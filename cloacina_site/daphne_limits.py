@@ -1,6 +1,6 @@
 """What daphne lets one client make the server hold, and what it tells a client it closes.
 
-Four adjustments to daphne (pinned in requirements.txt), applied by `serve`:
+Five adjustments to daphne (pinned in requirements.txt), applied by `serve`:
 
 * **Request bodies capped as they arrive.**  Twisted buffers a whole request body
   (to memory, then a temporary file) before daphne hands it to Django, so before
@@ -23,6 +23,14 @@ Four adjustments to daphne (pinned in requirements.txt), applied by `serve`:
   sender) until the consumer has worked the queue down to ``LOW_WATER``.
 * **Close reasons.**  Daphne sent only the close code; the reason a consumer
   gives (``malformed frame: …``) now reaches the agent too.
+* **Idle keep-alive connections closed.**  Twisted keeps an idle HTTP/1.1 connection
+  open for twelve hours.  Every agent registers over REST and then lives on its
+  WebSocket, so each left the server an idle REST connection (a socket, a channel and
+  its buffers) for good: at thousands of agents, a large share of the server's memory
+  per agent.  One idle for ``CLOACINA_HTTP_KEEPALIVE_S`` (30 s) between requests is now closed (a
+  request in progress, and a WebSocket upgraded from one, are never timed out: Twisted
+  suspends the idle timer while it handles a request).  Clients reconnect when they
+  next call; httpx, the agents' client, drops a connection idle for 5 s itself.
 """
 
 from __future__ import annotations
@@ -45,12 +53,17 @@ LINGER_IDLE_S = 2.0
 LINGER_MAX_S = 30.0
 
 
-def apply_daphne_limits(max_body_bytes: int | None = None) -> None:
-    """Install all four (idempotent); ``max_body_bytes`` None leaves bodies uncapped."""
+def apply_daphne_limits(
+    max_body_bytes: int | None = None, keepalive_s: float | None = None
+) -> None:
+    """Install all five (idempotent); ``max_body_bytes`` None leaves bodies uncapped,
+    ``keepalive_s`` None leaves Twisted's idle timeout (twelve hours)."""
     from daphne import http_protocol, ws_protocol
 
     _formless_requests(http_protocol.WebRequest)
     _bounded_websockets(ws_protocol.WebSocketProtocol)
+    if keepalive_s is not None:
+        _idle_keepalive_closed(http_protocol.HTTPFactory, keepalive_s)
     if max_body_bytes is not None:
         _capped_bodies(http_protocol.WebRequest, max_body_bytes)
 
@@ -151,6 +164,21 @@ class _Linger:
         transport = self.channel.transport
         if transport is not None:
             transport.loseConnection()
+
+
+def _idle_keepalive_closed(factory_class, keepalive_s: float) -> None:
+    """Twisted's HTTPFactory gives each connection its ``timeOut`` as the idle timeout."""
+    factory_class._cloacina_keepalive_s = keepalive_s  # a later call (tests) may change it
+    if getattr(factory_class, "_cloacina_keepalive", False):
+        return
+    original_init = factory_class.__init__
+
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self.timeOut = self._cloacina_keepalive_s
+
+    factory_class.__init__ = __init__
+    factory_class._cloacina_keepalive = True
 
 
 def _formless_requests(request_class) -> None:
