@@ -49,6 +49,7 @@ from fleet.executors.fleet.result_intake import MAX_BIGINT, MAX_INT, ResultIn
 from fleet.executors.fleet.routing.metrics import CHANNEL_FULL, HEARTBEATS
 
 log = logging.getLogger(__name__)
+SOCKET_BEATS = HEARTBEATS.labels(via="socket")  # looked up once: every beat counts here
 
 MAX_FRAME_BYTES = 1024 * 1024
 INBOUND_QUEUE = 1024  # frames parsed but not yet handled
@@ -396,7 +397,7 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         """Hand ``beat`` to the socket writer (its own connection, not the delivery pool).
         Answered in the background: the writer holds a beat back a moment to write it with
         others (socket_writes), and this socket's other frames must not wait."""
-        HEARTBEATS.labels(via="socket").inc()
+        SOCKET_BEATS.inc()
         if self._beat is None or self._beat.done():
             self._beat = asyncio.ensure_future(self._write_beat(beat))
         else:

@@ -262,7 +262,7 @@ class SocketWrites:
         beats are to be tried again)."""
         ids = list(beats)
         cursor = await conn.execute(
-            lifecycle.BEAT_MANY,
+            lifecycle.BEAT_MANY_BINARY,
             {
                 "ids": ids,
                 "tenants": [beats[i].tenant_id for i in ids],
