@@ -61,8 +61,9 @@ WHERE t.id = d.task_execution_id AND t.assignment = d.assignment AND t.status = 
 RETURNING d.attempts, extract(epoch FROM now() - t.ready_at)
 """
 
+# Every socket of the process, each second: the ids as a binary parameter (ledger.TAKE_PENDING).
 _ROSTER = f"""
-SELECT id, state, connected_to, connection_generation FROM {ledger.AGENTS} WHERE id = ANY(%s)
+SELECT id, state, connected_to, connection_generation FROM {ledger.AGENTS} WHERE id = ANY(%b)
 """
 
 _ACTIVE_KEYS = """
