@@ -1,6 +1,6 @@
 """What daphne lets one client make the server hold, and what it tells a client it closes.
 
-Four adjustments to daphne (pinned in requirements.txt), applied by `serve`:
+Six adjustments to daphne (pinned in requirements.txt), applied by `serve`:
 
 * **Request bodies capped as they arrive.**  Twisted buffers a whole request body
   (to memory, then a temporary file) before daphne hands it to Django, so before
@@ -23,13 +23,30 @@ Four adjustments to daphne (pinned in requirements.txt), applied by `serve`:
   sender) until the consumer has worked the queue down to ``LOW_WATER``.
 * **Close reasons.**  Daphne sent only the close code; the reason a consumer
   gives (``malformed frame: …``) now reaches the agent too.
+* **Idle keep-alive connections closed.**  Twisted keeps an idle HTTP/1.1 connection
+  open for twelve hours.  Every agent registers over REST and then lives on its
+  WebSocket, so each left the server an idle REST connection (a socket, a channel and
+  its buffers) for good: at thousands of agents, a large share of the server's memory
+  per agent.  One idle for ``CLOACINA_HTTP_KEEPALIVE_S`` (30 s) between requests is now closed (a
+  request in progress, and a WebSocket upgraded from one, are never timed out: Twisted
+  suspends the idle timer while it handles a request).  Clients reconnect when they
+  next call; httpx, the agents' client, drops a connection idle for 5 s itself.
+* **Lean WebSocket connections** (autobahn, under daphne).  Each connection copied the
+  factory's 29 protocol options onto itself (a larger ``__dict__`` per socket, thousands
+  of sockets) and built its debug lines — a ``pformat`` of those options per connection,
+  highlighted type names per frame received — whether or not debug was logged.  The
+  options now live on the protocol class (the values the factory gives, read the same
+  way), and those debug arguments are formatted only when a debug line is written.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import types
+from collections.abc import Callable
 from io import BytesIO
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +62,18 @@ LINGER_IDLE_S = 2.0
 LINGER_MAX_S = 30.0
 
 
-def apply_daphne_limits(max_body_bytes: int | None = None) -> None:
-    """Install all four (idempotent); ``max_body_bytes`` None leaves bodies uncapped."""
+def apply_daphne_limits(
+    max_body_bytes: int | None = None, keepalive_s: float | None = None
+) -> None:
+    """Install all six (idempotent); ``max_body_bytes`` None leaves bodies uncapped,
+    ``keepalive_s`` None leaves Twisted's idle timeout (twelve hours)."""
     from daphne import http_protocol, ws_protocol
 
     _formless_requests(http_protocol.WebRequest)
     _bounded_websockets(ws_protocol.WebSocketProtocol)
+    if keepalive_s is not None:
+        _idle_keepalive_closed(http_protocol.HTTPFactory, keepalive_s)
+    _lean_websockets(ws_protocol.WebSocketFactory)
     if max_body_bytes is not None:
         _capped_bodies(http_protocol.WebRequest, max_body_bytes)
 
@@ -151,6 +174,72 @@ class _Linger:
         transport = self.channel.transport
         if transport is not None:
             transport.loseConnection()
+
+
+class _LazyText:
+    """A log argument computed only when the line is formatted (never, below its level)."""
+
+    __slots__ = ("args", "make")
+
+    def __init__(self, make: Callable[..., Any], args: tuple) -> None:
+        self.make, self.args = make, args
+
+    def __str__(self) -> str:
+        return str(self.make(*self.args))
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+def _lazy(make: Callable[..., Any]) -> Callable[..., _LazyText]:
+    return lambda *args: _LazyText(make, args)
+
+
+def _lean_websockets(factory_class) -> None:
+    if getattr(factory_class, "_cloacina_lean", False):
+        return
+    # Local, as daphne's own modules above: only `serve` (after daphne installed its
+    # reactor) patches them.
+    from autobahn.twisted import websocket as twisted_websocket
+    from autobahn.websocket import protocol as websocket_protocol
+
+    for module in (twisted_websocket, websocket_protocol):
+        for name in ("hltype", "hlval", "pformat"):
+            if hasattr(module, name):
+                setattr(module, name, _lazy(getattr(module, name)))
+    protocol_class = factory_class.protocol
+    # The options autobahn would copy onto each connection: those the class does not set.
+    copied = [name for name in protocol_class.CONFIG_ATTRS if not hasattr(protocol_class, name)]
+    original_build = factory_class.buildProtocol
+
+    def buildProtocol(self, addr):
+        if protocol_class.__dict__.get("_cloacina_options_of") is not self:
+            for name in copied:  # this factory's values, as autobahn reads them
+                value = getattr(self, name)
+                # A plain function (perMessageCompressionAccept) would bind as a method.
+                if isinstance(value, types.FunctionType):
+                    value = staticmethod(value)
+                setattr(protocol_class, name, value)
+            protocol_class._cloacina_options_of = self
+        return original_build(self, addr)
+
+    factory_class.buildProtocol = buildProtocol
+    factory_class._cloacina_lean = True
+
+
+def _idle_keepalive_closed(factory_class, keepalive_s: float) -> None:
+    """Twisted's HTTPFactory gives each connection its ``timeOut`` as the idle timeout."""
+    factory_class._cloacina_keepalive_s = keepalive_s  # a later call (tests) may change it
+    if getattr(factory_class, "_cloacina_keepalive", False):
+        return
+    original_init = factory_class.__init__
+
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self.timeOut = self._cloacina_keepalive_s
+
+    factory_class.__init__ = __init__
+    factory_class._cloacina_keepalive = True
 
 
 def _formless_requests(request_class) -> None:

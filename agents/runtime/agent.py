@@ -135,20 +135,33 @@ class Agent:
             await self._stop.wait()
         finally:
             self._stopping = True
-            if self.session is not None:
-                await self.session.close("agent stopping")
-            for task in loops:
-                task.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
-            await self.intake.cancel_all()
-            await asyncio.to_thread(self.runner.close)
-            if self._owns_client:
-                await self.client.close()
+            await self._stop_loops(loops)
         if self.exit_code == EXIT_OK:
             log.info("agent %s stopped: %s", self.config.name, self.exit_message)
         else:
             log.error("agent %s stopped: %s", self.config.name, self.exit_message)
         return self.exit_code if self.exit_code is not None else EXIT_FORCED
+
+    async def _stop_loops(self, loops: list[asyncio.Task]) -> None:
+        """Close the socket, then stop the loops, the intake, the runner and the client.
+        Each step runs even when an earlier one raises or is cancelled (a swarm cancelling
+        its agents cancels this too): a heartbeat loop left running would outlive the HTTP
+        client and fail on a closed one ("Task exception was never retrieved")."""
+        try:
+            if self.session is not None:
+                await self.session.close("agent stopping")
+        finally:
+            for task in loops:
+                task.cancel()
+            try:
+                await asyncio.gather(*loops, return_exceptions=True)
+            finally:
+                try:
+                    await self.intake.cancel_all()
+                    await asyncio.to_thread(self.runner.close)
+                finally:
+                    if self._owns_client:
+                        await self.client.close()
 
     def request_drain(self, reason: str) -> None:
         """Stop taking work, finish and report what is in hand, deregister, exit 0."""

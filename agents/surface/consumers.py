@@ -33,8 +33,9 @@ from collections import deque
 from typing import Any
 
 from channels.consumer import get_handler_name
-from channels.exceptions import ChannelFull
+from channels.exceptions import ChannelFull, StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.layers import get_channel_layer
 from pydantic import ValidationError
 
 from agents.protocol import hop_trace, wire
@@ -48,6 +49,7 @@ from fleet.executors.fleet.result_intake import MAX_BIGINT, MAX_INT, ResultIn
 from fleet.executors.fleet.routing.metrics import CHANNEL_FULL, HEARTBEATS
 
 log = logging.getLogger(__name__)
+SOCKET_BEATS = HEARTBEATS.labels(via="socket")  # looked up once: every beat counts here
 
 MAX_FRAME_BYTES = 1024 * 1024
 INBOUND_QUEUE = 1024  # frames parsed but not yet handled
@@ -193,6 +195,21 @@ def _check_result(frame: dict[str, Any]) -> dict[str, Any]:
 
 class AgentDeliveryConsumer(AsyncWebsocketConsumer):
     grant: roster.SocketGrant | None = None
+
+    async def __call__(self, scope: dict, receive, send) -> None:
+        """Channels' loop without the channel layer: this process's relay pushes packets and
+        closes sockets by direct calls (local_sockets.LocalSocket's ``push`` and ``close``),
+        so a channel per socket would only cost a receive task and a queue per connection,
+        and ``await_many_dispatch`` a new task and an ``asyncio.wait`` per frame — at
+        thousands of idle sockets beating, memory and CPU for nothing (docs/scaling.md).
+        ``channel_name`` is kept as the socket's identity in local_sockets."""
+        self.scope = scope
+        self.channel_layer = None
+        self.channel_name = f"agent-socket.{uuid.uuid4().hex}"
+        self.base_send = send
+        with contextlib.suppress(StopConsumer):
+            while True:
+                await self.dispatch(await receive())
 
     async def dispatch(self, message):
         # Channels' default dispatch closes old DB connections (a thread hop) before
@@ -382,7 +399,7 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         """Hand ``beat`` to the socket writer (its own connection, not the delivery pool).
         Answered in the background: the writer holds a beat back a moment to write it with
         others (socket_writes), and this socket's other frames must not wait."""
-        HEARTBEATS.labels(via="socket").inc()
+        SOCKET_BEATS.inc()
         if self._beat is None or self._beat.done():
             self._beat = asyncio.ensure_future(self._write_beat(beat))
         else:
@@ -452,25 +469,21 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         previous = local_sockets.register(
             local_sockets.LocalSocket(
                 grant.agent_id, grant.tenant_id, self.channel_name, grant.generation,
-                grant.wire_format, grant.key_id, self.push_packet,
+                grant.wire_format, grant.key_id, self.push_packet, self._close,
             )
         )  # fmt: skip
         self._registered = True
         if previous is not None:
             # The same agent reconnected to this process: the older socket is stale.
-            asyncio.ensure_future(self._close_superseded(previous.channel_name))
+            asyncio.ensure_future(self._close_superseded(previous))
 
-    async def _close_superseded(self, channel_name: str) -> None:
-        """Tell the stale socket to close; a full queue is counted (before, it was an
-        exception nobody retrieved)."""
+    async def _close_superseded(self, previous: local_sockets.LocalSocket) -> None:
+        """Tell the stale socket to close; a full queue (a socket registered without a
+        ``close``, closed over the channel layer) is counted (before, it was an exception
+        nobody retrieved)."""
         try:
-            await self.channel_layer.send(
-                channel_name,
-                {
-                    "type": "delivery.close",
-                    "code": CLOSE_SUPERSEDED,
-                    "reason": "superseded by a newer connection",
-                },
+            await local_sockets.send_close(
+                previous, CLOSE_SUPERSEDED, "superseded by a newer connection", get_channel_layer()
             )
         except ChannelFull:
             CHANNEL_FULL.labels(where="superseded").inc()

@@ -304,6 +304,10 @@ SETTINGS: tuple[Setting, ...] = (
     # How long a server process reuses a verified API key (fleet/platform/key_cache.py):
     # a key revoked on another server process stops working within this (at most 60 s).
     Setting("auth_cache_ttl_s", "CLOACINA_AUTH_CACHE_TTL_S", "auth_cache_ttl_s", float, 5.0),
+    # Seconds an HTTP connection may stay idle between requests before the server closes
+    # it (cloacina_site/daphne_limits.py): each agent's REST connection, idle once its
+    # socket is up, would otherwise hold server memory for good.
+    Setting("http_keepalive_s", "CLOACINA_HTTP_KEEPALIVE_S", "http_keepalive_s", float, 30.0, 0.1),
     # Bearer token /metrics requires (empty = open, as before).
     Setting("metrics_token", "CLOACINA_METRICS_TOKEN", "metrics_token", str, ""),
 )
@@ -406,6 +410,7 @@ class Config:
     login_lockout_s: int = 900
     metrics_token: str = ""
     auth_cache_ttl_s: float = 5.0
+    http_keepalive_s: float = 30.0
     # Executors registered from configuration ([executors] / CLOACINA_EXECUTORS), by key.
     executors: dict[str, ExecutorSpec] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)

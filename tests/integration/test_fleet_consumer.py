@@ -292,6 +292,42 @@ def test_the_relay_closes_the_socket_of_a_dead_agent_4404(tenant, agent_key):
     assert run_async(scenario()) == 4404
 
 
+def test_the_relay_closes_only_the_sockets_the_roster_no_longer_backs(tenant, agent_key):
+    """The roster check is made in the database (it returns the sockets to close, not a
+    row per socket): a socket whose agent is now connected to another server is closed
+    4408, one whose agent row is gone 4404, and a healthy one is left alone."""
+    healthy, moved, gone = (make_agent(tenant, connected=False) for _ in range(3))
+
+    async def scenario():
+        relay = Relay(poll_s=60)
+        comms = {}
+        for agent in (healthy, moved, gone):
+            comms[agent.id] = socket(agent.id, agent_key)
+            await opened(comms[agent.id])
+            await until(lambda a=agent: local_sockets.get(a.id) is not None)
+        await until(
+            lambda: Agent.objects.filter(pk=moved.pk).update(connected_to="another-server") == 1
+        )
+        gone_socket = local_sockets.get(gone.id)
+        await until(lambda: Agent.objects.filter(pk=gone.pk).delete()[0] >= 1)
+        closed = await relay.reconcile()
+        codes = {
+            "moved": await close_code(comms[moved.id]),
+            "gone": await close_code(comms[gone.id]),
+        }
+        still_open = local_sockets.get(healthy.id) is not None
+        for comm in comms.values():
+            await comm.disconnect()
+        await relay.stop()
+        return closed, codes, still_open, gone_socket is not None
+
+    closed, codes, still_open, gone_was_open = run_async(scenario())
+    assert gone_was_open
+    assert closed == 2
+    assert codes == {"moved": 4408, "gone": 4404}
+    assert still_open
+
+
 def test_a_dead_agents_heartbeat_over_the_socket_closes_it_4404(tenant, agent_key):
     agent = make_agent(tenant, connected=False)
 

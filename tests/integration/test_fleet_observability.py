@@ -113,6 +113,7 @@ def test_every_push_that_hits_a_full_channel_is_counted_by_where(tenant, monkeyp
     layer = FullLayer()
     monkeypatch.setattr(relay, "get_channel_layer", lambda: layer)
     monkeypatch.setattr(socket_writes, "get_channel_layer", lambda: layer)
+    monkeypatch.setattr("agents.surface.consumers.get_channel_layer", lambda: layer)
     two_task_package(tenant)
     agent = make_agent(tenant, "w")
     _, task = ready_root(tenant)
@@ -144,7 +145,7 @@ def test_every_push_that_hits_a_full_channel_is_counted_by_where(tenant, monkeyp
         local_sockets.register(local_sockets.LocalSocket(agent.id, tenant.pk, "chan-w", 1, "json"))
         await socket_writes._refuse(agent.id, "result", ValueError("refused"))
         await AgentDeliveryConsumer._close_superseded(
-            SimpleNamespace(channel_layer=layer), "chan-old"
+            SimpleNamespace(), local_sockets.LocalSocket(agent.id, tenant.pk, "chan-old", 1, "json")
         )
 
     try:

@@ -523,3 +523,83 @@ def test_a_rest_heartbeat_with_a_revoked_key_stops_the_agent():
 
 def test_a_failed_rest_heartbeat_is_only_skipped():
     assert _beat(ScriptedServer((0, {}))) == {"unknown": [], "drain": 0, "auth": []}
+
+
+# -- stopping --------------------------------------------------------------------------------
+
+
+class _QuietRunner:
+    """The task runner's interface with nothing to start or stop."""
+
+    def require_reachable(self, path, what: str) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _StuckSession:
+    """A delivery session whose close fails (``raises``) or never ends (cancelled)."""
+
+    def __init__(self, raises: bool) -> None:
+        self.raises = raises
+        self.closing = asyncio.Event()
+
+    async def close(self, reason: str) -> None:
+        self.closing.set()
+        if self.raises:
+            raise RuntimeError("the socket was already gone")
+        await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize("raises", [True, False], ids=["close raises", "close cancelled again"])
+def test_a_stopping_agent_cancels_its_loops_even_when_closing_the_socket_fails(tmp_path, raises):
+    """Swarm.stop(drain=False) cancels every agent; an agent whose socket close raised or
+    was cancelled a second time used to leave its heartbeat loop running past the HTTP
+    client it beats through."""
+
+    async def scenario() -> tuple[list[bool], BaseException | None]:
+        agent = Agent(
+            AgentConfig(
+                server_url="http://server:8000",
+                api_key="the-key",
+                name="a",
+                target_triple="x86_64-unknown-linux-gnu",
+                cache_dir=tmp_path / "cache",
+                cache_max_bytes=1024 * 1024,
+            ),
+            runner=_QuietRunner(),
+            client=_client(ScriptedServer()),
+        )
+        loops: list[asyncio.Task] = []
+
+        async def forever() -> None:
+            loops.append(asyncio.current_task())
+            await asyncio.Event().wait()
+
+        agent._connection_loop = forever
+        agent.heartbeat.run = forever
+        session = agent.session = _StuckSession(raises)
+        run = asyncio.create_task(agent.run())
+        while len(loops) < 2:
+            await asyncio.sleep(0)
+        run.cancel()  # as the swarm's cancel does
+        await session.closing.wait()
+        if not raises:
+            run.cancel()  # cancelled again while the socket's close hangs
+        error: BaseException | None = None
+        try:
+            await run
+        except BaseException as exc:
+            error = exc
+        await asyncio.sleep(0)  # a loop left running would now get its turn
+        stopped = [task.cancelled() for task in loops]  # before asyncio.run cancels leftovers
+        await agent.client.close()
+        return stopped, error
+
+    stopped, error = run_async(scenario())
+    assert isinstance(error, RuntimeError if raises else asyncio.CancelledError)
+    assert stopped == [True, True]

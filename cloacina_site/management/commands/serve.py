@@ -196,7 +196,7 @@ class ServeProcess:
         # only now finished adjusting them (TLS, overrides); the reactor is installed above.
         from cloacina_site.asgi import application
 
-        apply_daphne_limits(self.config.max_request_bytes)
+        apply_daphne_limits(self.config.max_request_bytes, self.config.http_keepalive_s)
         self.server = Server(
             application=application,
             endpoints=[

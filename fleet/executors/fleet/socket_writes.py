@@ -288,7 +288,7 @@ class SocketWrites:
         beats are to be tried again)."""
         ids = list(beats)
         cursor = await conn.execute(
-            lifecycle.BEAT_MANY,
+            lifecycle.BEAT_MANY_BINARY,
             {
                 "ids": ids,
                 "tenants": [beats[i].tenant_id for i in ids],
@@ -356,10 +356,9 @@ async def _refuse(agent_id: uuid.UUID, what: str, exc: Exception) -> None:
         return
     local_sockets.unregister(agent_id, socket.channel_name)
     try:
-        await get_channel_layer().send(
-            socket.channel_name,
-            {"type": "delivery.close", "code": CLOSE_MALFORMED,
-             "reason": f"malformed frame: the database refused its {what}"},
+        await local_sockets.send_close(
+            socket, CLOSE_MALFORMED, f"malformed frame: the database refused its {what}",
+            get_channel_layer(),
         )  # fmt: skip
     except ChannelFull:
         CHANNEL_FULL.labels(where="refused_write").inc()

@@ -4,8 +4,10 @@ Consumers register here once the agent's ``hello`` is handled; the relay reads
 it to know which agents it may push to.  A socket registered with ``push`` (the
 consumer's own coroutine that writes a work frame) takes packets by a direct call
 on the event loop: no channel-layer message per packet (the in-memory layer deep-
-copies each one and wakes the consumer's task to read it back).  Closes and other
-messages still go through the channel layer.  ``server_id`` is what this process
+copies each one and wakes the consumer's task to read it back).  One registered with
+``close`` is closed the same way (:func:`send_close`); the delivery consumer registers
+both and holds no channel-layer channel at all (a receive task and a queue per socket,
+thousands of them: docs/scaling.md, memory).  ``server_id`` is what this process
 writes into ``agents_agent.connected_to``.  Everything here runs on the event
 loop thread, so no locking is needed.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fleet.engine.server_registry import new_instance_id
 
@@ -45,6 +48,9 @@ class LocalSocket:
     key_id: int | None = None  # the API key the socket was opened with (closed 4401 with it)
     # Writes one work packet to the socket (the consumer's); None: send over the channel layer.
     push: Callable[[dict], Awaitable[None]] | None = None
+    # Closes the socket with a code and a reason (the consumer's); None: a ``delivery.close``
+    # message over the channel layer.
+    close: Callable[[int, str], Awaitable[None]] | None = None
 
 
 _sockets: dict[uuid.UUID, LocalSocket] = {}
@@ -79,6 +85,18 @@ def unregister(agent_id: uuid.UUID, channel_name: str) -> bool:
         del _sockets[agent_id]
         return True
     return False
+
+
+async def send_close(socket: LocalSocket, code: int, reason: str, layer: Any) -> None:
+    """Close ``socket`` with ``code``: a direct call when its consumer registered one, else a
+    ``delivery.close`` message on ``layer`` (the caller's channel layer; raises ChannelFull
+    as the layer does)."""
+    if socket.close is not None:
+        await socket.close(code, reason)
+        return
+    await layer.send(
+        socket.channel_name, {"type": "delivery.close", "code": code, "reason": reason}
+    )
 
 
 def get(agent_id: uuid.UUID) -> LocalSocket | None:

@@ -274,10 +274,12 @@ def close_row(row_id: int) -> None:
 
 # -- the relay: pending → delivered, and back when a push could not be made ----------
 
+# ``agents`` is every agent with a socket in the process (thousands), sent twice a second:
+# a binary parameter, not text that escapes each id (~1.5 against ~9 ms per 5,000 ids).
 TAKE_PENDING = """
 WITH due AS MATERIALIZED (  -- picked once: a LIMIT … SKIP LOCKED subquery must not re-run
     SELECT o.id FROM delivery_outbox o
-    WHERE o.state = 'pending' AND o.agent_id = ANY(%(agents)s)
+    WHERE o.state = 'pending' AND o.agent_id = ANY(%(agents)b)
     ORDER BY o.id
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
