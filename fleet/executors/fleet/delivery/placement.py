@@ -378,7 +378,7 @@ class Reservation:
                     claim.tenant_id, claim.assignment, agent_id, name
                 )
                 continue
-            # The row's payload: what was sent, with the agent's triple and its artifact.
+            # The row's payload: what was sent, with the triple and artifact the row holds.
             packet = {**prepared.payload, "target_triple": triple, "artifact_digest": digest}
             packet["outbox_id"] = outbox_id
             placed[task_execution_id] = Delivered(

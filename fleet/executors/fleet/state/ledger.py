@@ -165,8 +165,8 @@ SELECT id, name, target_triple FROM reserved, relax
 # agent whose socket THIS process holds is written as delivered (its result clock
 # started) and pushed by the caller right after the commit; the others are pending, for
 # the relay that holds their socket.  The caller builds the pushed packet from the payload
-# it sent and the two keys added here (returning the whole payload cost a jsonb output
-# and a JSON parse per task).
+# it sent and the two keys added here, read back from the row as written (returning the
+# whole payload cost a jsonb output and a JSON parse per task).
 RESERVE_AND_ENQUEUE = (
     """
 WITH locked AS (
@@ -217,7 +217,8 @@ WITH locked AS (
            CASE WHEN w.local THEN 1 ELSE 0 END, CASE WHEN w.local THEN now() END,
            now(), now(), '[]'::jsonb
     FROM work w
-    RETURNING id, task_execution_id
+    RETURNING id, task_execution_id, payload ->> 'target_triple' AS target_triple,
+              payload ->> 'artifact_digest' AS artifact_digest
 ), assigned AS (
     UPDATE fleet_taskexecution t SET agent_id = w.agent_id,
         result_deadline = CASE WHEN w.local
@@ -238,8 +239,8 @@ WITH locked AS (
     -- the outcome's synchronous commit flushes it anyway.
     SELECT set_config('synchronous_commit', 'off', true)
 )
-SELECT w.task_execution_id, w.agent_id, w.name, w.local, p.id, w.target_triple,
-       coalesce(w.digests ->> w.target_triple, w.digest), a.waited_s
+SELECT w.task_execution_id, w.agent_id, w.name, w.local, p.id, p.target_triple,
+       p.artifact_digest, a.waited_s
 FROM work w JOIN packets p ON p.task_execution_id = w.task_execution_id JOIN assigned a ON a.id = w.task_execution_id, relax
 """
 )
