@@ -282,7 +282,7 @@ def test_registration_failures_are_sorted_by_what_the_agent_must_do(status, erro
     assert server.requests[0][:2] == ("POST", "/api/v1/agents/register")
 
 
-def _agent(tmp_path, server: ScriptedServer) -> Agent:
+def _agent(tmp_path, server: ScriptedServer, runner=None) -> Agent:
     config = AgentConfig(
         server_url="http://server:8000",
         api_key="the-key",
@@ -291,7 +291,7 @@ def _agent(tmp_path, server: ScriptedServer) -> Agent:
         cache_dir=tmp_path / "cache",
         cache_max_bytes=1024 * 1024,
     )
-    return Agent(config, client=_client(server))
+    return Agent(config, runner=runner, client=_client(server))
 
 
 REGISTERED = {"agent_id": "agent-1", "name": "a", "heartbeat_interval_s": 5, "liveness_misses": 3}
@@ -562,18 +562,7 @@ def test_a_stopping_agent_cancels_its_loops_even_when_closing_the_socket_fails(t
     client it beats through."""
 
     async def scenario() -> tuple[list[bool], BaseException | None]:
-        agent = Agent(
-            AgentConfig(
-                server_url="http://server:8000",
-                api_key="the-key",
-                name="a",
-                target_triple="x86_64-unknown-linux-gnu",
-                cache_dir=tmp_path / "cache",
-                cache_max_bytes=1024 * 1024,
-            ),
-            runner=_QuietRunner(),
-            client=_client(ScriptedServer()),
-        )
+        agent = _agent(tmp_path, ScriptedServer(), runner=_QuietRunner())
         loops: list[asyncio.Task] = []
 
         async def forever() -> None:
