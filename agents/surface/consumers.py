@@ -7,10 +7,11 @@ checked (1 MiB), rate-limited (token bucket) and parsed as they arrive, then
 queued (bounded) for a worker task that batches their database work while any
 wait: so a burst of ``received`` frames costs one UPDATE, and a slow database never
 blocks the socket's reader.  Heartbeats skip that queue: each goes to the socket
-writer at once, so a beat never waits behind a hello or results on the delivery pool.  Work packets come from this process's relay
-through the channel layer (``delivery.work``); the relay can also close the
-socket (``delivery.close``) when the agent died or connected elsewhere, or when the
-key the socket was opened with is revoked or its tenant deactivated (4401).
+writer at once, so a beat never waits behind a hello or results on the delivery pool.
+Work packets come from this process's relay by a direct call (the consumer registers
+``push_packet`` and its close in local_sockets; it holds no channel-layer channel); the
+relay closes the socket the same way when the agent died or connected elsewhere, or when
+the key the socket was opened with is revoked or its tenant deactivated (4401).
 An agent may report outcomes over the socket too (``result`` frames, answered
 by ``result_ack``): the same checks and handler as ``POST …/results``, without
 an HTTP request per task.
