@@ -23,7 +23,7 @@ from tests.support.factories import NOOP_SOURCE, make_package
 from tests.support.processes import Processes, control_env, diagnostics
 from tests.support.server_api import Api
 from tests.support.waiting import wait_until
-from tests.support.workloads import SLOW_TASKS
+from tests.support.workloads import GATED_TASKS, SLOW_TASKS
 
 pytestmark = pytest.mark.e2e
 
@@ -171,22 +171,36 @@ def test_a_crashed_agent_is_restarted_and_a_disabled_tenant_stopped(procs, acme)
     )
 
 
-def test_the_autoscaler_scales_up_under_load_and_down_when_idle(procs, acme):
+def test_the_autoscaler_scales_up_under_load_and_down_when_idle(procs, acme, tmp_path):
     tenant, key = acme
     Tenant.objects.filter(pk=tenant.pk).update(max_agents_override=3)
-    tasks = [{"id": f"t{i}", "function": "demo.steps:slow"} for i in range(3)]
-    make_package(tenant, tasks, SLOW_TASKS)
-    env = control_env(procs, CLOACINA_AUTOSCALE="true", CLOACINA_AGENT_MAX_CONCURRENCY="1")
+    tasks = [{"id": f"t{i}", "function": "demo.steps:held"} for i in range(3)]
+    make_package(tenant, tasks, GATED_TASKS)
+    env = control_env(
+        procs,
+        CLOACINA_AUTOSCALE="true",
+        CLOACINA_AGENT_MAX_CONCURRENCY="1",
+        CLOACINA_AGENT_LIVENESS_MISSES="10",  # a starved CI machine must not evict anyone
+    )
     serve = procs.serve(env=env)
     api, logs = Api(serve, key), diagnostics(procs, serve)
-    # Zero agents and three queued tasks: the backlog alone must bring the fleet up.
-    execution_id = api.start("demo", {"sleep_s": 2.5})
+    # Zero agents and three queued tasks that hold their slots until the gate opens: the
+    # backlog alone must bring the fleet up, one agent at a time, however slowly agents start.
+    gate = tmp_path / "gate"
+    execution_id = api.start("demo", {"gate": str(gate)})
     wait_until(
         lambda: Tenant.objects.get(pk=tenant.pk).desired_count == 3,
         what="the autoscaler to reach the limit of 3",
-        timeout=60,
+        timeout=90,
         logs=logs,
     )
+    wait_until(
+        lambda: TaskExecution.objects.filter(tenant=tenant, status="Running").count() == 3,
+        what="each of the three agents to hold a task",
+        timeout=90,
+        logs=logs,
+    )
+    gate.write_text("open")
     wait_until(
         lambda: WorkflowExecution.objects.filter(pk=execution_id, status="Completed").exists(),
         what="the execution to complete",
@@ -200,7 +214,7 @@ def test_the_autoscaler_scales_up_under_load_and_down_when_idle(procs, acme):
     )
     assert [(o, n) for o, n, _ in ups] == [(0, 1), (1, 2), (2, 3)]
     assert "backlog 3 > 0 free slot(s)" in ups[0][2]
-    assert len({t.agent_id for t in TaskExecution.objects.filter(tenant=tenant)}) >= 2
+    assert len({t.agent_id for t in TaskExecution.objects.filter(tenant=tenant)}) == 3
     # Idle now: utilization 0 → −1 per cooldown down to the floor (0), each agent drained.
     wait_until(
         lambda: Tenant.objects.get(pk=tenant.pk).desired_count == 0,

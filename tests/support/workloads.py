@@ -56,6 +56,22 @@ def slow(ctx):
 """
 
 
+GATED_TASKS = """
+import time
+from pathlib import Path
+
+def held(ctx):
+    # Holds its slot until the test creates ctx["gate"] (bounded, so a broken test cannot
+    # leave a task running forever): load that lasts exactly as long as the test needs.
+    gate, deadline = Path(ctx["gate"]), time.monotonic() + float(ctx.get("hold_max_s", 120))
+    while not gate.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {gate} never opened")
+        time.sleep(0.05)
+    return {"held": True}
+"""
+
+
 def agent_package(name: str = "agentpkg", workflow: str = "agentwf", task: str = "slow") -> bytes:
     """A one-task python package (``slow`` or ``quick`` from :data:`STEPS_SOURCE`)."""
     tasks = [{"id": task, "function": f"agentsteps.steps:{task}", "timeout_s": 60}]
