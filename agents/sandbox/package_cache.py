@@ -11,7 +11,11 @@ package.  A per-digest lock (a thread lock plus an ``flock`` on
 sharing a root, fetch each package once.
 
 When the unpacked packages exceed ``max_bytes`` the least recently used ones
-are removed, never the one just returned nor one pinned with :meth:`use`.
+are removed, never the one just returned nor one pinned with :meth:`use` or :meth:`pin` —
+by this process or by any other sharing the root: a pin holds a shared ``flock`` on
+``root/.locks/<digest>.pin``, and eviction removes a package only under an exclusive one
+(agents started by the process actuator, or by hand with one ``CLOACINA_HOME``, share a
+root).
 """
 
 from __future__ import annotations
@@ -40,8 +44,8 @@ STALE_TMP_AGE_S = 3600.0
 # agent looks its package up: a touch per task was a system call per task, where one a
 # second does.  Eviction in this process orders by its own record of use, exact to the
 # call; another process sharing the root (agents with one CLOACINA_HOME) sees this one's
-# use at most this late, and a package it deleted from under us is noticed at the next
-# touch: short, so that window stays narrow.
+# use at most this late.  A package such a process deleted from under an unpinned caller is
+# noticed at the next touch; pinned ones (every task's) it cannot delete.
 TOUCH_INTERVAL_S = 1.0
 
 
@@ -76,6 +80,7 @@ class PackageCache:
         self._guard = threading.Lock()
         self._digest_locks: dict[str, threading.Lock] = {}
         self._pins: dict[str, int] = {}
+        self._pin_fds: dict[str, int] = {}  # digest -> fd holding the shared pin flock
         self._sizes: dict[str, int] = {}  # digest -> unpacked bytes, learnt lazily
         # digest -> (its directory, monotonic time of our last touch): the hit path.
         self._seen: dict[str, tuple[Path, float]] = {}
@@ -134,32 +139,48 @@ class PackageCache:
 
     @contextlib.contextmanager
     def use(self, digest: str, fetch: Callable[[], bytes]) -> Iterator[Path]:
-        """:meth:`get`, pinned against eviction (by this process) until the block ends."""
-        _checked(digest)
-        with self._guard:
-            self._pins[digest] = self._pins.get(digest, 0) + 1
+        """:meth:`get`, pinned against eviction until the block ends."""
+        self.pin(digest)
         try:
             yield self.get(digest, fetch)
         finally:
-            with self._guard:
-                self._pins[digest] -= 1
-                if not self._pins[digest]:
-                    del self._pins[digest]
+            self.unpin(digest)
 
     def pin(self, digest: str) -> None:
-        """Protect ``digest`` from eviction until :meth:`unpin` (counted)."""
+        """Protect ``digest`` from eviction, by any process sharing the root, until
+        :meth:`unpin` (counted).  Call it before :meth:`get`, so that what ``get`` returns
+        stays put."""
         if digest not in self._seen:
             _checked(digest)
         with self._guard:
-            self._pins[digest] = self._pins.get(digest, 0) + 1
+            count = self._pins.get(digest, 0) + 1
+            self._pins[digest] = count
+            if count == 1:
+                self._hold_pin_lock(digest)
 
     def unpin(self, digest: str) -> None:
         with self._guard:
             left = self._pins.get(digest, 0) - 1
             if left > 0:
                 self._pins[digest] = left
-            else:
-                self._pins.pop(digest, None)
+                return
+            self._pins.pop(digest, None)
+            fd = self._pin_fds.pop(digest, None)
+        if fd is not None:
+            os.close(fd)  # releases the shared flock
+
+    def _hold_pin_lock(self, digest: str) -> None:
+        # Blocks only while another process renames this package away (see evict).  Once
+        # held, the package cannot go; but it may have gone just before, and the hit path
+        # trusts what it saw for TOUCH_INTERVAL_S: forget it, so the next get() checks.
+        fd = os.open(self.root / ".locks" / f"{digest}.pin", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._pin_fds[digest] = fd
+        self._seen.pop(digest, None)
 
     def entries(self) -> list[str]:
         """Digests currently unpacked in the cache."""
@@ -187,16 +208,29 @@ class PackageCache:
                 if digest == keep or pinned:
                     continue
                 # Skip a package another caller is filling or reading under its lock right now.
+                # (Not one pinned by another process, nor one being filled right now.)
                 with self._try_digest_lock(digest) as locked:
                     if not locked:
                         continue
                     size = self._size(digest)
-                    self._forget(digest)
-                    self._discard(self.root / digest)
+                    taken, doomed = self._take_unpinned(digest)
+                    if not taken:
+                        continue
                     self._sizes.pop(digest, None)
                     total -= size
                     removed.append(digest)
+                if doomed is not None:
+                    shutil.rmtree(doomed, ignore_errors=True)
         return removed
+
+    def _take_unpinned(self, digest: str) -> tuple[bool, Path | None]:
+        """Take ``digest`` out of the cache unless some process has it pinned: whether it
+        was taken, and where its directory was renamed to (None: it was gone already)."""
+        with self._file_lock(f"{digest}.pin", blocking=False) as free:
+            if not free:
+                return False, None
+            self._forget(digest)
+            return True, self._set_aside(self.root / digest)
 
     # -- internals ------------------------------------------------------------
 
@@ -257,13 +291,18 @@ class PackageCache:
         return self._sizes[digest]
 
     def _discard(self, path: Path) -> None:
+        doomed = self._set_aside(path)
+        if doomed is not None:
+            shutil.rmtree(doomed, ignore_errors=True)
+
+    def _set_aside(self, path: Path) -> Path | None:
         # Rename first so a concurrent reader never sees a half-deleted package.
         doomed = path.with_name(f"{TMP_PREFIX}gone-{path.name}-{os.getpid()}-{time.monotonic_ns()}")
         try:
             os.rename(path, doomed)
         except FileNotFoundError:
-            return
-        shutil.rmtree(doomed, ignore_errors=True)
+            return None
+        return doomed
 
     def _remove_stale_tmp(self) -> None:
         now = time.time()

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from agents.sandbox.package_cache import PackageCache
 from tests.support.factories import build_tar_gz, sha256
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,3 +66,40 @@ def test_the_cache_is_usable_from_a_db_less_process(tmp_path):
         [sys.executable, "-c", "import json; " + code], cwd=REPO, capture_output=True, text=True
     )
     assert json.loads(out.stdout) is False
+
+
+def test_a_package_pinned_by_another_process_is_not_evicted_until_it_unpins(tmp_path):
+    """Agents sharing a cache root (the process actuator's, or started by hand with one
+    CLOACINA_HOME): one agent's eviction must not delete a package another is running."""
+    root = tmp_path / "cache"
+    pinned, data = archive("pinned", size=600)
+    (tmp_path / "pkg.tar.gz").write_bytes(data)
+    script = f"""
+import sys, time
+sys.path.insert(0, {str(REPO)!r})
+from pathlib import Path
+from agents.sandbox.package_cache import PackageCache
+cache = PackageCache(Path({str(root)!r}), 10**6)
+with cache.use({pinned!r}, lambda: Path({str(tmp_path / "pkg.tar.gz")!r}).read_bytes()) as path:
+    print(path, flush=True)
+    while not Path({str(tmp_path / "release")!r}).exists():
+        time.sleep(0.01)
+    print(sorted(p.name for p in path.rglob("*")), flush=True)
+"""
+    other = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == str(root / pinned)
+        # This process shares the root with a byte limit the pinned package alone exceeds.
+        cache = PackageCache(root, 1)
+        newer, newer_data = archive("newer")
+        cache.get(newer, lambda: newer_data)  # evicts down to the limit: all it may
+        assert sorted(cache.entries()) == sorted([pinned, newer])
+        assert cache.evict() == [newer]  # over the limit still: only the unpinned one goes
+        assert cache.entries() == [pinned]
+    finally:
+        (tmp_path / "release").touch()
+    out, _ = other.communicate(timeout=30)
+    assert other.returncode == 0
+    assert "blob.txt" in out  # the pinned package was whole until its user let it go
+    assert cache.evict() == [pinned]  # unpinned (by its process's exit too): evictable
+    assert cache.entries() == []
