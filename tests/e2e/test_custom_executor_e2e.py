@@ -132,7 +132,10 @@ def test_serve_refuses_a_config_toml_executor_that_is_not_one(procs):
         '[server]\ndefault_executor = "limited"\n\n'
         '[executors.limited]\nclass = "fleet.platform.config:Config"\n'
     )
-    result = procs.manage("serve", "--port", "0", timeout=30)
+    # A refusal comes after Django, daphne and twisted are imported: seconds, and more than
+    # 30 once on a loaded 2-core CI machine. A server that starts instead never ends: the
+    # timeout still catches that.
+    result = procs.manage("serve", "--port", "0", timeout=90)
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert result.stderr.strip() == (
         "CommandError: executor 'limited' ([executors.limited] in config.toml): "

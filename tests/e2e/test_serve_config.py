@@ -64,7 +64,7 @@ def procs(transactional_db, tmp_path):
     ],
 )
 def test_serve_refuses_bad_configuration(procs, flags, env, message):
-    result = procs.manage("serve", "--port", "0", *flags, env=procs.env(**env), timeout=30)
+    result = procs.manage("serve", "--port", "0", *flags, env=procs.env(**env), timeout=90)
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1  # one clear line, no traceback
