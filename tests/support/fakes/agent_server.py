@@ -123,6 +123,8 @@ class FakeServer:
             for item in inner:
                 if item["type"] == "result":
                     ack = await self._answer_result(connection, item)
+                    if ack == "closed":
+                        return
                     if ack is not None:
                         acks.append(ack)
                 elif item["type"] != "heartbeat":
@@ -132,12 +134,13 @@ class FakeServer:
             elif acks:
                 await connection.send(json.dumps({"type": "batch", "frames": acks}))
 
-    async def _answer_result(self, connection: ServerConnection, frame: dict) -> dict | None:
+    async def _answer_result(self, connection: ServerConnection, frame: dict) -> dict | str | None:
+        """The ``result_ack`` for ``frame``, None (silent) or ``"closed"``."""
         self.socket_results.put_nowait(frame)
         answer = self.socket_answers.pop(0) if self.socket_answers else {"status": 200}
         if answer == "close":
             await connection.close(1011, "server going away")
-            return None
+            return "closed"
         if answer == "silent":
             return None
         ack = {"type": "result_ack", "outbox_id": frame["outbox_id"], **answer}
