@@ -116,7 +116,6 @@ class Session:
         self.closed = False  # the session ended: queue nothing more on it
         self._queued: list[batching.Encoded] = []
         self._flushing: asyncio.Task | None = None
-        self.frames_sent = 0  # WebSocket frames written by send_soon's flushes (tests, bench)
 
     async def send(self, frame: dict[str, Any]) -> None:
         await self.ws.send(wire.encode(frame, self.wire_format))
@@ -138,7 +137,6 @@ class Session:
                 queued, self._queued = self._queued, []
                 for data in batching.pack(queued, self.wire_format, self.batch_frames):
                     await self.ws.send(data)
-                    self.frames_sent += 1
         except (ConnectionClosed, OSError):
             self.closed = True  # the session loop notices the close and reports it
             self._queued.clear()
