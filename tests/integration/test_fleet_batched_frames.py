@@ -127,6 +127,34 @@ def test_packets_pushed_in_one_loop_turn_travel_in_one_batch_to_an_agent_that_as
     assert received[-1] == {"type": "work", "packet": {"outbox_id": 4}}
 
 
+def test_an_older_and_a_batching_agent_side_by_side_each_get_what_they_asked_for(tenant, agent_key):
+    old, new = (
+        make_agent(tenant, "old", connected=False),
+        make_agent(tenant, "new", connected=False),
+    )
+    packets = [{"outbox_id": n} for n in (1, 2)]
+
+    async def scenario() -> tuple[list, list]:
+        old_comm, new_comm = socket(old.id, agent_key), socket(new.id, agent_key)
+        await _opened(old_comm, False)
+        await _opened(new_comm, True)
+        await until(lambda: None not in (local_sockets.get(old.id), local_sockets.get(new.id)))
+        pushes = [local_sockets.get(a.id).push(p) for a in (old, new) for p in packets]
+        await asyncio.gather(*pushes)  # one turn's packets for both sockets
+        got_old = [await old_comm.receive_json_from(timeout=5) for _ in packets]
+        got_new = [await new_comm.receive_json_from(timeout=5)]
+        assert await old_comm.receive_nothing(timeout=0.2)
+        assert await new_comm.receive_nothing(timeout=0.2)
+        await old_comm.disconnect()
+        await new_comm.disconnect()
+        return got_old, got_new
+
+    got_old, got_new = run_async(scenario())
+    work = [{"type": "work", "packet": p} for p in packets]
+    assert got_old == work
+    assert got_new == [{"type": "batch", "frames": work}]
+
+
 @pytest.mark.parametrize(
     "inner",
     [

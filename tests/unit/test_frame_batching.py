@@ -265,3 +265,19 @@ def test_outcomes_ready_together_go_in_one_batch_and_are_reported_again_when_the
     ]  # fmt: skip
     assert sorted(body["outbox_id"] for body in posted) == [1, 2, 3]
     assert len(settled) == 3
+
+
+@pytest.mark.parametrize("announced, expected", [({"batch_frames": True}, True), ({}, False)])
+def test_the_agent_batches_only_to_a_server_whose_registration_says_so(announced, expected):
+    answer = {"agent_id": "a1", "name": "w", "wire_format": "json", **announced}
+
+    async def scenario() -> bool:
+        transport = httpx.MockTransport(lambda request: httpx.Response(201, json=answer))
+        client = AgentClient("http://server:8000", "the-key", transport=transport)
+        try:
+            registration = await client.register({"name": "w", "wire_format": "json"})
+        finally:
+            await client.close()
+        return registration.batch_frames
+
+    assert run_async(scenario()) is expected
