@@ -15,6 +15,9 @@ the key the socket was opened with is revoked or its tenant deactivated (4401).
 An agent may report outcomes over the socket too (``result`` frames, answered
 by ``result_ack``): the same checks and handler as ``POST …/results``, without
 an HTTP request per task.
+Several ``received``/``result`` frames may come in one ``batch`` frame, each checked as
+it would be alone; packets and acks to an agent whose hello asked for batches are queued
+per loop turn and written as one ``batch`` frame (docs/agent-protocol.md, "Batched frames").
 
 Close codes: 4400 malformed frame, 4401 bad key, 4403 key not allowed,
 4404 unknown/dead agent, 4408 superseded, 4413 frame too large, 4429 flood,
