@@ -41,6 +41,19 @@ MAX_DEPTH = 64  # deeper nesting is a bug or an attack, never a task context
 
 _JSON_MISMATCH_HINT = "binary data that is not UTF-8 (a MessagePack frame?)"
 
+# A ``batch`` frame carries several frames, each exactly as it would travel alone
+# (docs/agent-protocol.md, "Batched frames").  It is built by joining frames already
+# encoded (and checked) one by one, so batching costs no second encode, and a frame
+# alone in its loop turn goes out byte for byte as before.
+BATCH = "batch"
+BATCH_FIELD = "frames"
+_BATCH_MSGPACK_HEAD = msgpack.packb({"type": BATCH}, use_bin_type=True)[1:]  # the entry
+_BATCH_MSGPACK_FIELD = msgpack.packb(BATCH_FIELD, use_bin_type=True)
+_BATCH_JSON_HEAD = '{"type":"batch","frames":['
+# Bytes a batch adds around its frames: the envelope and an array header (msgpack) or the
+# commas (json) — an upper bound for both, for the sender's size budget.
+BATCH_OVERHEAD_BYTES = 32
+
 
 class WireFormatError(ValueError):
     """A value cannot be encoded, or a frame cannot be decoded, in the stated wire format."""
@@ -170,8 +183,35 @@ def _check_object(value: Any, fmt: str) -> dict[str, Any]:
             f"{fmt} frame holds a {type(value).__name__}, not an object "
             "(packets and results are objects)"
         )
+    inner = value.get(BATCH_FIELD) if value.get("type") == BATCH else None
+    if isinstance(inner, list):
+        # Each frame of a batch is checked as the frame it would be alone (its own depth
+        # budget), so a frame that passes alone passes batched.
+        for index, frame in enumerate(inner):
+            if not isinstance(frame, dict):
+                raise WireFormatError(f"$.{BATCH_FIELD}[{index}]: a batched frame is an object")
+            _check_value(frame, f"$.{BATCH_FIELD}[{index}]")
+        _check_value({k: v for k, v in value.items() if k != BATCH_FIELD}, "$")
+        return value
     _check_value(value, "$")
     return value
+
+
+def join_frames(encoded: list[str] | list[bytes], fmt: str) -> str | bytes:
+    """One ``batch`` frame carrying ``encoded`` — frames :func:`encode` made, in order —
+    without decoding or encoding them again."""
+    if check_format(fmt) == "msgpack":
+        count = len(encoded)
+        if count < 16:
+            header = bytes((0x90 | count,))
+        elif count < 65536:
+            header = b"\xdc" + count.to_bytes(2, "big")
+        else:
+            header = b"\xdd" + count.to_bytes(4, "big")
+        return b"".join(
+            (b"\x82", _BATCH_MSGPACK_HEAD, _BATCH_MSGPACK_FIELD, header, *encoded)  # type: ignore[arg-type]
+        )
+    return _BATCH_JSON_HEAD + ",".join(encoded) + "]}"  # type: ignore[arg-type]
 
 
 def encode(obj: dict[str, Any], fmt: str) -> str | bytes:

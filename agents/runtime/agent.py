@@ -20,7 +20,7 @@ from typing import Any
 
 from websockets.exceptions import ConnectionClosed
 
-from agents.protocol import frames
+from agents.protocol import frames, wire
 from agents.runtime import host_metrics
 from agents.runtime.agent_config import AGENT_VERSION, AgentConfig
 from agents.runtime.backoff import (
@@ -99,7 +99,7 @@ class Agent:
             self.runner,
             config.target_triple,
             config.max_concurrency,
-            self._send,
+            self._send_soon,
             self._auth_rejected,
             self._result_socket,
             self._send_log,
@@ -320,6 +320,7 @@ class Agent:
                 lambda frame, agent_id=registration.agent_id: self._on_frame(frame, agent_id),
                 self._on_session_closed,
                 self.client.ssl_context,
+                registration.batch_frames,
             )
             if self._stopping:
                 return
@@ -379,7 +380,8 @@ class Agent:
         self.session = session
         self.intake.reporter.server_is_back()
         holding = self.intake.holding()
-        await session.send(frames.hello(holding))
+        # This agent takes batch frames from any server that sends them (docs/agent-protocol.md).
+        await session.send(frames.hello(holding, batch_frames=True))
         log.info("delivery socket open (holding %d task(s))", len(holding))
 
     def _on_session_closed(self) -> None:
@@ -411,6 +413,14 @@ class Agent:
             await session.send(frame)
         except (ConnectionClosed, OSError):
             pass  # the hello of the next session tells the server what we hold
+
+    async def _send_soon(self, frame: dict[str, Any]) -> None:
+        """A ``received`` confirmation: with the other frames of this loop turn (in one
+        ``batch`` frame when the server takes them).  Lost with the socket, like one sent
+        at once: the hello of the next session tells the server what we hold."""
+        session = self.session
+        if session is not None:
+            session.send_soon(wire.encode(frame, session.wire_format))
 
     async def _on_frame(self, frame: dict[str, Any], agent_id: str) -> None:
         kind = frame["type"]

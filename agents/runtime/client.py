@@ -109,6 +109,8 @@ class Registration:
     result_frames: bool = False
     # The server takes ``log`` frames (live output of running tasks) on the socket.
     log_frames: bool = False
+    # The server takes ``batch`` frames (several ``received``/``result`` frames in one).
+    batch_frames: bool = False
 
 
 def normalise_server_url(url: str) -> str:
@@ -267,6 +269,7 @@ class AgentClient:
             ws_path=data.get("ws_path") or f"/ws/agents/{agent_id}/",
             result_frames=data.get("result_frames") is True,
             log_frames=data.get("log_frames") is True,
+            batch_frames=data.get("batch_frames") is True,
         )
 
     async def heartbeat(self, agent_id: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ long as a busy server asks, re-register first, or stop because the key was refus
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import re
@@ -20,7 +21,7 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
-from agents.protocol import wire
+from agents.protocol import batching, frames, wire
 
 log = logging.getLogger(__name__)
 
@@ -98,19 +99,73 @@ def handshake_refused(status: int, retry_after: str | None) -> SessionEnd:
 
 
 class Session:
-    """The open socket of the current session; ``send`` encodes in the agreed wire format."""
+    """The open socket of the current session; ``send`` encodes in the agreed wire format.
 
-    def __init__(self, ws: ClientConnection, wire_format: str) -> None:
+    ``send_soon`` queues an encoded frame for the start of the next loop turn, together
+    with every other frame queued in this one: as one ``batch`` frame when the server
+    takes them (``batch_frames``, from the registration), else one frame each.  Under load
+    several confirmations and outcomes are ready in the same turn; a lone one waits no
+    longer than the turn.
+    """
+
+    def __init__(self, ws: ClientConnection, wire_format: str, batch_frames: bool = False) -> None:
         self.ws = ws
         self.wire_format = wire_format
+        self.batch_frames = batch_frames
         self.closing_by_us = False
+        self.closed = False  # the session ended: queue nothing more on it
+        self._queued: list[batching.Encoded] = []
+        self._flushing: asyncio.Task | None = None
 
     async def send(self, frame: dict[str, Any]) -> None:
         await self.ws.send(wire.encode(frame, self.wire_format))
 
+    def send_soon(self, data: batching.Encoded) -> bool:
+        """Queue ``data`` (an encoded frame); False when the session is over (send it
+        another way).  A frame queued here is lost if the socket drops first, like one
+        in the socket's buffer: the caller keeps whatever must survive that."""
+        if self.closed:
+            return False
+        self._queued.append(data)
+        if self._flushing is None:
+            self._flushing = asyncio.get_running_loop().create_task(self._flush())
+        return True
+
+    async def _flush(self) -> None:
+        try:
+            while self._queued:
+                queued, self._queued = self._queued, []
+                for data in batching.pack(queued, self.wire_format, self.batch_frames):
+                    await self.ws.send(data)
+        except (ConnectionClosed, OSError):
+            self.closed = True  # the session loop notices the close and reports it
+            self._queued.clear()
+        finally:
+            self._flushing = None
+
     async def close(self, reason: str = "agent stopping") -> None:
         self.closing_by_us = True
         await self.ws.close(1000, reason)
+
+
+def batched_frames(frame: dict[str, Any]) -> list[dict[str, Any]]:
+    """The frames of a server's ``batch`` frame that an agent takes (``work``,
+    ``result_ack``), in order; a batch over the bounds, and anything else in one, is
+    ignored (logged): a packet never confirmed is pushed again, an outcome never
+    acknowledged is reported again."""
+    inner = frame.get(wire.BATCH_FIELD)
+    if not isinstance(inner, list) or len(inner) > frames.MAX_BATCH_FRAMES:
+        log.warning(
+            "ignoring a batch frame from the server: not a list of at most %d frames",
+            frames.MAX_BATCH_FRAMES,
+        )
+        return []
+    taken = [f for f in inner if f.get("type") in frames.SERVER_BATCHABLE]
+    if len(taken) < len(inner):
+        log.warning(
+            "ignoring %d frame(s) of a batch: not work or result_ack", len(inner) - len(taken)
+        )
+    return taken
 
 
 async def run_session(
@@ -121,10 +176,12 @@ async def run_session(
     on_frame: Callable[[dict[str, Any]], Awaitable[None]],
     on_close: Callable[[], None],
     ssl_context: ssl.SSLContext | None = None,
+    batch_frames: bool = False,
 ) -> SessionEnd:
     """Connect to ``url``, call ``on_open`` (send hello), feed frames until the socket ends.
 
-    ``ssl_context`` verifies a ``wss://`` server (the REST client's, so both trust the same CA).
+    ``ssl_context`` verifies a ``wss://`` server (the REST client's, so both trust the same CA);
+    ``batch_frames``: the server takes ``batch`` frames (its registration answer said so).
     """
     tls = {"ssl": ssl_context} if ssl_context is not None and url.startswith("wss:") else {}
     try:
@@ -142,7 +199,7 @@ async def run_session(
         return SessionEnd(Action.AUTH_FAILED, f"bad WebSocket URL: {exc}", False)
     except (OSError, TimeoutError, InvalidHandshake, EOFError) as exc:
         return SessionEnd(Action.RECONNECT, f"cannot connect: {type(exc).__name__}: {exc}", False)
-    session = Session(ws, wire_format)
+    session = Session(ws, wire_format, batch_frames)
     try:
         await on_open(session)
         async for message in ws:
@@ -153,12 +210,17 @@ async def run_session(
             except wire.WireFormatError as exc:
                 log.warning("ignoring a frame from the server: %s", exc)
                 continue
-            await on_frame(frame)
+            if frame["type"] == wire.BATCH:
+                for inner in batched_frames(frame):
+                    await on_frame(inner)
+            else:
+                await on_frame(frame)
     except ConnectionClosed:
         pass  # the close code below says what happened
     except OSError as exc:
         return SessionEnd(Action.RECONNECT, f"socket error: {exc}", True)
     finally:
+        session.closed = True
         on_close()
         if ws.state.name != "CLOSED":
             await ws.close()

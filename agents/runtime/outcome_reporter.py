@@ -27,8 +27,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from websockets.exceptions import ConnectionClosed
-
 from agents.protocol import wire
 from agents.protocol.work import OUTCOME_FAILURE, TaskKey
 from agents.runtime.backoff import Backoff, wait_event
@@ -65,7 +63,10 @@ class ResultSocket(Protocol):
     """What the reporter needs of a delivery session (agents.runtime.connection.Session)."""
 
     wire_format: str
-    ws: Any
+
+    def send_soon(self, data: str | bytes) -> bool:
+        """Queue an encoded frame (batched with the loop turn's others); False: closed."""
+        ...
 
 
 class _SocketAnswers:
@@ -213,9 +214,10 @@ class OutcomeReporter:
             RESULT_ACK_TIMEOUT_S, _resolve, future, _NO_ACK
         )
         try:
-            try:
-                await socket.ws.send(data)
-            except (ConnectionClosed, OSError):
+            # Sent with the other outcomes and confirmations of this loop turn (one batch
+            # frame when the server takes them).  A socket that drops before the frame is
+            # written ends the session, which resolves the future to None (socket_closed).
+            if not socket.send_soon(data):
                 return None
             answer = await future
         finally:

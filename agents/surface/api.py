@@ -84,6 +84,8 @@ class RegisterOut(Schema):
     result_frames: bool
     # This server takes ``log`` frames (a running task's new output) on the socket.
     log_frames: bool = False
+    # This server takes ``batch`` frames (several ``received``/``result`` frames in one).
+    batch_frames: bool = False
 
 
 class HeartbeatIn(Schema):
@@ -143,6 +145,7 @@ def register_agent(request: HttpRequest, body: RegisterIn):
             "server_protocol_version": roster.PROTOCOL_VERSION,
             "result_frames": True,
             "log_frames": True,
+            "batch_frames": True,
         },
     )
 

@@ -15,6 +15,9 @@ the key the socket was opened with is revoked or its tenant deactivated (4401).
 An agent may report outcomes over the socket too (``result`` frames, answered
 by ``result_ack``): the same checks and handler as ``POST …/results``, without
 an HTTP request per task.
+Several ``received``/``result`` frames may come in one ``batch`` frame, each checked as
+it would be alone; packets and acks to an agent whose hello asked for batches are queued
+per loop turn and written as one ``batch`` frame (docs/agent-protocol.md, "Batched frames").
 
 Close codes: 4400 malformed frame, 4401 bad key, 4403 key not allowed,
 4404 unknown/dead agent, 4408 superseded, 4413 frame too large, 4429 flood,
@@ -39,7 +42,8 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 from pydantic import ValidationError
 
-from agents.protocol import hop_trace, wire
+from agents.protocol import batching, hop_trace, wire
+from agents.protocol import frames as agent_frames
 from fleet.engine import task_logs
 from fleet.engine.context import unstorable
 from fleet.executors.fleet import result_batches, roster, socket_writes
@@ -134,7 +138,11 @@ def _check_frame(frame: dict[str, Any]) -> dict[str, Any]:
         if _bounded_int(frame.get("outbox_id"), 1, MAX_BIGINT) is None:
             raise FrameRejected(f"received: outbox_id must be an integer 1..{MAX_BIGINT}")
     elif kind == "hello":
-        frame = {"type": "hello", "holding": _holding(frame.get("holding", []))}
+        frame = {
+            "type": "hello",
+            "holding": _holding(frame.get("holding", [])),
+            "batch_frames": frame.get("batch_frames") is True,
+        }
     elif kind == "heartbeat":
         metrics = frame.get("metrics")
         if metrics is not None and not isinstance(metrics, dict):
@@ -158,6 +166,26 @@ def _check_frame(frame: dict[str, Any]) -> dict[str, Any]:
             f"unknown frame type {kind!r} (expected hello, received, heartbeat, result, log)"
         )
     return frame
+
+
+def _check_batch(frame: dict[str, Any]) -> list[dict[str, Any]]:
+    """A ``batch`` frame's frames, each checked as it would be alone: at most
+    MAX_BATCH_FRAMES of them, each a ``received`` or a ``result`` (anything else, or an
+    empty batch, is a malformed frame)."""
+    inner = frame.get(wire.BATCH_FIELD)
+    if not isinstance(inner, list) or not 1 <= len(inner) <= agent_frames.MAX_BATCH_FRAMES:
+        raise FrameRejected(
+            f"batch: frames must be a list of 1..{agent_frames.MAX_BATCH_FRAMES} frames"
+        )
+    checked = []
+    for index, item in enumerate(inner):
+        if item.get("type") not in agent_frames.AGENT_BATCHABLE:
+            raise FrameRejected(
+                f"batch: frames[{index}] is {item.get('type')!r}; a batch carries only "
+                f"{', '.join(sorted(agent_frames.AGENT_BATCHABLE))} frames"
+            )
+        checked.append(_check_frame(item))
+    return checked
 
 
 def _check_log(frame: dict[str, Any]) -> task_logs.LiveChunk:
@@ -238,6 +266,11 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         self._beat: asyncio.Future | None = None  # the beat being written, if any
         self._next_beat: dict | None = None
         self._bucket = TokenBucket(FRAME_RATE_PER_S, FRAME_BURST)
+        # Frames to the agent (packets, result acks) queued in this loop turn, written at
+        # the start of the next one: in batch frames when the agent's hello asked for them.
+        self._outgoing: list[batching.Encoded] = []
+        self._flushing: asyncio.Future | None = None
+        self._batch_out = False
         # Accept first: a close code (and its reason) can only be sent on an open socket.
         await self.accept()
         token = _bearer(self.scope)
@@ -281,6 +314,8 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             task.cancel()  # the outcome is applied or not; only its ack is lost (REST re-post)
         if self._beat is not None:
             self._beat.cancel()  # the next socket's beats, or REST, keep the agent alive
+        if self._flushing is not None:
+            self._flushing.cancel()  # unsent packets are pushed again, acks reported again
         if self._worker is not None:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -316,28 +351,34 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             await self._close(CLOSE_FLOOD, f"more than {FRAME_RATE_PER_S:g} frames per second")
             return
         try:
-            frame = _check_frame(wire.decode(data, self.grant.wire_format))
+            decoded = wire.decode(data, self.grant.wire_format)
+            if decoded.get("type") == wire.BATCH:
+                frames = _check_batch(decoded)
+            else:
+                frames = [_check_frame(decoded)]
         except (wire.WireFormatError, FrameRejected) as exc:
             await self._close(CLOSE_MALFORMED, f"malformed frame: {exc}")
             return
-        if frame["type"] == "heartbeat":
+        if frames[0]["type"] == "heartbeat":  # never batched
             # Written at once, beside the other frames: they may wait on the delivery pool
             # (a hello, results) when the server is busy, and a beat held behind them for a
             # liveness window gets a healthy agent evicted.
-            self._take_beat(frame)
+            self._take_beat(frames[0])
             return
-        if frame["type"] == "received":
-            hop_trace.mark("server_read", outbox=frame["outbox_id"])
-        if frame["type"] == "received" and self._registered and self._idle():
-            # Nothing of this socket waits ahead of it or is being handled (its hello is
+        received = [f["outbox_id"] for f in frames if f["type"] == "received"]
+        if hop_trace.enabled():
+            for outbox_id in received:
+                hop_trace.mark("server_read", outbox=outbox_id)
+        if len(received) == len(frames) and self._registered and self._idle():
+            # Nothing of this socket waits ahead of them or is being handled (its hello is
             # applied): handed to the writer now, without a hop through the queue and the
             # worker task, which would only do the same (one per task: the commonest frame).
-            socket_writes.writer().received(self.grant.agent_id, [frame["outbox_id"]])
+            socket_writes.writer().received(self.grant.agent_id, received)
             return
-        if len(self._inbound) >= INBOUND_QUEUE:
+        if len(self._inbound) + len(frames) > INBOUND_QUEUE:
             await self._close(CLOSE_FLOOD, f"more than {INBOUND_QUEUE} frames waiting")
             return
-        self._inbound.append(frame)
+        self._inbound.extend(frames)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._handle_inbound())
 
@@ -369,6 +410,7 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             if not hellos:
                 log.warning("agent %s sent %s before hello", grant.agent_id, batch[0]["type"])
             await delivery_db.call(redelivery.apply_hello, grant.agent_id, holding)
+            self._batch_out = bool(hellos) and hellos[-1]["batch_frames"]
             self._register()
         writes = socket_writes.writer()
         received = [f["outbox_id"] for f in batch if f["type"] == "received"]
@@ -461,7 +503,8 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             if self._closing:
                 return
             status, body = answer
-            await self._send_frame(
+            # The acks of the lot go in one batch frame to an agent that takes them.
+            self._queue_frame(
                 {"type": "result_ack", "outbox_id": frame["outbox_id"], "status": status, **body}
             )
 
@@ -491,9 +534,13 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
 
     # -- messages from the relay ---------------------------------------------------------
     async def push_packet(self, packet: dict) -> None:
-        """Write one work packet (the relay calls this directly: local_sockets.py)."""
+        """Queue one work packet for this socket (the relay calls this directly:
+        local_sockets.py); the packets of a placement batch or a relay round for this agent
+        are written together at the start of the next loop turn (in one batch frame to an
+        agent that takes them).  A packet the socket loses is pushed again (redelivery, or
+        the next hello)."""
         if not self._closing:
-            await self._send_frame({"type": "work", "packet": packet})
+            self._queue_frame({"type": "work", "packet": packet})
             hop_trace.mark("frame_sent", packet.get("task_execution_id"), packet.get("outbox_id"))
 
     async def delivery_work(self, event: dict) -> None:
@@ -502,8 +549,27 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
     async def delivery_close(self, event: dict) -> None:
         await self._close(event["code"], event.get("reason", ""))
 
+    def _queue_frame(self, frame: dict) -> None:
+        """Encode ``frame`` now (a refusal raises here, to the caller) and write it with the
+        other frames of this loop turn."""
+        self._outgoing.append(wire.encode(frame, self.grant.wire_format))
+        if self._flushing is None:
+            self._flushing = asyncio.ensure_future(self._flush_outgoing())
+
+    async def _flush_outgoing(self) -> None:
+        try:
+            while self._outgoing and not self._closing:
+                queued, self._outgoing = self._outgoing, []
+                fmt = self.grant.wire_format
+                for data in batching.pack(queued, fmt, self._batch_out):
+                    await self._send_data(data)
+        finally:
+            self._flushing = None
+
     async def _send_frame(self, frame: dict) -> None:
-        data = wire.encode(frame, self.grant.wire_format if self.grant else "json")
+        await self._send_data(wire.encode(frame, self.grant.wire_format if self.grant else "json"))
+
+    async def _send_data(self, data: str | bytes) -> None:
         if isinstance(data, bytes):
             await self.send(bytes_data=data)
         else:

@@ -124,3 +124,71 @@ def test_an_output_too_large_for_a_frame_goes_over_rest(tmp_path, monkeypatch):
         assert fake.socket_results.empty()
 
     run_scenario(tmp_path, scenario, result_frames=True)
+
+
+# -- batched frames (docs/agent-protocol.md, "Batched frames") ---------------------------
+
+
+def test_a_batch_of_work_is_confirmed_in_one_frame_and_its_outcomes_acked(tmp_path):
+    async def scenario(fake: FakeServer, agent, agent_task) -> None:
+        hello = await fake.next_frame("hello")
+        assert hello["batch_frames"] is True  # the agent takes batches from the server
+        await fake.push_batch([packet(1), packet(2), packet(3)])
+        async with asyncio.timeout(10):
+            while agent.intake.reporter.answered_by_socket < 3 or agent.intake.held:
+                await asyncio.sleep(0.02)
+        confirmations = [m for m in fake.messages if "received" in _kinds(m)]
+        assert confirmations == [
+            {"type": "batch", "frames": [{"type": "received", "outbox_id": n} for n in (1, 2, 3)]}
+        ]
+        results = sorted(f["outbox_id"] for m in fake.messages for f in _inner(m)
+                         if f["type"] == "result")  # fmt: skip
+        assert results == [1, 2, 3]
+        assert _posted_results(fake) == []
+
+    run_scenario(tmp_path, scenario, result_frames=True, batch_frames=True)
+
+
+def test_a_server_that_takes_no_batches_gets_one_frame_each(tmp_path):
+    async def scenario(fake: FakeServer, agent, agent_task) -> None:
+        await fake.next_frame("hello")
+        await fake.push_batch([packet(1), packet(2)])  # it may still send them
+        async with asyncio.timeout(10):
+            while agent.intake.reporter.answered_by_socket < 2 or agent.intake.held:
+                await asyncio.sleep(0.02)
+        assert all(m["type"] != "batch" for m in fake.messages)
+        kinds = [m["type"] for m in fake.messages if m["type"] != "heartbeat"]
+        assert kinds.count("received") == 2 and kinds.count("result") == 2
+
+    run_scenario(tmp_path, scenario, result_frames=True)
+
+
+def test_outcomes_of_a_batch_unacknowledged_when_the_socket_drops_are_reported_again(tmp_path):
+    async def scenario(fake: FakeServer, agent, agent_task) -> None:
+        await fake.next_frame("hello")
+        await fake.push_batch([packet(1), packet(2)])
+        first = [await fake.socket_results.get()]  # answered by closing the socket
+        # Every outcome out with it, batched or not, is reported again: over REST or the
+        # next socket (whose hello still holds them).
+        async with asyncio.timeout(10):
+            while agent.intake.held:
+                await asyncio.sleep(0.02)
+        while not fake.socket_results.empty():
+            first.append(fake.socket_results.get_nowait())
+        again = [r["outbox_id"] for r in first[1:]] + [
+            r["outbox_id"] for r in _posted_results(fake)
+        ]
+        assert first[0]["outbox_id"] in again
+        assert sorted(set(again)) == [1, 2]
+
+    run_scenario(
+        tmp_path, scenario, result_frames=True, batch_frames=True, socket_answers=["close"]
+    )
+
+
+def _inner(message: dict) -> list[dict]:
+    return message["frames"] if message["type"] == "batch" else [message]
+
+
+def _kinds(message: dict) -> set[str]:
+    return {f["type"] for f in _inner(message)}

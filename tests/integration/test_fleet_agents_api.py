@@ -63,6 +63,8 @@ def test_it_registers_an_agent(client, agent_key, tenant):
     assert body["ws_path"] == f"/ws/agents/{agent.id}/"
     assert body["heartbeat_interval_s"] == 15.0 and body["liveness_misses"] == 3
     assert body["server_protocol_version"] == 1 and body["wire_format"] == "json"
+    # What the socket takes besides the basic frames (docs/agent-protocol.md).
+    assert (body["result_frames"], body["log_frames"], body["batch_frames"]) == (True, True, True)
 
 
 @pytest.mark.django_db

@@ -51,11 +51,20 @@ class FakeServer:
     frames; ``socket_answers`` then scripts the answer to each one, in turn: a dict
     (the ``result_ack`` fields beyond type and outbox_id), ``"silent"`` (no answer) or
     ``"close"`` (close the socket instead).  Once the script is used up every result
-    frame is acknowledged 200.
+    frame is acknowledged 200.  With ``batch_frames`` it announces that it takes ``batch``
+    frames too, and answers the results of one batch in one batch of acks.
     """
 
-    def __init__(self, result_frames: bool = False, socket_answers: list | None = None) -> None:
+    def __init__(
+        self,
+        result_frames: bool = False,
+        socket_answers: list | None = None,
+        batch_frames: bool = False,
+    ) -> None:
         self.result_frames = result_frames
+        self.batch_frames = batch_frames
+        # Each WebSocket message from the agent, decoded (a batch stays one entry).
+        self.messages: list[dict] = []
         self.socket_answers = list(socket_answers or [])
         self.socket_results: asyncio.Queue[dict] = asyncio.Queue()
         self.calls: list[tuple[str, str, dict]] = []
@@ -85,6 +94,7 @@ class FakeServer:
                     "ws_path": f"/ws/agents/{agent_id}/",
                     "server_protocol_version": 1,
                     **({"result_frames": True} if self.result_frames else {}),
+                    **({"batch_frames": True} if self.batch_frames else {}),
                 },
             )
         if path.endswith("/results"):
@@ -107,22 +117,37 @@ class FakeServer:
         self.sockets.append(connection)
         async for message in connection:
             frame = json.loads(message)
-            if frame["type"] == "result":
-                await self._answer_result(connection, frame)
-            elif frame["type"] != "heartbeat":
-                self.frames.put_nowait(frame)
+            self.messages.append(frame)
+            inner = frame["frames"] if frame["type"] == "batch" else [frame]
+            acks = []
+            for item in inner:
+                if item["type"] == "result":
+                    ack = await self._answer_result(connection, item)
+                    if ack == "closed":
+                        return
+                    if ack is not None:
+                        acks.append(ack)
+                elif item["type"] != "heartbeat":
+                    self.frames.put_nowait(item)
+            if len(acks) == 1:
+                await connection.send(json.dumps(acks[0]))
+            elif acks:
+                await connection.send(json.dumps({"type": "batch", "frames": acks}))
 
-    async def _answer_result(self, connection: ServerConnection, frame: dict) -> None:
+    async def _answer_result(self, connection: ServerConnection, frame: dict) -> dict | str | None:
+        """The ``result_ack`` for ``frame``, None (silent) or ``"closed"``."""
         self.socket_results.put_nowait(frame)
         answer = self.socket_answers.pop(0) if self.socket_answers else {"status": 200}
         if answer == "close":
             await connection.close(1011, "server going away")
-        elif answer != "silent":
-            ack = {"type": "result_ack", "outbox_id": frame["outbox_id"], **answer}
-            if answer.get("status") == 200:
-                ack.setdefault("applied", True)
-                ack.setdefault("reason", "")
-            await connection.send(json.dumps(ack))
+            return "closed"
+        if answer == "silent":
+            return None
+        ack = {"type": "result_ack", "outbox_id": frame["outbox_id"], **answer}
+        if answer.get("status") == 200:
+            ack.setdefault("applied", True)
+            ack.setdefault("reason", "")
+        return ack
 
     async def next_frame(self, kind: str) -> dict:
         while True:
@@ -132,6 +157,11 @@ class FakeServer:
 
     async def push(self, packet: dict) -> None:
         await self.sockets[-1].send(json.dumps({"type": "work", "packet": packet}))
+
+    async def push_batch(self, packets: list[dict]) -> None:
+        """Several work packets in one ``batch`` frame."""
+        work = [{"type": "work", "packet": p} for p in packets]
+        await self.sockets[-1].send(json.dumps({"type": "batch", "frames": work}))
 
     def paths(self) -> list[str]:
         return [path for _method, path, _body in self.calls if not path.endswith("/heartbeat")]
