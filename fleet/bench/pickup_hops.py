@@ -43,7 +43,7 @@ HOPS = (
     ("API: ready_at → its statement committed", "ready_at"),
     ("→ event on the dispatch loop", "submitted"),
     ("→ a dispatch worker has it", "loop_queued"),
-    ("→ a delivery thread starts the placement", "dispatching"),
+    ("→ the placement starts (a delivery thread, or the loop)", "dispatching"),
     ("→ BEGIN + claim answered", "placing"),
     ("→ reservation + COMMIT answered", "claimed"),
     ("→ back on the event loop", "committed"),
@@ -55,6 +55,8 @@ HOPS = (
     ("→ received_at (the statement's now())", "confirming"),
 )
 END = "received_at"
+# A lone placement made in one statement on the event loop (no "claimed" mark between).
+ONE_TRIP = "(one trip) claim + reservation + COMMIT answered"
 
 
 @dataclass
@@ -171,6 +173,7 @@ def hop_table(
 ) -> dict[str, list[float]]:
     """Per hop the ms of each task that has both of its marks; and the whole path."""
     hops: dict[str, list[float]] = {name: [] for name, _ in HOPS}
+    hops[ONE_TRIP] = []
     whole = hops["Ready → received_at (whole path)"] = []
     starts = [start for _, start in HOPS] + [END]
     for task, times in rows.items():
@@ -179,6 +182,8 @@ def hop_table(
         for (name, start), end in zip(HOPS, starts[1:], strict=True):
             if start in marks and end in marks:
                 hops[name].append((marks[end] - marks[start]) * 1000.0)
+        if "placing" in marks and "committed" in marks and "claimed" not in marks:
+            hops[ONE_TRIP].append((marks["committed"] - marks["placing"]) * 1000.0)
     return hops
 
 
