@@ -44,8 +44,7 @@ HOPS = (
     ("→ event on the dispatch loop", "submitted"),
     ("→ a dispatch worker has it", "loop_queued"),
     ("→ the placement starts (a delivery thread, or the loop)", "dispatching"),
-    ("→ BEGIN + claim answered", "placing"),
-    ("→ reservation + COMMIT answered", "claimed"),
+    ("→ the placement answered (claim … COMMIT)", "placing"),
     ("→ back on the event loop", "committed"),
     ("→ work frame handed to the socket", "placed_on_loop"),
     ("→ the agent decoded it", "frame_sent"),
@@ -55,8 +54,12 @@ HOPS = (
     ("→ received_at (the statement's now())", "confirming"),
 )
 END = "received_at"
-# A lone placement made in one statement on the event loop (no "claimed" mark between).
-ONE_TRIP = "(one trip) claim + reservation + COMMIT answered"
+# The placement's hop split, for the pickups placed in two round trips on a delivery thread
+# (a "claimed" mark between; a lone placement in one statement on the loop has none).
+TWO_TRIPS = (
+    ("  (two trips) BEGIN + claim answered", "placing", "claimed"),
+    ("  (two trips) reservation + COMMIT answered", "claimed", "committed"),
+)
 
 
 @dataclass
@@ -173,7 +176,7 @@ def hop_table(
 ) -> dict[str, list[float]]:
     """Per hop the ms of each task that has both of its marks; and the whole path."""
     hops: dict[str, list[float]] = {name: [] for name, _ in HOPS}
-    hops[ONE_TRIP] = []
+    hops.update({name: [] for name, _, _ in TWO_TRIPS})
     whole = hops["Ready → received_at (whole path)"] = []
     starts = [start for _, start in HOPS] + [END]
     for task, times in rows.items():
@@ -182,8 +185,9 @@ def hop_table(
         for (name, start), end in zip(HOPS, starts[1:], strict=True):
             if start in marks and end in marks:
                 hops[name].append((marks[end] - marks[start]) * 1000.0)
-        if "placing" in marks and "committed" in marks and "claimed" not in marks:
-            hops[ONE_TRIP].append((marks["committed"] - marks["placing"]) * 1000.0)
+        for name, start, end in TWO_TRIPS:
+            if start in marks and end in marks:
+                hops[name].append((marks[end] - marks[start]) * 1000.0)
     return hops
 
 

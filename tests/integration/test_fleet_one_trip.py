@@ -32,7 +32,7 @@ TRICKY = {
     "yes": True,
     "no": False,
     "none": None,
-    "clé \"x\"": "",
+    'clé "x"': "",
 }
 
 
@@ -63,7 +63,9 @@ def place_on_loop(task, tenant_id: int, trips: list | None = None):
 
 
 def _without_ids(payload: dict) -> dict:
-    return {k: v for k, v in payload.items() if k not in ("task_execution_id", "workflow_execution_id")}
+    return {
+        k: v for k, v in payload.items() if k not in ("task_execution_id", "workflow_execution_id")
+    }
 
 
 @pytest.mark.parametrize("context", [{}, {"x": 1}, TRICKY], ids=["empty", "one", "tricky"])
@@ -82,14 +84,15 @@ def test_the_packet_and_row_are_the_usual_placements_byte_for_byte(tenant, conte
     assert row.payload["context_json"] == placed.packet["context_json"] == expected
     assert _without_ids(row.payload) == _without_ids(usual_row.payload)
     assert placed.packet == {**row.payload, "outbox_id": row.id}
-    assert _without_ids(placed.packet) == {
-        **_without_ids(usual_placed.packet), "outbox_id": row.id
-    }
+    assert _without_ids(placed.packet) == {**_without_ids(usual_placed.packet), "outbox_id": row.id}
     assert (row.state, row.attempts, row.assignment) == ("delivered", 1, placed.assignment)
     assert row.delivered_at is not None and row.received_at is None
     task = TaskExecution.objects.get(pk=lone.pk)
     assert (task.status, task.attempt, task.assignment, task.agent_id) == (
-        "Running", 1, 1, agent.id
+        "Running",
+        1,
+        1,
+        agent.id,
     )
     assert task.claimed_by == "server-1" and task.result_deadline is not None
     assert WorkflowExecution.objects.get(pk=task.workflow_execution_id).status == "Running"

@@ -91,6 +91,7 @@ _DUE = """
                                                        ',' ORDER BY f.n), '') || '}' END
                 FROM jsonb_each(e.input_context) WITH ORDINALITY AS f(key, value, n)
             ) END
+        OFFSET 0  -- built once per row, not once per mention below
     ) AS x(ctx)
     WHERE t.id = %(task)s AND t.tenant_id = ANY(%(tenants)s) AND t.status = 'Ready'
       AND (t.ready_at IS NULL OR t.ready_at <= statement_timestamp())
