@@ -141,9 +141,9 @@ async def place_one(
     hop_trace.mark("placing", task_execution_id)
     cursor = await conn.execute(_STATEMENT, params(task_execution_id, tenant_id, claimer))
     row = await cursor.fetchone()
-    hop_trace.mark("committed", task_execution_id)
     if row is None or row[14] is None:
         return None  # not taken (not eligible, not Ready, or no free slot): nothing written
+    hop_trace.mark("committed", task_execution_id)
     observe_selections(time.perf_counter() - started, 1)
     SELECTION_SUCCESS.labels(step=UNCONSTRAINED.step).inc()
     return _placed(row)
