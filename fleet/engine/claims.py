@@ -136,12 +136,17 @@ _THESE_DUE = """
       AND (ready_at IS NULL OR ready_at <= statement_timestamp())
     FOR UPDATE SKIP LOCKED
 """
-_CLAIM_SQL = _CLAIM_SQL.replace("{claim_set}", CLAIM_SET)
-_CLAIM_ONE = _CLAIM_SQL.format(due=_ONE_DUE, columns=_CLAIM_COLUMNS, select=_CLAIMED)
-_CLAIM_MANY = _CLAIM_SQL.format(due=_MANY_DUE, columns=_CLAIM_COLUMNS, select=_CLAIMED)
-_CLAIM_THESE = _CLAIM_SQL.format(due=_THESE_DUE, columns=_CLAIM_COLUMNS, select=_CLAIMED)
-_CLAIM_THESE_WITH_INPUTS = _CLAIM_SQL.format(
-    due=_THESE_DUE, columns=_CLAIM_COLUMNS + ", t.dependencies", select=_CLAIMED_WITH_INPUTS
+
+
+def _claim_sql(due: str, columns: str, select: str) -> str:
+    return _CLAIM_SQL.format(due=due, columns=columns, select=select, claim_set=CLAIM_SET)
+
+
+_CLAIM_ONE = _claim_sql(_ONE_DUE, _CLAIM_COLUMNS, _CLAIMED)
+_CLAIM_MANY = _claim_sql(_MANY_DUE, _CLAIM_COLUMNS, _CLAIMED)
+_CLAIM_THESE = _claim_sql(_THESE_DUE, _CLAIM_COLUMNS, _CLAIMED)
+_CLAIM_THESE_WITH_INPUTS = _claim_sql(
+    _THESE_DUE, _CLAIM_COLUMNS + ", t.dependencies", _CLAIMED_WITH_INPUTS
 )
 
 
