@@ -162,3 +162,34 @@ def test_another_tenants_task_is_not_taken(tenant, other_tenant):
     task = one_task(tenant)
     assert place_on_loop(task, other_tenant.id) is None
     _untouched(task, agents)
+
+
+def test_the_pushed_triple_and_artifact_are_the_rows_as_written(tenant):
+    """What a trigger (a misbehaving server, in the e2e tests) wrote into the row is what is
+    pushed: the packet pushed is the packet stored."""
+    from django.db import connection
+
+    make_agent(tenant, "a", max_concurrency=4)
+    task = one_task(tenant)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            CREATE FUNCTION test_tamper() RETURNS trigger AS $$
+            BEGIN
+                NEW.payload := NEW.payload || '{"target_triple": "other", "artifact_digest": "x"}';
+                RETURN NEW;
+            END; $$ LANGUAGE plpgsql;
+            CREATE TRIGGER test_tamper BEFORE INSERT ON delivery_outbox
+                FOR EACH ROW EXECUTE FUNCTION test_tamper();
+            """
+        )
+    try:
+        placed = place_on_loop(task, tenant.id)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER test_tamper ON delivery_outbox")
+            cursor.execute("DROP FUNCTION test_tamper()")
+    assert isinstance(placed, Delivered)
+    assert (placed.packet["target_triple"], placed.packet["artifact_digest"]) == ("other", "x")
+    row = DeliveryOutbox.objects.get(task_execution_id=task.pk)
+    assert placed.packet == {**row.payload, "outbox_id": row.id}

@@ -159,8 +159,9 @@ def _placed(row: tuple) -> Placed:
     )  # fmt: skip
     if not local:
         return Placed(tenant_id, assignment, agent_id, agent_name)
-    # The packet as placement.prepare builds it, with the shared builders; the row holds the
-    # statement's own build of it, which must be the same.
+    # The packet as placement.prepare builds it, with the shared builders, and the triple and
+    # artifact as the row holds them (the batch path's way: the packet pushed is the packet
+    # stored); the row holds the statement's own build of the rest, which must be the same.
     context_json = encode_context(merge_context(input_context, [], None))
     if context_json != ctx:
         log.error("one-trip placement of %s: the stored context differs from the builder's "

@@ -316,15 +316,17 @@ WITH due AS MATERIALIZED (
            CASE WHEN c.local THEN 1 ELSE 0 END, CASE WHEN c.local THEN now() END,
            now(), now(), '[]'::jsonb
     FROM due d, chosen c, claimed k
-    RETURNING id
+    -- The pushed packet's triple and artifact as the row holds them (RESERVE_AND_ENQUEUE's).
+    RETURNING id, payload ->> 'target_triple' AS target_triple,
+              payload ->> 'artifact_digest' AS artifact_digest
 ), relax AS (
     -- As for every placement: a lost one leaves the task Ready (it runs again), and the
     -- outcome's synchronous commit flushes it anyway.
     SELECT set_config('synchronous_commit', 'off', true)
 )
 SELECT d.id, d.workflow_execution_id, d.tenant_id, d.task_name, d.function, k.assignment,
-       k.attempt, d.timeout_s, d.priority, d.input_context, d.digest, d.kind, d.tenant_name,
-       d.ctx, c.id, c.name, c.local, p.id, c.target_triple, k.waited_s
+       k.attempt, d.timeout_s, d.priority, d.input_context, p.artifact_digest, d.kind,
+       d.tenant_name, d.ctx, c.id, c.name, c.local, p.id, p.target_triple, k.waited_s
 FROM relax, due d
 LEFT JOIN chosen c ON true LEFT JOIN claimed k ON true LEFT JOIN packets p ON true
 """
