@@ -27,7 +27,9 @@ class Batcher(Generic[I, A]):
     """``concurrency`` batches may be written at once (each on its own pool thread and
     connection): only for writes whose transactions cannot deadlock one another.
 
-    ``lone_at_once``: a lone item is written in its submitter's task (see :meth:`submit`).
+    ``lone_at_once``: a lone item is written in its submitter's task (see :meth:`submit`);
+    ``alone`` (a coroutine on the event loop) writes it there first when given, its None
+    meaning "not here": the item then goes to the ``call`` thread as usual.
     For latency-bound writes that come one at a time when idle (the fleet's placement);
     not for writes whose batches grow only in the turns they wait (the in-process
     executor's outcomes, one child at a time: alone, each would cost a commit)."""
@@ -40,9 +42,11 @@ class Batcher(Generic[I, A]):
         call: Callable[..., Awaitable[Any]],
         concurrency: int = 1,
         lone_at_once: bool = False,
+        alone: Callable[[I], Awaitable[A | None]] | None = None,
     ) -> None:
         self._write_batch = write
         self._lone_at_once = lone_at_once
+        self._alone = alone
         self._call = call
         self._max_batch = max_batch
         self._name = name
@@ -88,7 +92,17 @@ class Batcher(Generic[I, A]):
     async def _write_alone(self, item: I, future: asyncio.Future) -> A:
         await self._room.acquire()  # there is room and nobody waits: returns at once
         try:
-            await self._write([(item, future)])
+            if self._alone is not None:
+                # Written on the event loop itself when it can be (no thread hop); its None
+                # sends the item down the usual path.  Items arriving meanwhile wait for the
+                # room, as behind any write.
+                answer = await self._alone(item)
+                if answer is not None:
+                    self.batches += 1
+                    self.items += 1
+                    future.set_result(answer)
+            if not future.done():
+                await self._write([(item, future)])
         finally:
             self._room.release()
         return future.result()  # its exception when the write failed

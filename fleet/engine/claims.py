@@ -55,6 +55,14 @@ def _claims(rows) -> list[Claim]:
     ]
 
 
+# What a claim writes on the task row ``t`` (its fencing token bumped, the claimer named); the
+# fleet's one-trip placement folds it into the statement that also names the agent
+# (fleet/executors/fleet/state/ledger.py, CLAIM_AND_RESERVE).
+CLAIM_SET = (
+    "status = 'Running', assignment = t.assignment + 1, attempt = t.attempt + 1, "
+    "claimed_by = %(claimer)s, claimed_at = now(), started_at = now(), wait_reason = ''"
+)
+
 # One statement, one round trip: claim, move the workflow Pending → Running, and
 # (when the claim is its own transaction) let its commit skip the WAL flush.  A
 # claim need not survive a database crash on its own: a lost claim leaves the
@@ -72,8 +80,7 @@ WITH relax AS (
     {due}
 ), claimed AS (
     UPDATE fleet_taskexecution AS t SET
-        status = 'Running', assignment = t.assignment + 1, attempt = t.attempt + 1,
-        claimed_by = %(claimer)s, claimed_at = now(), started_at = now(), wait_reason = '',
+        {claim_set},
         result_deadline = CASE WHEN %(deadline)s
                                THEN now() + make_interval(secs => t.timeout_s + %(grace)s) END
     FROM relax
@@ -129,11 +136,17 @@ _THESE_DUE = """
       AND (ready_at IS NULL OR ready_at <= statement_timestamp())
     FOR UPDATE SKIP LOCKED
 """
-_CLAIM_ONE = _CLAIM_SQL.format(due=_ONE_DUE, columns=_CLAIM_COLUMNS, select=_CLAIMED)
-_CLAIM_MANY = _CLAIM_SQL.format(due=_MANY_DUE, columns=_CLAIM_COLUMNS, select=_CLAIMED)
-_CLAIM_THESE = _CLAIM_SQL.format(due=_THESE_DUE, columns=_CLAIM_COLUMNS, select=_CLAIMED)
-_CLAIM_THESE_WITH_INPUTS = _CLAIM_SQL.format(
-    due=_THESE_DUE, columns=_CLAIM_COLUMNS + ", t.dependencies", select=_CLAIMED_WITH_INPUTS
+
+
+def _claim_sql(due: str, columns: str, select: str) -> str:
+    return _CLAIM_SQL.format(due=due, columns=columns, select=select, claim_set=CLAIM_SET)
+
+
+_CLAIM_ONE = _claim_sql(_ONE_DUE, _CLAIM_COLUMNS, _CLAIMED)
+_CLAIM_MANY = _claim_sql(_MANY_DUE, _CLAIM_COLUMNS, _CLAIMED)
+_CLAIM_THESE = _claim_sql(_THESE_DUE, _CLAIM_COLUMNS, _CLAIMED)
+_CLAIM_THESE_WITH_INPUTS = _claim_sql(
+    _THESE_DUE, _CLAIM_COLUMNS + ", t.dependencies", _CLAIMED_WITH_INPUTS
 )
 
 

@@ -14,21 +14,25 @@ class RoundTrips:
     """libpq's protocol trace of this thread's connection: each run of messages the client
     sent before it read the server's answers is one round trip."""
 
-    def __init__(self) -> None:
+    def __init__(self, pgconn: psycopg.pq.abc.PGconn | None = None) -> None:
+        # pgconn: another connection's (an async one of the event loop); default Django's.
+        self._pgconn = pgconn
         fd, name = tempfile.mkstemp(prefix="pqtrace-")
         os.close(fd)
         self.path = Path(name)
         self._file = self.path.open("w")
 
     def __enter__(self) -> RoundTrips:
-        connection.ensure_connection()
-        pgconn = connection.connection.pgconn
+        if self._pgconn is None:
+            connection.ensure_connection()
+            self._pgconn = connection.connection.pgconn
+        pgconn = self._pgconn
         pgconn.trace(self._file.fileno())
         pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
         return self
 
     def __exit__(self, *exc) -> None:
-        connection.connection.pgconn.untrace()
+        self._pgconn.untrace()
         self._file.close()
         self.lines = [line.split("\t") for line in self.path.read_text().splitlines()]
         self.path.unlink()

@@ -121,3 +121,35 @@ def test_without_lone_at_once_every_item_goes_through_the_batching_task() -> Non
         await batcher.close()
 
     asyncio.run(scenario())
+
+
+def test_alone_writes_a_lone_item_on_the_loop_and_its_none_falls_back_to_the_call() -> None:
+    """``alone`` (the fleet's one-trip placement) answers a lone item without the ``call``
+    thread; where it answers None the item is written by ``call`` as before; items that
+    arrive while it is in flight wait for it and go as one batch through ``call``."""
+    gate = asyncio.Event()
+    seen: list[int] = []
+
+    async def alone(item: int) -> int | None:
+        seen.append(item)
+        if item == 1:
+            await gate.wait()
+        return item * 10 if item % 2 else None
+
+    async def scenario() -> None:
+        recorder = Recorder()
+        batcher = Batcher(doubled, 8, "test", recorder.call, lone_at_once=True, alone=alone)
+        first = asyncio.create_task(batcher.submit(1))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the lone write is in flight on the loop, holding the room
+        later = [asyncio.create_task(batcher.submit(i)) for i in (3, 5)]
+        await asyncio.sleep(0)
+        assert recorder.batches == []
+        gate.set()
+        assert await asyncio.gather(first, *later) == [10, 6, 10]
+        assert recorder.batches == [[3, 5]]  # a batch never goes to ``alone``
+        assert await batcher.submit(2) == 4  # None from ``alone``: written by ``call``
+        assert recorder.batches == [[3, 5], [2]] and seen == [1, 2]
+        await batcher.close()
+
+    asyncio.run(scenario())

@@ -69,3 +69,18 @@ def test_the_table_joins_outbox_marks_to_their_task_and_times_each_hop(tmp_path)
     assert hops["→ a dispatch worker has it"] == []  # no `dispatching` mark: not timed
     assert hops["Ready → received_at (whole path)"] == [pytest.approx(20.0)]
     assert pickup_hops.gc_pauses(trace, 1) == {"agents: a gc0 collection ≥ 0.5 ms": [1.5]}
+
+
+def test_the_placement_is_one_hop_and_split_only_for_a_two_trip_placement():
+    """One trip (on the loop: no ``claimed`` mark) and two trips (a delivery thread) are
+    both timed by the placement's hop; only the two-trip one is split at its claim."""
+    marks = {
+        "one": {"placing": 1.000, "committed": 1.002, "placed_on_loop": 1.003},
+        "two": {"placing": 1.000, "claimed": 1.003, "committed": 1.007, "placed_on_loop": 1.008},
+    }
+    rows = {t: {"ready_at": 0.990, "received_at": 1.010} for t in marks}
+    hops = pickup_hops.hop_table(rows, marks)
+    placement = hops["→ the placement answered (claim … COMMIT)"]
+    assert placement == [pytest.approx(2.0), pytest.approx(7.0)]
+    assert hops["  (two trips) BEGIN + claim answered"] == [pytest.approx(3.0)]
+    assert hops["  (two trips) reservation + COMMIT answered"] == [pytest.approx(4.0)]

@@ -37,6 +37,7 @@ from fleet.executors.fleet.delivery.batch_placement import place_tasks
 from fleet.executors.fleet.delivery.depth import SAMPLE_INTERVAL_S, sample_outbox_depth
 from fleet.executors.fleet.delivery.handover import stop_taking_sockets
 from fleet.executors.fleet.delivery.listener import NotificationListener
+from fleet.executors.fleet.delivery.one_trip import LoopPlacer
 from fleet.executors.fleet.delivery.pg import connect_async
 from fleet.executors.fleet.delivery.placement import (
     Delivered,
@@ -117,6 +118,8 @@ class FleetExecutor(TaskExecutor):
         self.listener: NotificationListener | None = None
         self._probe_task: asyncio.Task | None = None
         self._placer: Batcher[uuid.UUID, Placed | NoAgent | NotClaimed] | None = None
+        self._loop_placer: LoopPlacer | None = None
+        self._tenant_of: dict[uuid.UUID, int] = {}  # tasks being placed → their tenant
         self._probe_wake = asyncio.Event()
         self._started_at = time.monotonic()
         self._database_seen_at = self._started_at  # by the liveness sweep
@@ -135,11 +138,14 @@ class FleetExecutor(TaskExecutor):
         )
         self.listener.start()
         self.relay.start()
-        # A lone placement (an idle pickup) goes to a delivery thread without a hop
-        # through the batching task (fleet/engine/batcher.py).
+        # A lone placement (an idle pickup) skips the batching task (fleet/engine/batcher.py)
+        # and is made on this loop in one statement when it can be
+        # (fleet/executors/fleet/delivery/one_trip.py), else on a delivery thread.
+        self._loop_placer = LoopPlacer(self.claimer)
         self._placer = Batcher(
-            self._place_batch, PLACE_BATCH, "fleet-placement", delivery_db.call, lone_at_once=True
-        )
+            self._place_batch, PLACE_BATCH, "fleet-placement", delivery_db.call,
+            lone_at_once=True, alone=self._place_alone,
+        )  # fmt: skip
         self._probe_task = asyncio.create_task(self._probe_capacity(), name="fleet-capacity")
         await wait_event(self.listener.listening, 5.0)
         log.info("fleet executor started (server %s)", self.claimer)
@@ -157,6 +163,9 @@ class FleetExecutor(TaskExecutor):
         if self._placer is not None:
             await self._placer.close()
             self._placer = None
+        if self._loop_placer is not None:
+            await self._loop_placer.close()
+            self._loop_placer = None
         await self.relay.stop()
         if self.listener is not None:
             await self.listener.stop()
@@ -231,6 +240,7 @@ class FleetExecutor(TaskExecutor):
         # The waiter exists before the packet can reach an agent (no lost early result).
         future = rendezvous.register(task_execution_id)
         self.capacity.claiming += 1
+        self._tenant_of[task_execution_id] = event.tenant_id
         try:
             placement = await self._place(task_execution_id)
         except BaseException:
@@ -238,6 +248,7 @@ class FleetExecutor(TaskExecutor):
             raise
         finally:
             self.capacity.claiming -= 1
+            self._tenant_of.pop(task_execution_id, None)
         hop_trace.mark("placed_on_loop", task_execution_id)
         if isinstance(placement, NotClaimed | NoAgent):
             rendezvous.unregister(task_execution_id, future)
@@ -281,6 +292,13 @@ class FleetExecutor(TaskExecutor):
         # With every task that turns up while the previous batch is written: one
         # transaction for them all (fleet/executors/fleet/delivery/batch_placement.py).
         return await self._placer.submit(task_execution_id)
+
+    async def _place_alone(self, task_execution_id: uuid.UUID) -> Placed | None:
+        """A lone placement in one statement on this loop; None: the usual path places it."""
+        tenant_id = self._tenant_of.get(task_execution_id, 0)
+        if self._loop_placer is None or not tenant_id:
+            return None
+        return await self._loop_placer.place(task_execution_id, tenant_id)
 
     async def _push(self, placed: Delivered) -> None:
         try:

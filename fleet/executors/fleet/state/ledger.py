@@ -246,6 +246,93 @@ FROM work w JOIN packets p ON p.task_execution_id = w.task_execution_id JOIN ass
 )
 
 
+# A lone plain task claimed AND placed in ONE statement, sent on its own (autocommit: the
+# statement is the transaction, one round trip: fleet/executors/fleet/delivery/one_trip.py).
+# {due}: the task row if it is Ready, due and eligible (plain, python, no dependencies, a
+# context the statement can encode byte for byte as the shared builder does — its columns
+# include ``ctx``, that text), locked ``FOR UPDATE OF t SKIP LOCKED``.  Lock order as
+# everywhere: the task row, then its execution's row if it is still Pending (to start it),
+# then the tenant's candidate agents in id order — ``locked`` is gated on ``starting`` so
+# that the workflow row is locked before any agent row, and on ``due`` so that a task not
+# taken locks no agent.  The best agent is the batch form's choice for one task (most free
+# slots, then the selection's ranking).  With an agent the task row is written ONCE: the
+# claim ({claim_set}: the claims owner's) and the agent it names in the same UPDATE (the
+# two-statement placement writes it twice).  Without one nothing is written: the task stays
+# Ready, its attempt and assignment untouched, and the caller places it the usual way (which
+# says why it waits).  The packet is built here from the claim's own columns; its keys and
+# values are what ``placement.prepare`` builds and RESERVE_AND_ENQUEUE stores.
+CLAIM_AND_RESERVE = (
+    """
+WITH due AS MATERIALIZED (
+    {due}
+), starting AS MATERIALIZED (
+    SELECT w.id FROM fleet_workflowexecution w
+    WHERE w.id IN (SELECT workflow_execution_id FROM due) AND w.status = 'Pending'
+    ORDER BY w.id FOR NO KEY UPDATE
+), locked AS (
+    SELECT a.* FROM agents_agent a
+    WHERE {candidates}
+      AND EXISTS (SELECT 1 FROM due) AND (SELECT count(*) FROM starting) >= 0
+    ORDER BY a.id FOR NO KEY UPDATE OF a
+), scored AS (
+    SELECT a.*, {best} AS best_score FROM locked a
+), chosen AS MATERIALIZED (
+    SELECT a.id, a.name, a.target_triple, a.connected_to = %(me)s AS local FROM scored a
+    ORDER BY """
+    + breaker.slot_cap("a", free_slots("a"))
+    + """ DESC, {tiebreak}
+    LIMIT 1
+), reserved AS (
+    UPDATE agents_agent r SET """
+    + take_slots("r")
+    + ", "
+    + breaker.probe_taken("r")
+    + """, last_selected_at = clock_timestamp()
+    FROM chosen c WHERE r.id = c.id
+), claimed AS (
+    UPDATE fleet_taskexecution t SET {claim_set}, agent_id = c.id,
+        result_deadline = CASE WHEN c.local
+                               THEN now() + make_interval(secs => t.timeout_s + %(grace)s) END
+    FROM due d, chosen c
+    WHERE t.id = d.id
+    RETURNING t.id, t.assignment, t.attempt, extract(epoch FROM now() - t.ready_at) AS waited_s
+), running AS (
+    UPDATE fleet_workflowexecution w SET status = 'Running', started_at = now()
+    FROM starting s
+    WHERE w.id = s.id AND w.status = 'Pending' AND EXISTS (SELECT 1 FROM claimed)
+), packets AS (
+    INSERT INTO delivery_outbox (tenant_id, agent_id, task_execution_id, assignment, state, payload,
+                                 attempts, delivered_at, created_at, updated_at, former_agents)
+    SELECT d.tenant_id, c.id, k.id, k.assignment,
+           CASE WHEN c.local THEN 'delivered' ELSE 'pending' END,
+           jsonb_build_object(
+               'task_execution_id', d.id::text, 'assignment', k.assignment,
+               'attempt', k.attempt, 'workflow_execution_id', d.workflow_execution_id::text,
+               'task_name', d.task_name, 'function', d.function, 'context_json', d.ctx,
+               'artifact_digest', d.digest, 'package_kind', d.kind,
+               'target_triple', c.target_triple, 'timeout_s', d.timeout_json,
+               'tenant', d.tenant_name
+           ),
+           CASE WHEN c.local THEN 1 ELSE 0 END, CASE WHEN c.local THEN now() END,
+           now(), now(), '[]'::jsonb
+    FROM due d, chosen c, claimed k
+    -- The pushed packet's triple and artifact as the row holds them (RESERVE_AND_ENQUEUE's).
+    RETURNING id, payload ->> 'target_triple' AS target_triple,
+              payload ->> 'artifact_digest' AS artifact_digest
+), relax AS (
+    -- As for every placement: a lost one leaves the task Ready (it runs again), and the
+    -- outcome's synchronous commit flushes it anyway.
+    SELECT set_config('synchronous_commit', 'off', true)
+)
+SELECT d.id, d.workflow_execution_id, d.tenant_id, d.task_name, d.function, k.assignment,
+       k.attempt, d.timeout_s, d.priority, d.input_context, p.artifact_digest, d.kind,
+       d.tenant_name, d.ctx, c.id, c.name, c.local, p.id, p.target_triple, k.waited_s
+FROM relax, due d
+LEFT JOIN chosen c ON true LEFT JOIN claimed k ON true LEFT JOIN packets p ON true
+"""
+)
+
+
 # -- reclaim: an open row of a dead agent moves to a survivor ------------------------
 
 

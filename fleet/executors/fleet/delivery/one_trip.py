@@ -1,0 +1,216 @@
+"""A lone placement in ONE round trip, on the event loop's own connection (issue 17, the idle
+pickup).
+
+The usual placement (:mod:`fleet.executors.fleet.delivery.batch_placement`) runs on a
+delivery thread and takes two round trips: BEGIN + the claim, whose answer Python needs to
+build the packet (the context, byte for byte the shared builder's), then the reservation +
+COMMIT.  With the hops from the event loop to the thread and back that was half of an idle
+pickup.  Here a task that the dispatch places alone is claimed, given an agent slot and its
+packet in one statement (:data:`fleet.executors.fleet.state.ledger.CLAIM_AND_RESERVE`), sent
+in autocommit on one async connection of the loop (the statement is its own transaction:
+nothing is pushed before it has committed), so the placement is one round trip and no
+thread hop.
+
+The statement builds the packet itself, so it takes only the tasks whose packet it can
+build exactly as :func:`fleet.executors.fleet.delivery.placement.prepare` does:
+
+* plain (no routing keys: no selector, no group or affinity binding) and a python package
+  (any agent triple, one artifact);
+* no dependencies, and an input context whose values are strings, integers, booleans or
+  nulls — one level, no floats: its canonical JSON (``encode_context``: compact, keys in
+  the stored order, the same string escapes as PostgreSQL's) is then the stored text with
+  the separators compacted, which the statement writes key by key;
+* a context within the frame (no ``context_ref``) and ``CLOACINA_MAX_CONTEXT_BYTES``, and an
+  ordinary timeout (its float text is Python's ``repr``).
+
+Anything else, a task that is not Ready (or is being claimed elsewhere), and a task no
+agent has a free slot for now — the statement then writes nothing — is answered None, and
+the caller places it the usual way (which also says why it waits or fails it).  The pushed
+packet is built in Python from the statement's answer with the shared builders
+(``merge_context``, ``encode_context``, ``work_packet``), and the statement's own text of
+the context is checked against it (a mismatch is logged: it would be a bug here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+
+import psycopg
+
+from agents.protocol import hop_trace
+from fleet.engine.claims import CLAIM_SET, RESULT_GRACE_S, Claim
+from fleet.engine.context import encode_context, merge_context
+from fleet.executors.fleet.delivery import context_ref, local_sockets
+from fleet.executors.fleet.delivery.outbox import PackageRef, work_packet
+from fleet.executors.fleet.delivery.pg import connect_async
+from fleet.executors.fleet.delivery.placement import Delivered, Placed
+from fleet.executors.fleet.routing.candidates import candidate_params, tenants_candidates_sql
+from fleet.executors.fleet.routing.metrics import SELECTION_SUCCESS, observe_selections
+from fleet.executors.fleet.routing.selectors import (
+    UNCONSTRAINED,
+    Selectors,
+    best_score_per_tenant,
+    tiebreak,
+)
+from fleet.executors.fleet.state import ledger
+from fleet.platform.config import get_config
+
+log = logging.getLogger(__name__)
+
+# The task, if it is Ready, due, of the caller's tenant and eligible (module docstring), with
+# ``ctx``: its context's canonical JSON, written key by key.  jsonb_each walks the object in
+# the order its text (which the shared builder parses) lists the keys; to_json(key) and a
+# string's jsonb text escape exactly as Python's json.dumps(ensure_ascii=False) does (", \,
+# \b \f \n \r \t, other controls as \u00XX, nothing else); an integer's text is Python's
+# int's.  A timeout of 0.001–1e9 s prints the same shortest digits in both, and Python's
+# float adds ".0" to an integral one.
+_DUE = """
+    SELECT t.id, t.workflow_execution_id, t.tenant_id, t.task_name, t.function, t.timeout_s,
+           t.priority, t.ready_at, e.input_context, p.digest, p.kind, tn.name AS tenant_name,
+           x.ctx,
+           (CASE WHEN t.timeout_s::text ~ '^[0-9]+$' THEN t.timeout_s::text || '.0'
+                 ELSE t.timeout_s::text END)::jsonb AS timeout_json
+    FROM fleet_taskexecution t
+    JOIN fleet_workflowexecution e ON e.id = t.workflow_execution_id
+    JOIN workflow_packages p ON p.id = e.package_id
+    JOIN fleet_tenant tn ON tn.id = e.tenant_id
+    CROSS JOIN LATERAL (
+        SELECT CASE
+            WHEN e.input_context IS NULL OR e.input_context = 'null'::jsonb THEN '{}'
+            WHEN jsonb_typeof(e.input_context) <> 'object' THEN NULL
+            ELSE (
+                SELECT CASE WHEN bool_and(
+                           jsonb_typeof(f.value) IN ('string', 'boolean', 'null')
+                           OR (jsonb_typeof(f.value) = 'number'
+                               AND f.value::text ~ '^-?[0-9]{1,18}$'))
+                       IS FALSE THEN NULL
+                       ELSE '{' || coalesce(string_agg(to_json(f.key)::text || ':' || f.value::text,
+                                                       ',' ORDER BY f.n), '') || '}' END
+                FROM jsonb_each(e.input_context) WITH ORDINALITY AS f(key, value, n)
+            ) END
+        OFFSET 0  -- built once per row, not once per mention below
+    ) AS x(ctx)
+    WHERE t.id = %(task)s AND t.tenant_id = ANY(%(tenants)s) AND t.status = 'Ready'
+      AND (t.ready_at IS NULL OR t.ready_at <= statement_timestamp())
+      AND (t.routing IS NULL OR t.routing = '{}'::jsonb)
+      AND jsonb_array_length(t.dependencies) = 0
+      AND p.kind = 'python'
+      AND t.timeout_s BETWEEN 0.001 AND 1e9
+      AND x.ctx IS NOT NULL
+      AND char_length(x.ctx) <= %(inline_chars)s AND octet_length(x.ctx) <= %(max_bytes)s
+    FOR UPDATE OF t SKIP LOCKED
+"""
+
+_STATEMENT = ledger.CLAIM_AND_RESERVE.format(
+    due=_DUE.strip(),
+    candidates=tenants_candidates_sql(UNCONSTRAINED),
+    best=best_score_per_tenant(Selectors()),
+    tiebreak=tiebreak(Selectors(), best="a.best_score"),
+    claim_set=CLAIM_SET,
+)
+
+# A context this long (characters) always fits a frame inline: each escapes to at most 6
+# bytes (context_ref.inline_size's bound), so no ``context_ref`` is ever needed.
+_INLINE_CHARS = (context_ref.INLINE_MAX_BYTES - 2) // 6
+
+
+def params(task_execution_id: uuid.UUID, tenant_id: int, claimer: str) -> dict:
+    """The statement's parameters for one task of ``tenant_id``."""
+    return {
+        **UNCONSTRAINED.params,
+        **candidate_params(tenant_id, None),
+        "task": task_execution_id,
+        "tenants": [tenant_id],
+        "me": local_sockets.server_id(),
+        "claimer": claimer,
+        "grace": RESULT_GRACE_S,
+        "inline_chars": _INLINE_CHARS,
+        "max_bytes": get_config().max_context_bytes,
+    }
+
+
+async def place_one(
+    conn: psycopg.AsyncConnection, task_execution_id: uuid.UUID, tenant_id: int, claimer: str
+) -> Placed | None:
+    """Claim and place the task in one statement on ``conn`` (autocommit); None when the
+    statement did not take it (module docstring): the caller places it the usual way."""
+    started = time.perf_counter()
+    hop_trace.mark("placing", task_execution_id)
+    cursor = await conn.execute(_STATEMENT, params(task_execution_id, tenant_id, claimer))
+    row = await cursor.fetchone()
+    if row is None or row[14] is None:
+        return None  # not taken (not eligible, not Ready, or no free slot): nothing written
+    hop_trace.mark("committed", task_execution_id)
+    observe_selections(time.perf_counter() - started, 1)
+    SELECTION_SUCCESS.labels(step=UNCONSTRAINED.step).inc()
+    return _placed(row)
+
+
+def _placed(row: tuple) -> Placed:
+    (task_id, workflow_id, tenant_id, task_name, function, assignment, attempt, timeout_s,
+     priority, input_context, digest, kind, tenant_name, ctx, agent_id, agent_name, local,
+     outbox_id, triple, waited_s) = row  # fmt: skip
+    claim = Claim(
+        task_id, workflow_id, tenant_id, task_name, function, assignment, attempt, timeout_s,
+        {}, priority,
+    )  # fmt: skip
+    if not local:
+        return Placed(tenant_id, assignment, agent_id, agent_name)
+    # The packet as placement.prepare builds it, with the shared builders, and the triple and
+    # artifact as the row holds them (the batch path's way: the packet pushed is the packet
+    # stored); the row holds the statement's own build of the rest, which must be the same.
+    context_json = encode_context(merge_context(input_context, [], None))
+    if context_json != ctx:
+        log.error("one-trip placement of %s: the stored context differs from the builder's "
+                  "(%r against %r)", task_id, ctx[:200], context_json[:200])  # fmt: skip
+    ref = PackageRef(digest=digest, kind=kind, target_triple=triple)
+    packet = work_packet(claim, context_json, ref, tenant_name)
+    packet["outbox_id"] = outbox_id
+    return Delivered(
+        tenant_id, assignment, agent_id, agent_name,
+        outbox_id=outbox_id, packet=packet, waited_s=float(waited_s or 0.0),
+    )  # fmt: skip
+
+
+class LoopPlacer:
+    """The event loop's connection for lone placements (opened on first use, dropped on any
+    error: the next placement opens a fresh one, and this one goes the usual way)."""
+
+    def __init__(self, claimer: str) -> None:
+        self.claimer = claimer
+        self._conn: psycopg.AsyncConnection | None = None
+        self.placed = 0  # placements made here (the others went the usual way)
+
+    async def place(self, task_execution_id: uuid.UUID, tenant_id: int) -> Placed | None:
+        """:func:`place_one` on this loop's connection; None also when the database could
+        not be asked (the usual path then tries, and reports what it finds)."""
+        if not tenant_id:
+            return None  # the event did not say (the statement is scoped to the tenant)
+        try:
+            conn = await self._connection()
+            placed = await place_one(conn, task_execution_id, tenant_id, self.claimer)
+        except (psycopg.Error, OSError) as exc:
+            # Committed or not, the usual path finds out: a task this statement placed is no
+            # longer Ready there (NotClaimed), as after any lost answer.
+            log.warning("one-trip placement of %s failed (%s); the usual path places it",
+                        task_execution_id, exc)  # fmt: skip
+            await self.close()
+            return None
+        if placed is not None:
+            self.placed += 1
+        return placed
+
+    async def _connection(self) -> psycopg.AsyncConnection:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            await self.close()
+            self._conn = await connect_async("cloacina-placement")
+        return self._conn
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
