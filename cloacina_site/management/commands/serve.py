@@ -201,7 +201,7 @@ class ServeProcess:
         # A local import: the ASGI app reads the settings as it is built, and handle() has
         # only now finished adjusting them (TLS, overrides); the reactor is installed above.
         from cloacina_site.asgi import application
-        from cloacina_site.daphne_server import FleetServer
+        from cloacina_site.daphne_server import FleetServer  # local: after the reactor
 
         apply_daphne_limits(self.config.max_request_bytes, self.config.http_keepalive_s)
         self.server = FleetServer(
