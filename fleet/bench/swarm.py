@@ -59,6 +59,7 @@ REGISTERING_AT_ONCE = 64
 AGENT_HTTP_CONNECTIONS = 2
 FILES_PER_AGENT = 1 + AGENT_HTTP_CONNECTIONS
 ADMIT_POLL_S = 0.01
+DRAINING_AT_ONCE = 64  # agents draining (and deregistering) at once at the end
 STOP_TIMEOUT_S = 120.0  # the least a drain is given
 # Agents drained per second a drain's timeout allows for beyond that: each deregisters over
 # a REST call of its own, thousands at once (5,000 agents were still draining after 120 s).
@@ -178,6 +179,7 @@ class Swarm:
         self._error: BaseException | None = None
         self._first_pending = 0  # index of the oldest agent that may still be registering
         self._main_task: asyncio.Task | None = None
+        self._drainer: asyncio.Future | None = None  # drain_in_waves, once stop() asked
         self._cancelled = False
         self._cache_root = Path(tempfile.mkdtemp(prefix="cloacina-swarm-"))
 
@@ -311,5 +313,17 @@ class Swarm:
 
     def _drain_all(self) -> None:
         self._stopping.set()
-        for agent in self.agents:
+        self._drainer = asyncio.ensure_future(self.drain_in_waves())
+
+    async def drain_in_waves(self, at_once: int = DRAINING_AT_ONCE) -> None:
+        """Drain the agents ``at_once`` at a time, the next as one exits.  Each drain ends
+        in a deregistration over a new REST connection: 5,000 at once saturated the swarm's
+        own loop, their connects timed out and were retried, and none got through in 120 s."""
+        draining: list[Agent] = []
+        for agent in list(self.agents):
+            while len(draining) >= at_once:
+                draining = [a for a in draining if a.exit_code is None]
+                if len(draining) >= at_once:
+                    await asyncio.sleep(ADMIT_POLL_S)
             agent.request_drain("the benchmark is over")
+            draining.append(agent)
