@@ -22,6 +22,13 @@ statements these endpoints run (docs/scaling.md, "Registration storms").  At mos
 take turns on its roster lock, and a storm's registrations waiting there must not hold
 every thread while the sockets' hellos and the results wait behind them (agents that
 connected in a storm were evicted for beats that waited on their hello).
+
+Those pooled requests also skip the per-request machinery of Django's ASGI entry point
+(:meth:`OneHopASGIHandler.handle_pooled`): a ``ThreadSensitiveContext`` whose first
+hop starts a new thread (joined again when the request ends), and the hops that send
+``request_started`` and close the response on it.  For a registration that was about an
+eighth of the server's CPU, and a connect storm is nothing but registrations
+(docs/scaling.md, "What a registration costs").
 """
 
 from __future__ import annotations
@@ -30,11 +37,12 @@ import asyncio
 from enum import Enum
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
-from django.core.handlers.asgi import ASGIHandler
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
 from django.db import connections
 from django.http import HttpRequest, HttpResponse
-from django.urls import Resolver404, resolve
+from django.urls import Resolver404, resolve, set_script_prefix
 
 from agents.surface.api import POOLED_VIEWS
 from fleet.executors.fleet.delivery import db as delivery_db
@@ -83,6 +91,54 @@ class OneHopASGIHandler(ASGIHandler):
         async with self.pooled_slots:
             return await delivery_db.call(self.sync_handler.get_response, request)
 
+    async def __call__(self, scope: dict, receive, send) -> None:
+        if scope["type"] == "http" and route_of(path_info(scope)) is Route.POOLED:
+            await self.handle_pooled(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+    async def handle_pooled(self, scope: dict, receive, send) -> None:
+        """Django's ``handle`` for a pooled request, with no hop but the one to the pool.
+
+        Django wraps every request in a ``ThreadSensitiveContext`` (a new executor thread
+        for its first hop) and sends ``request_started`` and closes the response with a
+        hop each to that thread.  Those signals' receivers would, on the pool thread,
+        close the connection it keeps (``close_old_connections``: ``CONN_MAX_AGE`` is
+        0); elsewhere they find nothing to do for these views (no connection of the
+        request's own thread, no cache, no per-request urlconf), and the responses hold
+        no resources to close.  As in Django, a client that goes away while its request
+        waits for a pool slot frees the turn: the request is cancelled, never run."""
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        try:
+            set_script_prefix(get_script_prefix(scope))
+            request, error_response = self.create_request(scope, body_file)
+            if request is None:
+                await self.send_response(error_response, send)
+                return
+            response = await self.pooled_unless_gone(request, receive)
+            if response is not None:
+                await self.send_response(response, send)
+        finally:
+            body_file.close()
+
+    async def pooled_unless_gone(self, request: HttpRequest, receive) -> HttpResponse | None:
+        """The pooled response, or None when the client disconnected first."""
+        answer = asyncio.ensure_future(self.pooled(request))
+        gone = asyncio.ensure_future(self.listen_for_disconnect(receive))
+        try:
+            await asyncio.wait((answer, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (answer, gone):
+                task.cancel()  # no-op for the one that is done
+            # Retrieved, so that neither is reported as an exception nobody looked at.
+            await asyncio.gather(answer, gone, return_exceptions=True)
+        if answer.cancelled():
+            return None
+        return answer.result()
+
     async def get_response_async(self, request: HttpRequest) -> HttpResponse:
         route = route_of(request.path_info)
         if route is Route.POOLED:
@@ -103,6 +159,12 @@ def release_connections() -> None:
     """Give this thread's database connections back (to the pool, when pooled)."""
     for conn in connections.all(initialized_only=True):
         conn.close()
+
+
+def path_info(scope: dict) -> str:
+    """The request's ``path_info`` as Django's ASGIRequest computes it from ``scope``."""
+    script_name = get_script_prefix(scope)
+    return scope["path"].removeprefix(script_name) if script_name else scope["path"]
 
 
 def route_of(path: str) -> Route:

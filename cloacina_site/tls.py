@@ -164,8 +164,9 @@ def server_tls(config: Config) -> ServerTLS | None:
 _endpoints: dict[str, Any] = {}
 
 
-def daphne_endpoint(tls: ServerTLS, host: str, port: int) -> str:
-    """A description to put in daphne's ``endpoints``: TLS on ``host:port`` with ``tls``.
+def daphne_endpoint(tls: ServerTLS, host: str, port: int, backlog: int = 50) -> str:
+    """A description to put in daphne's ``endpoints``: TLS on ``host:port`` with ``tls``,
+    ``backlog`` connections queued before they are accepted (Twisted's default: 50).
 
     Call after importing ``daphne.server`` (which installs the asyncio reactor).
     """
@@ -174,7 +175,9 @@ def daphne_endpoint(tls: ServerTLS, host: str, port: int) -> str:
 
     _route_daphne_endpoints()
     description = f"{ENDPOINT_PREFIX}:{len(_endpoints)}"
-    _endpoints[description] = SSL4ServerEndpoint(reactor, port, tls.options, interface=host)
+    _endpoints[description] = SSL4ServerEndpoint(
+        reactor, port, tls.options, backlog=backlog, interface=host
+    )
     return description
 
 

@@ -130,7 +130,24 @@ def _holding(holding: Any) -> list[tuple[uuid.UUID, int]]:
     return pairs
 
 
-def _check_frame(frame: dict[str, Any]) -> dict[str, Any]:
+# How many characters of JSON (json.dumps) the content of a frame of N bytes can take at
+# most, over N: spaces after separators, \u escapes of non-ASCII, ``9e15`` written out,
+# and MessagePack's one-byte ``false``/``nil`` as ``false, ``/``null, ``: at most ~7.
+METRICS_JSON_GROWTH = 8
+
+
+def metrics_too_large(metrics: dict[str, Any], frame_bytes: int = MAX_FRAME_BYTES) -> bool:
+    """Whether a beat's ``metrics`` take more than MAX_METRICS_BYTES as JSON.  A frame of
+    ``frame_bytes`` too small to hold that much is not serialised to be measured: thousands
+    of agents beat every few seconds, with metrics of a few hundred bytes."""
+    if frame_bytes * METRICS_JSON_GROWTH <= roster.MAX_METRICS_BYTES:
+        return False
+    return len(json.dumps(metrics)) > roster.MAX_METRICS_BYTES
+
+
+def _check_frame(frame: dict[str, Any], frame_bytes: int = MAX_FRAME_BYTES) -> dict[str, Any]:
+    """``frame`` checked against the protocol (FrameRejected if it does not fit);
+    ``frame_bytes``: its size on the wire."""
     kind = frame.get("type")
     if kind == "received":
         # The codec allows integers up to 2^64-1; delivery_outbox.id is a bigint, and one
@@ -147,7 +164,7 @@ def _check_frame(frame: dict[str, Any]) -> dict[str, Any]:
         metrics = frame.get("metrics")
         if metrics is not None and not isinstance(metrics, dict):
             raise FrameRejected("heartbeat: metrics must be an object")
-        if metrics and len(json.dumps(metrics)) > roster.MAX_METRICS_BYTES:
+        if metrics and metrics_too_large(metrics, frame_bytes):
             raise FrameRejected(f"heartbeat: metrics over {roster.MAX_METRICS_BYTES} bytes")
         if metrics and unstorable(metrics):  # PostgreSQL's jsonb would refuse the beat
             raise FrameRejected(f"heartbeat: metrics hold {unstorable(metrics)}")
@@ -355,7 +372,7 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             if decoded.get("type") == wire.BATCH:
                 frames = _check_batch(decoded)
             else:
-                frames = [_check_frame(decoded)]
+                frames = [_check_frame(decoded, size)]
         except (wire.WireFormatError, FrameRejected) as exc:
             await self._close(CLOSE_MALFORMED, f"malformed frame: {exc}")
             return

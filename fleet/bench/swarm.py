@@ -59,7 +59,11 @@ REGISTERING_AT_ONCE = 64
 AGENT_HTTP_CONNECTIONS = 2
 FILES_PER_AGENT = 1 + AGENT_HTTP_CONNECTIONS
 ADMIT_POLL_S = 0.01
-STOP_TIMEOUT_S = 120.0
+DRAINING_AT_ONCE = 64  # agents draining (and deregistering) at once at the end
+STOP_TIMEOUT_S = 120.0  # the least a drain is given
+# Agents drained per second a drain's timeout allows for beyond that: each deregisters over
+# a REST call of its own, thousands at once (5,000 agents were still draining after 120 s).
+DRAIN_FLOOR_PER_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,11 @@ def _agent_transport() -> httpx.AsyncHTTPTransport:
     return httpx.AsyncHTTPTransport(limits=limits, verify=_ssl_context())
 
 
+def stop_timeout_s(agents: int) -> float:
+    """How long a drain of ``agents`` may take: STOP_TIMEOUT_S, or DRAIN_FLOOR_PER_S."""
+    return max(STOP_TIMEOUT_S, agents / DRAIN_FLOOR_PER_S)
+
+
 class Swarm:
     """``keys``' agents, started in the background by :meth:`start`, drained by :meth:`stop`."""
 
@@ -170,6 +179,7 @@ class Swarm:
         self._error: BaseException | None = None
         self._first_pending = 0  # index of the oldest agent that may still be registering
         self._main_task: asyncio.Task | None = None
+        self._drainer: asyncio.Future | None = None  # drain_in_waves, once stop() asked
         self._cancelled = False
         self._cache_root = Path(tempfile.mkdtemp(prefix="cloacina-swarm-"))
 
@@ -200,13 +210,16 @@ class Swarm:
         if self._error is not None:
             raise RuntimeError(f"the swarm stopped: {self._error!r}") from self._error
 
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S, drain: bool = True) -> None:
-        """Drain every agent (each deregisters) and wait for the swarm's thread to end.
+    def stop(self, timeout_s: float | None = None, drain: bool = True) -> None:
+        """Drain every agent (each deregisters) and wait for the swarm's thread to end, at
+        most ``timeout_s`` (default: :func:`stop_timeout_s` of the swarm's size).
         ``drain=False`` instead cancels every agent at once, as a kill would: nothing is
         reported or deregistered (for a bench that drops the server and its database
         next, and must not have a thousand drains retrying in its process meanwhile)."""
         if self._loop is None or self._thread is None:
             return
+        if timeout_s is None:
+            timeout_s = stop_timeout_s(self.size)
         with contextlib.suppress(RuntimeError):  # the loop already ended
             self._loop.call_soon_threadsafe(self._drain_all if drain else self._cancel_all)
         self._thread.join(timeout_s)
@@ -300,5 +313,17 @@ class Swarm:
 
     def _drain_all(self) -> None:
         self._stopping.set()
-        for agent in self.agents:
+        self._drainer = asyncio.ensure_future(self.drain_in_waves())
+
+    async def drain_in_waves(self, at_once: int = DRAINING_AT_ONCE) -> None:
+        """Drain the agents ``at_once`` at a time, the next as one exits.  Each drain ends
+        in a deregistration over a new REST connection: 5,000 at once saturated the swarm's
+        own loop, their connects timed out and were retried, and none got through in 120 s."""
+        draining: list[Agent] = []
+        for agent in list(self.agents):
+            while len(draining) >= at_once:
+                draining = [a for a in draining if a.exit_code is None]
+                if len(draining) >= at_once:
+                    await asyncio.sleep(ADMIT_POLL_S)
             agent.request_drain("the benchmark is over")
+            draining.append(agent)

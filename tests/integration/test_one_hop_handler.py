@@ -199,3 +199,86 @@ def test_a_killed_sync_request_gives_its_database_connection_back(monkeypatch):
     run_async(killed_request())
     # The thread finishes the view after the cancellation, on its own time.
     wait_until(lambda: used[0].connection is None, timeout=5, what="the connection given back")
+
+
+def test_a_pooled_request_starts_no_thread_and_sends_no_request_signal(
+    pooled, agent_key, monkeypatch
+):
+    """Django's ASGI entry point starts an executor thread per request for its signal and
+    close hops; a registration skips them (its only hop is to the pool), and the
+    request_started receivers, which would close the pool thread's kept connection, do
+    not run."""
+    from django.core import signals
+
+    run_async(delivery_db.call(Agent.objects.count))  # the pool's threads started
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def counting_start(thread: threading.Thread) -> None:
+        if not thread.name.startswith("test-event-loop"):  # run_async's, not the server's
+            started.append(thread.name)
+        real_start(thread)
+
+    signalled: list[str] = []
+
+    def on_started(**kwargs) -> None:
+        signalled.append("request_started")
+
+    signals.request_started.connect(on_started)
+    monkeypatch.setattr(threading.Thread, "start", counting_start)
+    try:
+        body = {"name": "no-thread", "target_triple": "x86_64-unknown-linux-gnu"}
+        body["protocol_version"] = 1
+        response = call("POST", "/api/v1/agents/register", agent_key, json.dumps(body).encode())
+    finally:
+        signals.request_started.disconnect(on_started)
+    assert response["status"] == 201, response["body"]
+    assert [path for path, _ in pooled][-1] == "/api/v1/agents/register"
+    assert started == [] and signalled == []
+    # Every other request still takes Django's own entry point (and its signals).
+    signals.request_started.connect(on_started)
+    try:
+        assert call("GET", "/healthz")["status"] == 200
+    finally:
+        signals.request_started.disconnect(on_started)
+    assert signalled == ["request_started"]
+
+
+def test_a_pooled_request_whose_client_left_while_it_waited_never_runs(monkeypatch):
+    """As under Django's own entry point: a registration whose client disconnected while it
+    waited for a pool slot gives its turn up, and nothing is stored."""
+    handler = one_hop.OneHopASGIHandler()
+    ran: list[str] = []
+    monkeypatch.setattr(
+        delivery_db, "call", lambda fn, request: ran.append(request.path) or asyncio.sleep(0)
+    )
+
+    async def left() -> list[dict]:
+        sent: list[dict] = []
+        messages = asyncio.Queue()
+        await messages.put({"type": "http.request", "body": b"{}", "more_body": False})
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        async with handler.pooled_slots:  # every slot busy: the request waits
+            for _ in range(one_hop.POOLED_AT_ONCE - 1):
+                await handler.pooled_slots.acquire()
+            scope = {
+                "type": "http",
+                "method": "POST",
+                "path": "/api/v1/agents/register",
+                "headers": [],
+                "query_string": b"",
+            }
+            request = asyncio.ensure_future(handler(scope, messages.get, send))
+            for _ in range(10):
+                await asyncio.sleep(0)
+            await messages.put({"type": "http.disconnect"})
+            await request
+            for _ in range(one_hop.POOLED_AT_ONCE - 1):
+                handler.pooled_slots.release()
+        return sent
+
+    assert run_async(left()) == []
+    assert ran == []

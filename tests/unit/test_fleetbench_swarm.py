@@ -20,7 +20,14 @@ from fleet.bench.scale import (
     connect_timeout_s,
     spread,
 )
-from fleet.bench.swarm import NoFetchCache, NoopRunner, Swarm, SwarmKey
+from fleet.bench.swarm import (
+    STOP_TIMEOUT_S,
+    NoFetchCache,
+    NoopRunner,
+    Swarm,
+    SwarmKey,
+    stop_timeout_s,
+)
 
 PACKET = {
     "outbox_id": 7,
@@ -84,6 +91,45 @@ def test_a_swarm_counts_its_agents_over_every_key():
     assert swarm.size == 5
     assert swarm.counts().started == 0
     swarm.stop()  # never started: nothing to drain
+
+
+class DrainingAgent:
+    """What drain_in_waves uses of an agent: it exits a few loop turns after a drain."""
+
+    def __init__(self, log: list[int]) -> None:
+        self.exit_code: int | None = None
+        self.log = log
+
+    def request_drain(self, reason: str) -> None:
+        self.log.append(1)
+        asyncio.get_running_loop().call_later(0.02, self.exit)
+
+    def exit(self) -> None:
+        self.exit_code = 0
+        self.log.append(-1)
+
+
+def test_the_swarm_drains_its_agents_a_wave_at_a_time():
+    """5,000 drains at once (each a new REST connection) saturated the swarm's own loop and
+    none got through; at most ``at_once`` drain together, and every agent is drained."""
+    events: list[int] = []
+    swarm = Swarm("http://127.0.0.1:1", [SwarmKey("t1", "k1", 10)])
+    swarm.agents = [DrainingAgent(events) for _ in range(10)]
+
+    async def drain() -> None:
+        await swarm.drain_in_waves(at_once=3)
+        while any(agent.exit_code is None for agent in swarm.agents):
+            await asyncio.sleep(0.01)
+
+    asyncio.run(drain())
+    running = [sum(events[: i + 1]) for i in range(len(events))]
+    assert max(running) == 3 and running[-1] == 0
+    assert events.count(1) == 10
+
+
+def test_the_drain_timeout_grows_with_the_swarm():
+    assert stop_timeout_s(100) == STOP_TIMEOUT_S
+    assert stop_timeout_s(5000) > 2 * STOP_TIMEOUT_S
 
 
 def test_the_table_lists_every_figure_under_the_settings():

@@ -51,6 +51,10 @@ from fleet.schedules import firing as schedule_firing
 log = logging.getLogger("cloacina.serve")
 
 STOP_TIMEOUT_S = 30.0  # the executor's own drain must finish within this on SIGTERM
+# Connections the kernel queues for the server before it accepts them (Twisted's default
+# is 50; the kernel caps it at net.core.somaxconn).  Thousands of agents registering or
+# deregistering at once overflowed 50: their connections were reset and retried.
+LISTEN_BACKLOG = 1024
 EXIT_CONFIG = 2
 
 
@@ -188,21 +192,24 @@ class ServeProcess:
         self._stopped = False
 
     def run(self) -> int:
-        # daphne.server installs the asyncio Twisted reactor on import; it must come first.
-        from daphne.server import Server
+        # daphne.server installs the asyncio Twisted reactor on import; it must come first
+        # (before Twisted's reactor, and before cloacina_site.daphne_server, which subclasses
+        # its Server).
+        import daphne.server  # noqa: F401
         from twisted.internet import reactor
 
         # A local import: the ASGI app reads the settings as it is built, and handle() has
         # only now finished adjusting them (TLS, overrides); the reactor is installed above.
         from cloacina_site.asgi import application
+        from cloacina_site.daphne_server import FleetServer  # local: after the reactor
 
         apply_daphne_limits(self.config.max_request_bytes, self.config.http_keepalive_s)
-        self.server = Server(
+        self.server = FleetServer(
             application=application,
             endpoints=[
-                daphne_endpoint(self.tls, self.host, self.port)
+                daphne_endpoint(self.tls, self.host, self.port, LISTEN_BACKLOG)
                 if self.tls is not None
-                else f"tcp:port={self.port}:interface={self.host}"
+                else f"tcp:port={self.port}:backlog={LISTEN_BACKLOG}:interface={self.host}"
             ],
             signal_handlers=True,
         )

@@ -56,6 +56,7 @@ from fleet.models import ApiKey, Eviction
 from fleet.platform import key_cache
 from fleet.platform.config import get_config
 from fleet.platform.errors import DomainError, ErrorKind
+from fleet.platform.pipelined_tx import pipelined_atomic
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,10 @@ def register(
     None when concurrent registrations of the name kept winning the unique index."""
     for _ in range(REGISTER_ATTEMPTS):
         try:
-            with transaction.atomic():
+            # BEGIN travels with the lock and COMMIT with the INSERT (pipeline mode): a
+            # connect storm is thousands of these, and two of their round trips carried no
+            # work (fleet/platform/pipelined_tx.py).
+            with pipelined_atomic() as tx:
                 # Registrations of one tenant take turns here: both bounds are exact, and a
                 # same-name agent is replaced only by a registration that is let in.  The
                 # counts are a statement of their own, after the lock: a statement's
@@ -145,11 +149,13 @@ def register(
                     cursor.execute(
                         "SELECT pg_advisory_xact_lock(%s, %s)", [ROSTER_LOCK_CLASS, tenant_id]
                     )
+                    tx.sync()
                     cursor.execute(_ROSTER_COUNTS, _counts_params(tenant_id, name, bounds))
                     counts = RosterCounts(*cursor.fetchone())
                 admit(counts)
                 if counts.holder is not None:
                     replace(counts.holder)
+                tx.pipeline_tail()  # a name taken meanwhile: IntegrityError at the COMMIT
                 agent = _insert(Agent(tenant_id=tenant_id, name=name, **fields))
         except IntegrityError:
             continue  # a concurrent registration took the name first: replace that one
