@@ -18,23 +18,15 @@ from fleet.models import DeliveryOutbox, TaskExecution
 from tests.support.agents import make_agent
 from tests.support.factories import ready_root, two_task_package
 from tests.support.loop import run_async
-from tests.support.sockets import close_code, socket
+from tests.support.sockets import (
+    close_code,
+    forget_sockets,  # noqa: F401 (an autouse fixture)
+    opened,
+    socket,
+)
 from tests.support.waiting import until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _forget_sockets():
-    local_sockets.clear()
-    yield
-    local_sockets.clear()
-
-
-async def _opened(comm, batch_frames: bool) -> None:
-    connected, _ = await comm.connect()
-    assert connected
-    await comm.send_json_to(frames.hello([], batch_frames=batch_frames))
 
 
 def _two_delivered_packets(tenant):
@@ -66,7 +58,7 @@ def test_a_batch_of_confirmations_and_results_is_applied_and_acknowledged(
 
     async def scenario() -> list[dict]:
         comm = socket(agent.id, agent_key)
-        await _opened(comm, batch_frames)
+        await opened(comm, batch_frames=batch_frames)
         await until(lambda: local_sockets.get(agent.id) is not None)
         batch = [frames.received(one.id), frames.received(two.id), _result(one),
                  _result(two, outcome="great"), _result(two)]  # fmt: skip
@@ -105,7 +97,7 @@ def test_packets_pushed_in_one_loop_turn_travel_in_one_batch_to_an_agent_that_as
 
     async def scenario() -> list[dict]:
         comm = socket(agent.id, agent_key)
-        await _opened(comm, batch_frames)
+        await opened(comm, batch_frames=batch_frames)
         await until(lambda: local_sockets.get(agent.id) is not None)
         push = local_sockets.get(agent.id).push
         await asyncio.gather(*(push(p) for p in packets))  # one placement batch's pushes
@@ -136,8 +128,8 @@ def test_an_older_and_a_batching_agent_side_by_side_each_get_what_they_asked_for
 
     async def scenario() -> tuple[list, list]:
         old_comm, new_comm = socket(old.id, agent_key), socket(new.id, agent_key)
-        await _opened(old_comm, False)
-        await _opened(new_comm, True)
+        await opened(old_comm, batch_frames=False)
+        await opened(new_comm, batch_frames=True)
         await until(lambda: None not in (local_sockets.get(old.id), local_sockets.get(new.id)))
         pushes = [local_sockets.get(a.id).push(p) for a in (old, new) for p in packets]
         await asyncio.gather(*pushes)  # one turn's packets for both sockets
@@ -170,7 +162,7 @@ def test_a_malformed_batch_is_closed_4400_and_changes_nothing(tenant, agent_key,
 
     async def scenario() -> int:
         comm = socket(agent.id, agent_key)
-        await _opened(comm, True)
+        await opened(comm, batch_frames=True)
         await until(lambda: local_sockets.get(agent.id) is not None)
         await comm.send_json_to({"type": "batch", "frames": inner})
         code = await close_code(comm)
@@ -188,7 +180,7 @@ def test_a_batch_over_the_frame_size_limit_is_closed_4413_before_it_is_parsed(te
 
     async def scenario() -> int:
         comm = socket(agent.id, agent_key)
-        await _opened(comm, True)
+        await opened(comm, batch_frames=True)
         await comm.send_json_to({"type": "batch", "frames": [{"type": "received", "p": padding}]})
         code = await close_code(comm)
         await comm.disconnect()

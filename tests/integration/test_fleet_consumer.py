@@ -20,17 +20,15 @@ from fleet.models import ApiKey, DeliveryOutbox, TaskAttemptLog, TaskExecution
 from tests.support.agents import make_agent
 from tests.support.factories import ready_root, two_task_package
 from tests.support.loop import run_async
-from tests.support.sockets import close_code, opened, socket
+from tests.support.sockets import (
+    close_code,
+    forget_sockets,  # noqa: F401 (an autouse fixture)
+    opened,
+    socket,
+)
 from tests.support.waiting import until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _forget_sockets():
-    local_sockets.clear()
-    yield
-    local_sockets.clear()
 
 
 def test_bad_missing_and_revoked_keys_are_closed_4401(tenant):

@@ -20,15 +20,13 @@ from tests.support.agents import make_agent
 from tests.support.factories import start
 from tests.support.loop import run_async
 from tests.support.routing import routed_package
-from tests.support.sockets import close_code, opened, socket
+from tests.support.sockets import (
+    close_code,
+    forget_sockets,  # noqa: F401 (an autouse fixture)
+    opened,
+    socket,
+)
 from tests.support.waiting import until
-
-
-@pytest.fixture(autouse=True)
-def _forget_sockets():
-    local_sockets.clear()
-    yield
-    local_sockets.clear()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -17,19 +17,16 @@ from fleet.models import DeliveryOutbox
 from tests.support.agents import make_agent
 from tests.support.factories import ready_root, two_task_package
 from tests.support.loop import run_async
-from tests.support.sockets import opened, socket
+from tests.support.sockets import (
+    forget_sockets,  # noqa: F401 (an autouse fixture)
+    opened,
+    socket,
+)
 from tests.support.waiting import until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 LONG_GATHER_S = 30.0  # far longer than any wait below: only a confirmation can end it
-
-
-@pytest.fixture(autouse=True)
-def _forget_sockets():
-    local_sockets.clear()
-    yield
-    local_sockets.clear()
 
 
 def _count_rounds(monkeypatch) -> list[int]:

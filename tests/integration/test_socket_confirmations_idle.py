@@ -12,24 +12,17 @@ from asgiref.sync import sync_to_async
 from django.db import connection
 
 from fleet.executors.fleet import socket_writes
-from fleet.executors.fleet.delivery import local_sockets
 from fleet.executors.fleet.delivery.placement import place_task
 from fleet.models import DeliveryOutbox
 from tests.support.agents import make_agent
 from tests.support.factories import ready_root, two_task_package
 from tests.support.loop import run_async
+from tests.support.sockets import forget_sockets  # noqa: F401 (an autouse fixture)
 from tests.support.waiting import until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 FOREVER_S = 60.0  # a gap or a retry timer this long never fires during a test
-
-
-@pytest.fixture(autouse=True)
-def _forget_sockets():
-    local_sockets.clear()
-    yield
-    local_sockets.clear()
 
 
 def delivered_packets(tenant, count: int):

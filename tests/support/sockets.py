@@ -3,9 +3,19 @@ agent's hello and the close code the server answers with."""
 
 from __future__ import annotations
 
+import pytest
 from channels.testing import WebsocketCommunicator
 
 from cloacina_site.asgi import application
+from fleet.executors.fleet.delivery import local_sockets
+
+
+@pytest.fixture(autouse=True)
+def forget_sockets():
+    """Import it into a test module: each test starts and ends with no registered socket."""
+    local_sockets.clear()
+    yield
+    local_sockets.clear()
 
 
 def socket(agent_id, key: str | None) -> WebsocketCommunicator:
@@ -22,7 +32,13 @@ async def close_code(comm: WebsocketCommunicator, timeout: float = 10.0) -> int:
             return message.get("code")
 
 
-async def opened(comm: WebsocketCommunicator, hello: list | None = None) -> None:
+async def opened(
+    comm: WebsocketCommunicator, hello: list | None = None, *, batch_frames: bool = False
+) -> None:
+    """Connect and say hello (holding ``hello``; taking batched frames if ``batch_frames``)."""
     connected, _ = await comm.connect()
     assert connected
-    await comm.send_json_to({"type": "hello", "holding": hello or []})
+    frame = {"type": "hello", "holding": hello or []}
+    if batch_frames:
+        frame["batch_frames"] = True
+    await comm.send_json_to(frame)
