@@ -79,6 +79,7 @@ class Agents:
         """``server_for(i)``: agent i's ``--server`` value instead of ``server_url`` (the
         replicas phase gives each agent its own order of several servers)."""
         self.processes: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, Path] = {}
         env = {
             **os.environ,
             "CLOACINA_HOME": str(home),
@@ -87,7 +88,8 @@ class Agents:
         }
         for i in range(count):
             name = f"bench-agent-{i + 1}"
-            log = (home / f"{name}.log").open("wb")
+            self.logs[name] = home / f"{name}.log"
+            log = self.logs[name].open("wb")
             self.processes[name] = subprocess.Popen(
                 [
                     sys.executable, str(REPO / "manage.py"), "runagent",
@@ -108,9 +110,19 @@ class Agents:
                 return
             for name, process in self.processes.items():
                 if process.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {process.returncode}")
+                    raise RuntimeError(
+                        f"{name} exited with {process.returncode}: {self.log_tail(name)}"
+                    )
             time.sleep(0.1)
         raise RuntimeError(f"agents not connected after {AGENTS_READY_TIMEOUT_S}s")
+
+    def log_tail(self, name: str, lines: int = 5) -> str:
+        """The last lines an agent wrote: why it exited, for the bench's error."""
+        try:
+            text = self.logs[name].read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return " | ".join(text.strip().splitlines()[-lines:]) or "(empty log)"
 
     def kill(self, name: str) -> None:
         try:
