@@ -3,19 +3,10 @@ agent's hello and the close code the server answers with."""
 
 from __future__ import annotations
 
-import pytest
 from channels.testing import WebsocketCommunicator
 
 from cloacina_site.asgi import application
-from fleet.executors.fleet.delivery import local_sockets
-
-
-@pytest.fixture(autouse=True)
-def forget_sockets():
-    """Import it into a test module: each test starts and ends with no registered socket."""
-    local_sockets.clear()
-    yield
-    local_sockets.clear()
+from tests.support.socket_registry import forget_sockets  # noqa: F401  (autouse, re-exported)
 
 
 def socket(agent_id, key: str | None) -> WebsocketCommunicator:

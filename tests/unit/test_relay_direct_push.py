@@ -8,18 +8,10 @@ from __future__ import annotations
 
 import uuid
 
-import pytest
-
 from fleet.executors.fleet.delivery import local_sockets
 from fleet.executors.fleet.delivery.relay import Relay
 from tests.support.loop import run_async
-
-
-@pytest.fixture(autouse=True)
-def _forget_sockets():
-    local_sockets.clear()
-    yield
-    local_sockets.clear()
+from tests.support.socket_registry import forget_sockets  # noqa: F401  (autouse)
 
 
 def _socket(agent_id: uuid.UUID, push) -> local_sockets.LocalSocket:

@@ -11,8 +11,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from fleet.executors.fleet.delivery import local_sockets
 from fleet.executors.fleet.routing.health import Health, classify
+from tests.support.socket_registry import forget_sockets  # noqa: F401  (autouse)
 
 NOW = timezone.now()
 
@@ -32,10 +32,3 @@ NOW = timezone.now()
 def test_classes(state, socket_on, age_s, expected):
     beat = NOW - timedelta(seconds=age_s)
     assert classify(state, "srv" if socket_on else "", beat, NOW, 15.0, 45.0) == expected
-
-
-@pytest.fixture(autouse=True)
-def _forget_sockets():
-    local_sockets.clear()
-    yield
-    local_sockets.clear()
