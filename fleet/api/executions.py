@@ -31,7 +31,7 @@ router = Router(tags=["executions"])
 # The two endpoints a user script calls for every execution (start it, poll it): the HTTP
 # handler runs them, middleware and all, on a thread of the delivery database pool
 # (cloacina_site/one_hop.py), which keeps its connection and prepares their statements,
-# without Django's per-request thread and signal hops.  Those were a quarter of a start's
+# without Django's per-request thread and signal hops.  Those were a fifth of a start's
 # server CPU (docs/performance.md, "Round i17-burst").
 POOLED_VIEWS = frozenset({"api-v1:start_execution", "api-v1:get_execution"})
 
