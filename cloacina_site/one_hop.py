@@ -23,6 +23,11 @@ take turns on its roster lock, and a storm's registrations waiting there must no
 every thread while the sockets' hellos and the results wait behind them (agents that
 connected in a storm were evicted for beats that waited on their hello).
 
+A user's start of an execution and the poll of it (``fleet.api.executions.POOLED_VIEWS``)
+take that route too: a burst of starts is thousands of short requests, and on the
+per-request sync thread each one paid for a new thread, the signal hops and a checked
+borrow from the pool (docs/performance.md, "Round i17-burst").
+
 Those pooled requests also skip the per-request machinery of Django's ASGI entry point
 (:meth:`OneHopASGIHandler.handle_pooled`): a ``ThreadSensitiveContext`` whose first
 hop starts a new thread (joined again when the request ends), and the hops that send
@@ -40,14 +45,16 @@ from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
-from django.db import connections
+from django.db import connection, connections
 from django.http import HttpRequest, HttpResponse
 from django.urls import Resolver404, resolve, set_script_prefix
 
-from agents.surface.api import POOLED_VIEWS
+from agents.surface.api import POOLED_VIEWS as AGENT_POOLED_VIEWS
+from fleet.api.executions import POOLED_VIEWS as EXECUTION_POOLED_VIEWS
 from fleet.executors.fleet.delivery import db as delivery_db
 
 POOLED_AT_ONCE = 4  # of the delivery pool's threads (fleet/executors/fleet/delivery/db.py)
+POOLED_VIEWS = AGENT_POOLED_VIEWS | EXECUTION_POOLED_VIEWS
 
 
 class Route(Enum):
@@ -89,7 +96,16 @@ class OneHopASGIHandler(ASGIHandler):
         """The sync chain on a delivery pool thread (its connection kept, not borrowed), at
         most POOLED_AT_ONCE requests at a time; the others wait on the event loop."""
         async with self.pooled_slots:
-            return await delivery_db.call(self.sync_handler.get_response, request)
+            return await delivery_db.call(self.respond_on_pool_thread, request)
+
+    def respond_on_pool_thread(self, request: HttpRequest) -> HttpResponse:
+        """The sync chain's response.  The chain turns a database error into a 500, so the
+        pool never sees it: a connection the error left broken (the database restarted) is
+        dropped here, or the thread would keep answering with it."""
+        try:
+            return self.sync_handler.get_response(request)
+        finally:
+            drop_if_broken()
 
     async def __call__(self, scope: dict, receive, send) -> None:
         if scope["type"] == "http" and route_of(path_info(scope)) is Route.POOLED:
@@ -153,6 +169,16 @@ class OneHopASGIHandler(ASGIHandler):
             # still running there (see respond_and_release for the sync views).
             await asyncio.shield(self.release_connections())
             raise
+
+
+def drop_if_broken() -> None:
+    """Close this thread's connection if a database error occurred on it and it no longer
+    answers (one round trip, only after an error); the next call opens a new one."""
+    if connection.errors_occurred:
+        if connection.is_usable():
+            connection.errors_occurred = False
+        else:
+            connection.close()
 
 
 def release_connections() -> None:

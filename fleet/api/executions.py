@@ -28,6 +28,13 @@ from fleet.platform.config import get_config
 
 router = Router(tags=["executions"])
 
+# The two endpoints a user script calls for every execution (start it, poll it): the HTTP
+# handler runs them, middleware and all, on a thread of the delivery database pool
+# (cloacina_site/one_hop.py), which keeps its connection and prepares their statements,
+# without Django's per-request thread and signal hops.  Those were a fifth of a start's
+# server CPU (docs/performance.md, "Round i17-burst").
+POOLED_VIEWS = frozenset({"api-v1:start_execution", "api-v1:get_execution"})
+
 PAGE_MAX = 200
 OFFSET_MAX = 1_000_000_000  # PostgreSQL's OFFSET is a bigint; past this there is nothing anyway
 

@@ -12,12 +12,17 @@ import uuid
 
 import pytest
 from channels.testing import HttpCommunicator
+from django.db import DatabaseError, connection
+from django.test import Client
 
 from agents.models import Agent
+from artifacts.store.testing import build_archive, manifest_toml
 from cloacina_site import asgi, one_hop
 from cloacina_site.one_hop import Route, is_async_view, route_of
 from fleet.executors.fleet.delivery import db as delivery_db
+from fleet.models import WorkflowExecution
 from tests.support.loop import run_async
+from tests.support.packages import upload
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -282,3 +287,63 @@ def test_a_pooled_request_whose_client_left_while_it_waited_never_runs(monkeypat
 
     assert run_async(left()) == []
     assert ran == []
+
+
+def test_a_users_start_and_poll_run_on_a_pool_thread(hops, pooled, write_key, tenant):
+    """A burst's requests (start an execution, poll it) take the pooled route, middleware
+    and all; the start is committed before its 201, and its refusals are answered there."""
+    assert route_of("/api/v1/workflows/w/executions") is Route.POOLED
+    assert route_of(f"/api/v1/executions/{uuid.uuid4()}") is Route.POOLED
+    assert route_of("/api/v1/executions") is Route.ONE_HOP  # the list is not a hot path
+    tasks = [{"id": "a", "function": "steps:noop"}, {"id": "b", "function": "steps:noop"}]
+    files = {
+        "cloacina.toml": manifest_toml(tasks, name="pooled-start", workflow="pooled_start"),
+        "workflow/steps.py": "def noop(context):\n    return None\n",
+    }
+    assert upload(Client(), write_key, build_archive(files)).status_code == 201
+    body = json.dumps({"context": {"n": 1}}).encode()
+    started = call("POST", "/api/v1/workflows/pooled_start/executions", write_key, body)
+    assert started["status"] == 201, started["body"]
+    execution_id = json.loads(started["body"])["id"]
+    # Committed by the time the client has its answer: another connection sees it.
+    assert WorkflowExecution.objects.get(pk=execution_id).tasks.count() == 2
+    polled = call("GET", f"/api/v1/executions/{execution_id}", write_key)
+    assert polled["status"] == 200
+    assert {t["task_id"] for t in json.loads(polled["body"])["tasks"]} == {"a", "b"}
+    assert header(polled, b"x-content-type-options") == "nosniff"
+    unknown = call("POST", "/api/v1/workflows/nope/executions", write_key, body)
+    assert unknown["status"] == 404 and "nope" in json.loads(unknown["body"])["detail"]
+    bad = call("POST", "/api/v1/workflows/pooled_start/executions", write_key, b'{"context": 1}')
+    assert bad["status"] == 422
+    assert WorkflowExecution.objects.filter(tenant=tenant).count() == 1
+    assert [path for path, _ in pooled] == [
+        "/api/v1/workflows/pooled_start/executions",
+        f"/api/v1/executions/{execution_id}",
+        "/api/v1/workflows/nope/executions",
+        "/api/v1/workflows/pooled_start/executions",
+    ]
+    assert all(thread.startswith("delivery-db-") for _, thread in pooled)
+    assert hops == []
+
+
+def test_a_pool_thread_drops_a_connection_a_database_error_broke():
+    """The sync chain answers a database error with a 500, so the pool never sees it: the
+    thread's kept connection is checked then, and dropped if it no longer answers."""
+
+    def broken_then_dropped() -> tuple[bool, bool]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        connection.connection.close()  # as if the database had restarted
+        with pytest.raises(DatabaseError), connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        one_hop.drop_if_broken()
+        dropped = connection.connection is None
+        with connection.cursor() as cursor:  # the next call opens a fresh one
+            cursor.execute("SELECT 1")
+        one_hop.drop_if_broken()  # no error since: nothing to check, nothing dropped
+        return dropped, connection.connection is not None
+
+    try:
+        assert run_async(delivery_db.call(broken_then_dropped)) == (True, True)
+    finally:
+        delivery_db.close()
