@@ -26,9 +26,9 @@ build exactly as :func:`fleet.executors.fleet.delivery.placement.prepare` does:
 Anything else, a task that is not Ready (or is being claimed elsewhere), and a task no
 agent has a free slot for now — the statement then writes nothing — is answered None, and
 the caller places it the usual way (which also says why it waits or fails it).  The pushed
-packet is built in Python from the statement's answer with the shared builders
-(``merge_context``, ``encode_context``, ``work_packet``), and the statement's own text of
-the context is checked against it (a mismatch is logged: it would be a bug here).
+packet is the stored one: ``work_packet`` around the context, triple and artifact as the
+row holds them (the context is the statement's own text, the shared builder's byte for
+byte: tests/integration/test_fleet_one_trip.py); it is not built a second time here.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ import psycopg
 
 from agents.protocol import hop_trace
 from fleet.engine.claims import CLAIM_SET, RESULT_GRACE_S, Claim
-from fleet.engine.context import encode_context, merge_context
 from fleet.executors.fleet.delivery import context_ref, local_sockets
 from fleet.executors.fleet.delivery.outbox import PackageRef, work_packet
 from fleet.executors.fleet.delivery.pg import connect_async
@@ -60,20 +59,31 @@ from fleet.platform.config import get_config
 
 log = logging.getLogger(__name__)
 
-# The task, if it is Ready, due, of the caller's tenant and eligible (module docstring), with
-# ``ctx``: its context's canonical JSON, written key by key.  jsonb_each walks the object in
-# the order its text (which the shared builder parses) lists the keys; to_json(key) and a
-# string's jsonb text escape exactly as Python's json.dumps(ensure_ascii=False) does (", \,
-# \b \f \n \r \t, other controls as \u00XX, nothing else); an integer's text is Python's
-# int's.  A timeout of 0.001–1e9 s prints the same shortest digits in both, and Python's
-# float adds ".0" to an integral one.
+# The task row by its primary key alone, locked as the claim needs it: any other condition
+# here would let the planner reach it through another index (tenant and status: every Ready
+# task of the tenant under a backlog).  The row is only locked for the statement when it is
+# not taken (``due`` below filters it), and nothing else is locked then.
+_TASK = """
+    SELECT t.id, t.workflow_execution_id, t.tenant_id, t.task_name, t.function, t.timeout_s,
+           t.priority, t.ready_at, t.status, t.routing, t.dependencies
+    FROM fleet_taskexecution t WHERE t.id = %(task)s
+    FOR UPDATE SKIP LOCKED
+"""
+
+# That task if it is of the caller's tenant, Ready, due and plain (no routing keys, no
+# dependencies), with an ordinary timeout, a python package and a context the statement
+# encodes (module docstring), with ``ctx``: the context's canonical JSON, written key by
+# key.  jsonb_each walks the object in the order its text (which the shared builder
+# parses) lists the keys; to_json(key) and a string's jsonb text escape exactly as Python's
+# json.dumps(ensure_ascii=False) does (", \, \b \f \n \r \t, other controls as \u00XX,
+# nothing else); an integer's text is Python's int's.  A timeout of 0.001–1e9 s prints the
+# same shortest digits in both, and Python's float adds ".0" to an integral one.
 _DUE = """
     SELECT t.id, t.workflow_execution_id, t.tenant_id, t.task_name, t.function, t.timeout_s,
-           t.priority, t.ready_at, e.input_context, p.digest, p.kind, tn.name AS tenant_name,
-           x.ctx,
+           t.priority, t.ready_at, p.digest, p.kind, tn.name AS tenant_name, x.ctx,
            (CASE WHEN t.timeout_s::text ~ '^[0-9]+$' THEN t.timeout_s::text || '.0'
                  ELSE t.timeout_s::text END)::jsonb AS timeout_json
-    FROM fleet_taskexecution t
+    FROM task t
     JOIN fleet_workflowexecution e ON e.id = t.workflow_execution_id
     JOIN workflow_packages p ON p.id = e.package_id
     JOIN fleet_tenant tn ON tn.id = e.tenant_id
@@ -93,18 +103,17 @@ _DUE = """
             ) END
         OFFSET 0  -- built once per row, not once per mention below
     ) AS x(ctx)
-    WHERE t.id = %(task)s AND t.tenant_id = ANY(%(tenants)s) AND t.status = 'Ready'
+    WHERE t.tenant_id = ANY(%(tenants)s) AND t.status = 'Ready'
       AND (t.ready_at IS NULL OR t.ready_at <= statement_timestamp())
       AND (t.routing IS NULL OR t.routing = '{}'::jsonb)
       AND jsonb_array_length(t.dependencies) = 0
-      AND p.kind = 'python'
       AND t.timeout_s BETWEEN 0.001 AND 1e9
-      AND x.ctx IS NOT NULL
+      AND p.kind = 'python' AND x.ctx IS NOT NULL
       AND char_length(x.ctx) <= %(inline_chars)s AND octet_length(x.ctx) <= %(max_bytes)s
-    FOR UPDATE OF t SKIP LOCKED
 """
 
 _STATEMENT = ledger.CLAIM_AND_RESERVE.format(
+    task=_TASK.strip(),
     due=_DUE.strip(),
     candidates=tenants_candidates_sql(UNCONSTRAINED),
     best=best_score_per_tenant(Selectors()),
@@ -141,7 +150,7 @@ async def place_one(
     hop_trace.mark("placing", task_execution_id)
     cursor = await conn.execute(_STATEMENT, params(task_execution_id, tenant_id, claimer))
     row = await cursor.fetchone()
-    if row is None or row[14] is None:
+    if row is None or row[13] is None:
         return None  # not taken (not eligible, not Ready, or no free slot): nothing written
     hop_trace.mark("committed", task_execution_id)
     observe_selections(time.perf_counter() - started, 1)
@@ -151,23 +160,20 @@ async def place_one(
 
 def _placed(row: tuple) -> Placed:
     (task_id, workflow_id, tenant_id, task_name, function, assignment, attempt, timeout_s,
-     priority, input_context, digest, kind, tenant_name, ctx, agent_id, agent_name, local,
-     outbox_id, triple, waited_s) = row  # fmt: skip
+     priority, digest, kind, tenant_name, ctx, agent_id, agent_name, local, outbox_id, triple,
+     waited_s) = row  # fmt: skip
     claim = Claim(
         task_id, workflow_id, tenant_id, task_name, function, assignment, attempt, timeout_s,
         {}, priority,
     )  # fmt: skip
     if not local:
         return Placed(tenant_id, assignment, agent_id, agent_name)
-    # The packet as placement.prepare builds it, with the shared builders, and the triple and
-    # artifact as the row holds them (the batch path's way: the packet pushed is the packet
-    # stored); the row holds the statement's own build of the rest, which must be the same.
-    context_json = encode_context(merge_context(input_context, [], None))
-    if context_json != ctx:
-        log.error("one-trip placement of %s: the stored context differs from the builder's "
-                  "(%r against %r)", task_id, ctx[:200], context_json[:200])  # fmt: skip
+    # The packet pushed is the packet stored (the batch path's way): its context, triple and
+    # artifact as the row holds them.  The context is the statement's own text, the shared
+    # builder's byte for byte (tests/integration/test_fleet_one_trip.py): it is not built
+    # a second time here.
     ref = PackageRef(digest=digest, kind=kind, target_triple=triple)
-    packet = work_packet(claim, context_json, ref, tenant_name)
+    packet = work_packet(claim, ctx, ref, tenant_name)
     packet["outbox_id"] = outbox_id
     return Delivered(
         tenant_id, assignment, agent_id, agent_name,

@@ -248,9 +248,13 @@ FROM work w JOIN packets p ON p.task_execution_id = w.task_execution_id JOIN ass
 
 # A lone plain task claimed AND placed in ONE statement, sent on its own (autocommit: the
 # statement is the transaction, one round trip: fleet/executors/fleet/delivery/one_trip.py).
-# {due}: the task row if it is Ready, due and eligible (plain, python, no dependencies, a
-# context the statement can encode byte for byte as the shared builder does — its columns
-# include ``ctx``, that text), locked ``FOR UPDATE OF t SKIP LOCKED``.  Lock order as
+# {task}: the task row, found by its primary key alone and locked ``FOR UPDATE SKIP LOCKED``.
+# It is a query of its own so that the planner cannot start from another table or index:
+# with the statistics a young database has, the joined form was planned as a scan of every
+# execution (3–4 ms a pickup).  {due}: that row if it is Ready, due and eligible (plain,
+# python, no dependencies, a context the statement can encode byte for byte as the shared
+# builder does — its columns include ``ctx``, that text); when it is not, the task row was
+# only locked for the statement and nothing else is.  Lock order as
 # everywhere: the task row, then its execution's row if it is still Pending (to start it),
 # then the tenant's candidate agents in id order — ``locked`` is gated on ``starting`` so
 # that the workflow row is locked before any agent row, and on ``due`` so that a task not
@@ -263,12 +267,14 @@ FROM work w JOIN packets p ON p.task_execution_id = w.task_execution_id JOIN ass
 # values are what ``placement.prepare`` builds and RESERVE_AND_ENQUEUE stores.
 CLAIM_AND_RESERVE = (
     """
-WITH due AS MATERIALIZED (
+WITH task AS MATERIALIZED (
+    {task}
+), due AS MATERIALIZED (
     {due}
 ), starting AS MATERIALIZED (
     SELECT w.id FROM fleet_workflowexecution w
-    WHERE w.id IN (SELECT workflow_execution_id FROM due) AND w.status = 'Pending'
-    ORDER BY w.id FOR NO KEY UPDATE
+    WHERE w.id = (SELECT workflow_execution_id FROM due) AND w.status = 'Pending'
+    FOR NO KEY UPDATE
 ), locked AS (
     SELECT a.* FROM agents_agent a
     WHERE {candidates}
@@ -288,7 +294,7 @@ WITH due AS MATERIALIZED (
     + ", "
     + breaker.probe_taken("r")
     + """, last_selected_at = clock_timestamp()
-    FROM chosen c WHERE r.id = c.id
+    WHERE r.id = (SELECT id FROM chosen)
 ), claimed AS (
     UPDATE fleet_taskexecution t SET {claim_set}, agent_id = c.id,
         result_deadline = CASE WHEN c.local
@@ -316,17 +322,19 @@ WITH due AS MATERIALIZED (
            CASE WHEN c.local THEN 1 ELSE 0 END, CASE WHEN c.local THEN now() END,
            now(), now(), '[]'::jsonb
     FROM due d, chosen c, claimed k
-    -- The pushed packet's triple and artifact as the row holds them (RESERVE_AND_ENQUEUE's).
+    -- The pushed packet's triple, artifact and context as the row holds them (the first
+    -- two as RESERVE_AND_ENQUEUE returns them).
     RETURNING id, payload ->> 'target_triple' AS target_triple,
-              payload ->> 'artifact_digest' AS artifact_digest
+              payload ->> 'artifact_digest' AS artifact_digest,
+              payload ->> 'context_json' AS context_json
 ), relax AS (
     -- As for every placement: a lost one leaves the task Ready (it runs again), and the
     -- outcome's synchronous commit flushes it anyway.
     SELECT set_config('synchronous_commit', 'off', true)
 )
 SELECT d.id, d.workflow_execution_id, d.tenant_id, d.task_name, d.function, k.assignment,
-       k.attempt, d.timeout_s, d.priority, d.input_context, p.artifact_digest, d.kind,
-       d.tenant_name, d.ctx, c.id, c.name, c.local, p.id, p.target_triple, k.waited_s
+       k.attempt, d.timeout_s, d.priority, p.artifact_digest, d.kind, d.tenant_name,
+       p.context_json, c.id, c.name, c.local, p.id, p.target_triple, k.waited_s
 FROM relax, due d
 LEFT JOIN chosen c ON true LEFT JOIN claimed k ON true LEFT JOIN packets p ON true
 """
