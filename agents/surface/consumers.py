@@ -37,9 +37,8 @@ from collections import deque
 from typing import Any
 
 from channels.consumer import get_handler_name
-from channels.exceptions import ChannelFull, StopConsumer
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
-from channels.layers import get_channel_layer
 from pydantic import ValidationError
 
 from agents.protocol import batching, hop_trace, wire
@@ -51,7 +50,7 @@ from fleet.executors.fleet.delivery import admission, local_sockets, redelivery
 from fleet.executors.fleet.delivery import db as delivery_db
 from fleet.executors.fleet.delivery.handover import CLOSE_GO_ELSEWHERE, GO_ELSEWHERE_REASON
 from fleet.executors.fleet.result_intake import MAX_BIGINT, MAX_INT, ResultIn
-from fleet.executors.fleet.routing.metrics import CHANNEL_FULL, HEARTBEATS
+from fleet.executors.fleet.routing.metrics import HEARTBEATS
 
 log = logging.getLogger(__name__)
 SOCKET_BEATS = HEARTBEATS.labels(via="socket")  # looked up once: every beat counts here
@@ -536,18 +535,9 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         self._registered = True
         if previous is not None:
             # The same agent reconnected to this process: the older socket is stale.
-            asyncio.ensure_future(self._close_superseded(previous))
-
-    async def _close_superseded(self, previous: local_sockets.LocalSocket) -> None:
-        """Tell the stale socket to close; a full queue (a socket registered without a
-        ``close``, closed over the channel layer) is counted (before, it was an exception
-        nobody retrieved)."""
-        try:
-            await local_sockets.send_close(
-                previous, CLOSE_SUPERSEDED, "superseded by a newer connection", get_channel_layer()
+            asyncio.ensure_future(
+                previous.close(CLOSE_SUPERSEDED, "superseded by a newer connection")
             )
-        except ChannelFull:
-            CHANNEL_FULL.labels(where="superseded").inc()
 
     # -- messages from the relay ---------------------------------------------------------
     async def push_packet(self, packet: dict) -> None:
@@ -559,12 +549,6 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         if not self._closing:
             self._queue_frame({"type": "work", "packet": packet})
             hop_trace.mark("frame_sent", packet.get("task_execution_id"), packet.get("outbox_id"))
-
-    async def delivery_work(self, event: dict) -> None:
-        await self.push_packet(event["packet"])
-
-    async def delivery_close(self, event: dict) -> None:
-        await self._close(event["code"], event.get("reason", ""))
 
     def _queue_frame(self, frame: dict) -> None:
         """Encode ``frame`` now (a refusal raises here, to the caller) and write it with the

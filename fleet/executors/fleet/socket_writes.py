@@ -30,15 +30,12 @@ import uuid
 from dataclasses import dataclass
 
 import psycopg
-from channels.exceptions import ChannelFull
-from channels.layers import get_channel_layer
 
 from agents.protocol import hop_trace
 from fleet.executors.fleet import lifecycle
 from fleet.executors.fleet.delivery import local_sockets
 from fleet.executors.fleet.delivery.pg import connect_async
 from fleet.executors.fleet.delivery.waiting import wait_event
-from fleet.executors.fleet.routing.metrics import CHANNEL_FULL
 from fleet.executors.fleet.state import ledger
 from fleet.platform.config import get_config
 
@@ -355,13 +352,7 @@ async def _refuse(agent_id: uuid.UUID, what: str, exc: Exception) -> None:
     if socket is None:
         return
     local_sockets.unregister(agent_id, socket.channel_name)
-    try:
-        await local_sockets.send_close(
-            socket, CLOSE_MALFORMED, f"malformed frame: the database refused its {what}",
-            get_channel_layer(),
-        )  # fmt: skip
-    except ChannelFull:
-        CHANNEL_FULL.labels(where="refused_write").inc()
+    await socket.close(CLOSE_MALFORMED, f"malformed frame: the database refused its {what}")
 
 
 def beat_gather_s(heartbeat_interval_s: float) -> float:
