@@ -460,31 +460,36 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         others (socket_writes), and this socket's other frames must not wait."""
         SOCKET_BEATS.inc()
         if self._beat is None or self._beat.done():
-            self._beat = asyncio.ensure_future(self._write_beat(beat))
+            self._write_beat(beat)
         else:
             self._next_beat = beat  # one beat in flight: the newest is written next
 
-    async def _write_beat(self, beat: dict) -> None:
-        """Record ``beat`` (and then any newer one that came meanwhile) and act on the answer:
-        a dead agent's socket closes 4404, a drain the server wants is sent once."""
-        writes, grant = socket_writes.writer(), self.grant
-        while beat is not None and not self._closing:
-            self._next_beat = None
-            try:
-                result = await writes.heartbeat(
-                    grant.agent_id, grant.tenant_id, beat["running"], beat.get("metrics"),
-                    beat["draining"],
-                )  # fmt: skip
-            except socket_writes.WriteRefused as exc:
-                await self._close(CLOSE_MALFORMED, f"malformed frame: {exc}")
-                return
-            if result is None:
-                await self._close(CLOSE_UNKNOWN_AGENT, "agent is dead; register again")
-                return
-            if result.drain and not self._drain_sent:
-                self._drain_sent = True
-                await self._send_frame({"type": "drain"})
-            beat = self._next_beat
+    def _write_beat(self, beat: dict) -> None:
+        grant = self.grant
+        self._next_beat = None
+        self._beat = socket_writes.writer().heartbeat(
+            grant.agent_id, grant.tenant_id, beat["running"], beat.get("metrics"), beat["draining"]
+        )
+        self._beat.add_done_callback(self._beat_written)
+
+    def _beat_written(self, written: asyncio.Future) -> None:
+        """Act on a beat's answer (a done callback: no task per beat): a dead agent's socket
+        closes 4404, a drain the server wants is sent once; then any newer beat is written."""
+        if written.cancelled() or self._closing:
+            return
+        refused = written.exception()
+        if refused is not None:  # socket_writes.WriteRefused: the only error it sets
+            asyncio.ensure_future(self._close(CLOSE_MALFORMED, f"malformed frame: {refused}"))
+            return
+        result = written.result()
+        if result is None:
+            asyncio.ensure_future(self._close(CLOSE_UNKNOWN_AGENT, "agent is dead; register again"))
+            return
+        if result.drain and not self._drain_sent:
+            self._drain_sent = True
+            asyncio.ensure_future(self._send_frame({"type": "drain"}))
+        if self._next_beat is not None:
+            self._write_beat(self._next_beat)
 
     async def _apply_results(self, frames: list[dict]) -> None:
         try:

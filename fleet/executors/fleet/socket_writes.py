@@ -91,16 +91,18 @@ class SocketWrites:
         self._received.extend((agent_id, i) for i in outbox_ids)
         self._wake.set()
 
-    async def heartbeat(
+    def heartbeat(
         self,
         agent_id: uuid.UUID,
         tenant_id: int,
         running: list[uuid.UUID],
         metrics: dict | None,
         draining: bool,
-    ) -> BeatAnswer | None:
-        """Record a beat; None when the agent is dead or unknown (its socket must close).
-        Raises :class:`WriteRefused` when the database refused this beat's data."""
+    ) -> asyncio.Future[BeatAnswer | None]:
+        """Record a beat: a future of its answer, None when the agent is dead or unknown
+        (its socket must close), or :class:`WriteRefused` when the database refused this
+        beat's data.  A future, not a coroutine: the consumer acts on the answer in a done
+        callback, with no task per beat (thousands of agents beat every 15 s)."""
         future = self._loop.create_future()
         if not self._beats:
             self._beats_since = self._loop.time()
@@ -112,7 +114,7 @@ class SocketWrites:
             beat.metrics = metrics if metrics is not None else beat.metrics
             beat.waiters.append(future)
         self._wake.set()
-        return await future
+        return future
 
     @property
     def retrying(self) -> int:
