@@ -465,6 +465,7 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             self._next_beat = beat  # one beat in flight: the newest is written next
 
     def _write_beat(self, beat: dict) -> None:
+        """Hand ``beat`` to the writer; :meth:`_beat_written` acts on its answer."""
         grant = self.grant
         self._next_beat = None
         self._beat = socket_writes.writer().heartbeat(

@@ -139,9 +139,10 @@ class Relay:
         """Push a packet that the placement wrote as delivered to a socket of this process
         (fleet/executors/fleet/delivery/batch_placement.py), right after its commit: no relay round trip.
 
-        When it cannot be pushed now (the socket is gone or not yet past its hello) the row goes back to pending, so this relay — or the one of the
-        server the agent reconnects to — pushes it; a crash before this point is covered
-        by redelivery of unconfirmed rows and by the agent's hello.
+        When it cannot be pushed now (the socket is gone or not yet past its hello) the row
+        goes back to pending, so this relay — or the one of the server the agent reconnects
+        to — pushes it; a crash before this point is covered by redelivery of unconfirmed
+        rows and by the agent's hello.
         """
         socket = local_sockets.get(agent_id)
         if socket is not None:
