@@ -43,7 +43,7 @@ from agents.runtime.client import (
     UnknownAgent,
     websocket_url,
 )
-from agents.runtime.connection import Action, Session, SessionEnd, run_session
+from agents.runtime.connection import Action, Session, SessionEnd, ping_interval_s, run_session
 from agents.runtime.heartbeat import BeatBody, BeatTarget, HeartbeatLoop
 from agents.runtime.work_intake import WorkIntake
 from agents.sandbox.package_cache import PackageCache
@@ -321,6 +321,7 @@ class Agent:
                 self._on_session_closed,
                 self.client.ssl_context,
                 registration.batch_frames,
+                ping_interval_s(registration.heartbeat_interval_s, registration.liveness_misses),
             )
             if self._stopping:
                 return

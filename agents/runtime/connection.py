@@ -30,6 +30,22 @@ OPEN_TIMEOUT_S = 10.0
 # holds *us* to, so a large context reaches the task instead of killing the socket.
 MAX_INCOMING_FRAME_BYTES = 64 * 1024 * 1024
 
+# Keepalive pings on the delivery socket.  The agent's beats prove it alive to the server;
+# the pings prove the server alive to the agent (a half-open socket, a server that stopped
+# reading).  Sent once per liveness window (interval × misses) rather than websockets'
+# default 20 s: with thousands of agents on one server, pings every 20 s were nearly half
+# the frames an idle server received (docs/scaling.md).  A server that stops answering is
+# noticed within the window + PING_TIMEOUT_S, as the server notices a silent agent within
+# the window.  Never more often than websockets' default.
+PING_TIMEOUT_S = 20.0
+MIN_PING_INTERVAL_S = 20.0
+
+
+def ping_interval_s(heartbeat_interval_s: float, liveness_misses: int) -> float:
+    """Seconds between the agent's keepalive pings: one liveness window, at least 20 s."""
+    return max(MIN_PING_INTERVAL_S, heartbeat_interval_s * liveness_misses)
+
+
 CLOSE_BAD_KEY = 4401
 CLOSE_KEY_NOT_ALLOWED = 4403
 CLOSE_UNKNOWN_AGENT = 4404
@@ -177,11 +193,13 @@ async def run_session(
     on_close: Callable[[], None],
     ssl_context: ssl.SSLContext | None = None,
     batch_frames: bool = False,
+    ping_every_s: float = MIN_PING_INTERVAL_S,
 ) -> SessionEnd:
     """Connect to ``url``, call ``on_open`` (send hello), feed frames until the socket ends.
 
     ``ssl_context`` verifies a ``wss://`` server (the REST client's, so both trust the same CA);
-    ``batch_frames``: the server takes ``batch`` frames (its registration answer said so).
+    ``batch_frames``: the server takes ``batch`` frames (its registration answer said so);
+    ``ping_every_s``: seconds between keepalive pings (:func:`ping_interval_s`).
     """
     tls = {"ssl": ssl_context} if ssl_context is not None and url.startswith("wss:") else {}
     try:
@@ -191,6 +209,8 @@ async def run_session(
             open_timeout=OPEN_TIMEOUT_S,
             max_size=MAX_INCOMING_FRAME_BYTES,
             user_agent_header="cloacina-agent",
+            ping_interval=ping_every_s,
+            ping_timeout=PING_TIMEOUT_S,
             **tls,
         )
     except InvalidStatus as exc:

@@ -37,9 +37,8 @@ from collections import deque
 from typing import Any
 
 from channels.consumer import get_handler_name
-from channels.exceptions import ChannelFull, StopConsumer
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
-from channels.layers import get_channel_layer
 from pydantic import ValidationError
 
 from agents.protocol import batching, hop_trace, wire
@@ -51,7 +50,7 @@ from fleet.executors.fleet.delivery import admission, local_sockets, redelivery
 from fleet.executors.fleet.delivery import db as delivery_db
 from fleet.executors.fleet.delivery.handover import CLOSE_GO_ELSEWHERE, GO_ELSEWHERE_REASON
 from fleet.executors.fleet.result_intake import MAX_BIGINT, MAX_INT, ResultIn
-from fleet.executors.fleet.routing.metrics import CHANNEL_FULL, HEARTBEATS
+from fleet.executors.fleet.routing.metrics import HEARTBEATS
 
 log = logging.getLogger(__name__)
 SOCKET_BEATS = HEARTBEATS.labels(via="socket")  # looked up once: every beat counts here
@@ -461,31 +460,37 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         others (socket_writes), and this socket's other frames must not wait."""
         SOCKET_BEATS.inc()
         if self._beat is None or self._beat.done():
-            self._beat = asyncio.ensure_future(self._write_beat(beat))
+            self._write_beat(beat)
         else:
             self._next_beat = beat  # one beat in flight: the newest is written next
 
-    async def _write_beat(self, beat: dict) -> None:
-        """Record ``beat`` (and then any newer one that came meanwhile) and act on the answer:
-        a dead agent's socket closes 4404, a drain the server wants is sent once."""
-        writes, grant = socket_writes.writer(), self.grant
-        while beat is not None and not self._closing:
-            self._next_beat = None
-            try:
-                result = await writes.heartbeat(
-                    grant.agent_id, grant.tenant_id, beat["running"], beat.get("metrics"),
-                    beat["draining"],
-                )  # fmt: skip
-            except socket_writes.WriteRefused as exc:
-                await self._close(CLOSE_MALFORMED, f"malformed frame: {exc}")
-                return
-            if result is None:
-                await self._close(CLOSE_UNKNOWN_AGENT, "agent is dead; register again")
-                return
-            if result.drain and not self._drain_sent:
-                self._drain_sent = True
-                await self._send_frame({"type": "drain"})
-            beat = self._next_beat
+    def _write_beat(self, beat: dict) -> None:
+        """Hand ``beat`` to the writer; :meth:`_beat_written` acts on its answer."""
+        grant = self.grant
+        self._next_beat = None
+        self._beat = socket_writes.writer().heartbeat(
+            grant.agent_id, grant.tenant_id, beat["running"], beat.get("metrics"), beat["draining"]
+        )
+        self._beat.add_done_callback(self._beat_written)
+
+    def _beat_written(self, written: asyncio.Future) -> None:
+        """Act on a beat's answer (a done callback: no task per beat): a dead agent's socket
+        closes 4404, a drain the server wants is sent once; then any newer beat is written."""
+        if written.cancelled() or self._closing:
+            return
+        refused = written.exception()
+        if refused is not None:  # socket_writes.WriteRefused: the only error it sets
+            asyncio.ensure_future(self._close(CLOSE_MALFORMED, f"malformed frame: {refused}"))
+            return
+        result = written.result()
+        if result is None:
+            asyncio.ensure_future(self._close(CLOSE_UNKNOWN_AGENT, "agent is dead; register again"))
+            return
+        if result.drain and not self._drain_sent:
+            self._drain_sent = True
+            asyncio.ensure_future(self._send_frame({"type": "drain"}))
+        if self._next_beat is not None:
+            self._write_beat(self._next_beat)
 
     async def _apply_results(self, frames: list[dict]) -> None:
         try:
@@ -536,18 +541,9 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         self._registered = True
         if previous is not None:
             # The same agent reconnected to this process: the older socket is stale.
-            asyncio.ensure_future(self._close_superseded(previous))
-
-    async def _close_superseded(self, previous: local_sockets.LocalSocket) -> None:
-        """Tell the stale socket to close; a full queue (a socket registered without a
-        ``close``, closed over the channel layer) is counted (before, it was an exception
-        nobody retrieved)."""
-        try:
-            await local_sockets.send_close(
-                previous, CLOSE_SUPERSEDED, "superseded by a newer connection", get_channel_layer()
+            asyncio.ensure_future(
+                previous.close(CLOSE_SUPERSEDED, "superseded by a newer connection")
             )
-        except ChannelFull:
-            CHANNEL_FULL.labels(where="superseded").inc()
 
     # -- messages from the relay ---------------------------------------------------------
     async def push_packet(self, packet: dict) -> None:
@@ -559,12 +555,6 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         if not self._closing:
             self._queue_frame({"type": "work", "packet": packet})
             hop_trace.mark("frame_sent", packet.get("task_execution_id"), packet.get("outbox_id"))
-
-    async def delivery_work(self, event: dict) -> None:
-        await self.push_packet(event["packet"])
-
-    async def delivery_close(self, event: dict) -> None:
-        await self._close(event["code"], event.get("reason", ""))
 
     def _queue_frame(self, frame: dict) -> None:
         """Encode ``frame`` now (a refusal raises here, to the caller) and write it with the

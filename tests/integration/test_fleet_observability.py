@@ -1,27 +1,17 @@
 """Observability of the hot paths on GET /metrics (issue 15, item 8): selection time on the
-batch placement path, the agents' load by bounded utilisation buckets, and outbound
-channel-full back-pressure."""
+batch placement path and the agents' load by bounded utilisation buckets."""
 
 from __future__ import annotations
 
 import re
-import time
-from types import SimpleNamespace
 
 import pytest
-from channels.exceptions import ChannelFull
 from django.test import Client
 
-from agents.surface.consumers import AgentDeliveryConsumer
-from fleet.executors.fleet import socket_writes
-from fleet.executors.fleet.delivery import local_sockets, relay
 from fleet.executors.fleet.delivery.batch_placement import place_tasks
-from fleet.executors.fleet.delivery.placement import Delivered, NoAgent, Placed
-from fleet.models import DeliveryOutbox
+from fleet.executors.fleet.delivery.placement import NoAgent, Placed
 from tests.integration.test_fleet_batch_placement import ready_tasks, wide_package
 from tests.support.agents import make_agent
-from tests.support.factories import ready_root, two_task_package
-from tests.support.loop import run_async
 
 
 def scrape() -> dict[str, float]:
@@ -87,75 +77,3 @@ def test_agent_load_is_counted_per_tenant_in_six_buckets_never_per_agent(tenant,
     series = [name for name in metrics if name.startswith("cloacina_fleet_agents_load{")]
     assert len(series) == 6 * 2
     assert not any("agent" in name.split("{", 1)[1] for name in series)
-
-
-class FullLayer:
-    """A channel layer whose every queue is full."""
-
-    def __init__(self) -> None:
-        self.sends = 0
-
-    async def send(self, channel: str, message: dict) -> None:
-        self.sends += 1
-        raise ChannelFull()
-
-
-def full_sends() -> dict[str, float]:
-    metrics = scrape()
-    return {
-        where: metrics.get(f'cloacina_agent_channel_full_total{{where="{where}"}}', 0.0)
-        for where in ("placement", "relay", "reconcile", "refused_write", "superseded")
-    }
-
-
-@pytest.mark.django_db(transaction=True)
-def test_every_push_that_hits_a_full_channel_is_counted_by_where(tenant, monkeypatch):
-    layer = FullLayer()
-    monkeypatch.setattr(relay, "get_channel_layer", lambda: layer)
-    monkeypatch.setattr(socket_writes, "get_channel_layer", lambda: layer)
-    monkeypatch.setattr("agents.surface.consumers.get_channel_layer", lambda: layer)
-    two_task_package(tenant)
-    agent = make_agent(tenant, "w")
-    _, task = ready_root(tenant)
-    delivered = place_tasks([task.pk], "s")[task.pk]
-    assert isinstance(delivered, Delivered)
-    local_sockets.clear()
-    local_sockets.register(local_sockets.LocalSocket(agent.id, tenant.pk, "chan-w", 1, "json"))
-    before = full_sends()
-
-    async def scenario() -> None:
-        first = relay.Relay(poll_s=60)
-        try:
-            # Right after the placement's commit: refused, the row goes back to pending.
-            assert not await first.push_delivered(
-                agent.id, delivered.outbox_id, delivered.packet, delivered.waited_s
-            )
-        finally:
-            await first.stop()
-        second = relay.Relay(poll_s=60)  # no back-off remembered: the relay tries again
-        second._last_reconcile = time.monotonic()  # its round pushes only; reconcile below
-        try:
-            assert await second.run_once() == 1
-            local_sockets.register(
-                local_sockets.LocalSocket(agent.id, tenant.pk, "chan-w", 2, "json")
-            )  # a generation the roster does not know: reconcile closes it, into a full queue
-            assert await second.reconcile() == 1
-        finally:
-            await second.stop()
-        local_sockets.register(local_sockets.LocalSocket(agent.id, tenant.pk, "chan-w", 1, "json"))
-        await socket_writes._refuse(agent.id, "result", ValueError("refused"))
-        await AgentDeliveryConsumer._close_superseded(
-            SimpleNamespace(), local_sockets.LocalSocket(agent.id, tenant.pk, "chan-old", 1, "json")
-        )
-
-    try:
-        run_async(scenario())
-    finally:
-        local_sockets.clear()
-    after = full_sends()
-    assert {where: after[where] - before[where] for where in after} == {
-        "placement": 1, "relay": 1, "reconcile": 1, "refused_write": 1, "superseded": 1,
-    }  # fmt: skip
-    assert layer.sends == 5
-    row = DeliveryOutbox.objects.get(pk=delivered.outbox_id)
-    assert row.state == "pending"  # nothing was pushed: a relay takes it when there is room

@@ -15,8 +15,10 @@ from tests.support.socket_registry import forget_sockets  # noqa: F401  (autouse
 
 
 def _socket(agent_id: uuid.UUID, push) -> local_sockets.LocalSocket:
-    # A channel name no layer knows: a channel-layer send would never reach anything.
-    return local_sockets.LocalSocket(agent_id, 1, "nowhere!", 1, "msgpack", None, push)
+    async def close(code: int, reason: str) -> None:
+        raise AssertionError(f"closed {code} {reason}")
+
+    return local_sockets.LocalSocket(agent_id, 1, "nowhere!", 1, "msgpack", None, push, close)
 
 
 def test_a_placed_packet_goes_straight_to_the_consumers_push():

@@ -30,15 +30,12 @@ import uuid
 from dataclasses import dataclass
 
 import psycopg
-from channels.exceptions import ChannelFull
-from channels.layers import get_channel_layer
 
 from agents.protocol import hop_trace
 from fleet.executors.fleet import lifecycle
 from fleet.executors.fleet.delivery import local_sockets
 from fleet.executors.fleet.delivery.pg import connect_async
 from fleet.executors.fleet.delivery.waiting import wait_event
-from fleet.executors.fleet.routing.metrics import CHANNEL_FULL
 from fleet.executors.fleet.state import ledger
 from fleet.platform.config import get_config
 
@@ -94,16 +91,18 @@ class SocketWrites:
         self._received.extend((agent_id, i) for i in outbox_ids)
         self._wake.set()
 
-    async def heartbeat(
+    def heartbeat(
         self,
         agent_id: uuid.UUID,
         tenant_id: int,
         running: list[uuid.UUID],
         metrics: dict | None,
         draining: bool,
-    ) -> BeatAnswer | None:
-        """Record a beat; None when the agent is dead or unknown (its socket must close).
-        Raises :class:`WriteRefused` when the database refused this beat's data."""
+    ) -> asyncio.Future[BeatAnswer | None]:
+        """Record a beat: a future of its answer, None when the agent is dead or unknown
+        (its socket must close), or :class:`WriteRefused` when the database refused this
+        beat's data.  A future, not a coroutine: the consumer acts on the answer in a done
+        callback, with no task per beat (thousands of agents beat every 15 s)."""
         future = self._loop.create_future()
         if not self._beats:
             self._beats_since = self._loop.time()
@@ -115,7 +114,7 @@ class SocketWrites:
             beat.metrics = metrics if metrics is not None else beat.metrics
             beat.waiters.append(future)
         self._wake.set()
-        return await future
+        return future
 
     @property
     def retrying(self) -> int:
@@ -355,13 +354,7 @@ async def _refuse(agent_id: uuid.UUID, what: str, exc: Exception) -> None:
     if socket is None:
         return
     local_sockets.unregister(agent_id, socket.channel_name)
-    try:
-        await local_sockets.send_close(
-            socket, CLOSE_MALFORMED, f"malformed frame: the database refused its {what}",
-            get_channel_layer(),
-        )  # fmt: skip
-    except ChannelFull:
-        CHANNEL_FULL.labels(where="refused_write").inc()
+    await socket.close(CLOSE_MALFORMED, f"malformed frame: the database refused its {what}")
 
 
 def beat_gather_s(heartbeat_interval_s: float) -> float:

@@ -1,23 +1,22 @@
 """This process's agent sockets: agent id → the consumer's channel name and connection generation.
 
 Consumers register here once the agent's ``hello`` is handled; the relay reads
-it to know which agents it may push to.  A socket registered with ``push`` (the
-consumer's own coroutine that writes a work frame) takes packets by a direct call
-on the event loop: no channel-layer message per packet (the in-memory layer deep-
-copies each one and wakes the consumer's task to read it back).  One registered with
-``close`` is closed the same way (:func:`send_close`); the delivery consumer registers
-both and holds no channel-layer channel at all (a receive task and a queue per socket,
-thousands of them: docs/scaling.md, memory).  ``server_id`` is what this process
+it to know which agents it may push to.  A socket takes packets by a direct call of its
+``push`` (the consumer's own coroutine that writes a work frame) on the event loop, and is
+closed by its ``close``: no channel-layer message per packet (the in-memory layer deep-
+copies each one and wakes the consumer's task to read it back), and no channel-layer
+channel per socket at all (a receive task and a queue per socket, thousands of them:
+docs/scaling.md, memory).  ``server_id`` is what this process
 writes into ``agents_agent.connected_to``.  Everything here runs on the event
 loop thread, so no locking is needed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from fleet.engine.server_registry import new_instance_id
 
@@ -45,15 +44,21 @@ class LocalSocket:
     channel_name: str
     generation: int
     wire_format: str
-    key_id: int | None = None  # the API key the socket was opened with (closed 4401 with it)
-    # Writes one work packet to the socket (the consumer's); None: send over the channel layer.
-    push: Callable[[dict], Awaitable[None]] | None = None
-    # Closes the socket with a code and a reason (the consumer's); None: a ``delivery.close``
-    # message over the channel layer.
-    close: Callable[[int, str], Awaitable[None]] | None = None
+    key_id: int | None  # the API key the socket was opened with (closed 4401 with it)
+    push: Callable[[dict], Awaitable[None]]  # writes one work packet to the socket
+    close: Callable[[int, str], Awaitable[None]]  # closes it with a code and a reason
+
+
+def roster_hash(agent_id: uuid.UUID, generation: int) -> int:
+    """A socket's share of :func:`digest`: the first 60 bits of the MD5 of
+    ``"<agent id>/<generation>"``, as the relay's ``ROSTER_DIGEST`` computes it in SQL."""
+    return int(hashlib.md5(f"{agent_id}/{generation}".encode()).hexdigest()[:15], 16)
 
 
 _sockets: dict[uuid.UUID, LocalSocket] = {}
+# The sum of the sockets' roster_hash, kept as they come and go: the relay compares it with
+# the roster's each second instead of sending every socket's id (docs/scaling.md).
+_digest = 0
 _listeners: list[Callable[[LocalSocket], None]] = []
 _accepting = True  # False once the server stops: new sockets are sent elsewhere (4012)
 
@@ -71,8 +76,12 @@ def stop_accepting() -> None:
 
 def register(socket: LocalSocket) -> LocalSocket | None:
     """Record ``socket`` as the agent's live connection; return the one it replaces, if any."""
+    global _digest
     previous = _sockets.get(socket.agent_id)
     _sockets[socket.agent_id] = socket
+    _digest += roster_hash(socket.agent_id, socket.generation)
+    if previous is not None:
+        _digest -= roster_hash(previous.agent_id, previous.generation)
     for listener in list(_listeners):
         listener(socket)
     return previous if previous and previous.channel_name != socket.channel_name else None
@@ -80,23 +89,20 @@ def register(socket: LocalSocket) -> LocalSocket | None:
 
 def unregister(agent_id: uuid.UUID, channel_name: str) -> bool:
     """Forget the agent's socket, but only if it is still this channel (not a newer one)."""
+    global _digest
     current = _sockets.get(agent_id)
     if current is not None and current.channel_name == channel_name:
         del _sockets[agent_id]
+        _digest -= roster_hash(agent_id, current.generation)
         return True
     return False
 
 
-async def send_close(socket: LocalSocket, code: int, reason: str, layer: Any) -> None:
-    """Close ``socket`` with ``code``: a direct call when its consumer registered one, else a
-    ``delivery.close`` message on ``layer`` (the caller's channel layer; raises ChannelFull
-    as the layer does)."""
-    if socket.close is not None:
-        await socket.close(code, reason)
-        return
-    await layer.send(
-        socket.channel_name, {"type": "delivery.close", "code": code, "reason": reason}
-    )
+def digest() -> tuple[int, int]:
+    """How many sockets this process holds and the sum of their :func:`roster_hash`: equal
+    to the roster's (the agents it says are connected here, and their generations) when
+    every socket here is one the roster backs and the roster backs no other."""
+    return len(_sockets), _digest
 
 
 def get(agent_id: uuid.UUID) -> LocalSocket | None:
@@ -120,6 +126,7 @@ def remove_listener(listener: Callable[[LocalSocket], None]) -> None:
 
 def clear() -> None:
     """Forget every socket and take sockets again (tests)."""
-    global _accepting
+    global _accepting, _digest
     _sockets.clear()
+    _digest = 0
     _accepting = True

@@ -6,11 +6,11 @@ the listener, from a consumer registering a socket, and from a short poll, so
 a lost notification costs at most ``RELAY_POLL_S``.  A row this process itself
 committed as pending for an agent whose socket is here wakes the relay directly
 (:meth:`Relay.wake_for`, called by the executor right after the placement's
-commit): no NOTIFY → LISTEN round trip on the way to a local socket.  Each round takes a batch
-with one ``UPDATE … FOR UPDATE SKIP LOCKED … RETURNING`` (pending → delivered,
-attempts + 1) restricted to locally connected agents, so rows of agents that
-are not here (or nowhere) never block the rows behind them, and a full channel
-of one agent only backs that agent off.  The task's result-wait clock starts
+commit): no NOTIFY → LISTEN round trip on the way to a local socket.  Each round asks
+which agents connected here have pending rows (by ``connected_to``: no list of sockets
+sent) and takes a batch of theirs with one ``UPDATE … FOR UPDATE SKIP LOCKED … RETURNING``
+(pending → delivered, attempts + 1), so rows of agents that are not here (or nowhere)
+never block the rows behind them.  The task's result-wait clock starts
 at delivery: ``result_deadline = now + timeout_s + RESULT_GRACE_S``.
 
 Every few polls the relay also reconciles its sockets with the roster: a
@@ -29,15 +29,12 @@ import time
 import uuid
 
 import psycopg
-from channels.exceptions import ChannelFull
-from channels.layers import get_channel_layer
 
 from fleet.engine.claims import RESULT_GRACE_S
 from fleet.executors.fleet.delivery import local_sockets
 from fleet.executors.fleet.delivery.metrics import DISPATCH_LATENCY
 from fleet.executors.fleet.delivery.pg import connect_async
 from fleet.executors.fleet.delivery.waiting import wait_event
-from fleet.executors.fleet.routing.metrics import CHANNEL_FULL
 from fleet.executors.fleet.state import ledger
 
 log = logging.getLogger(__name__)
@@ -45,7 +42,6 @@ log = logging.getLogger(__name__)
 RELAY_POLL_S = 0.5  # safety-net poll when no notification arrives
 RELAY_BATCH = 200  # rows per UPDATE … RETURNING
 RECONCILE_EVERY_S = 1.0  # compare local sockets with the roster this often
-FULL_CHANNEL_BACKOFF_S = 0.05  # skip an agent whose consumer queue is full for this long
 RECONNECT_MAX_S = 5.0
 
 CLOSE_BAD_KEY = 4401
@@ -75,6 +71,19 @@ WHERE a.id IS NULL OR a.state IN ('dead', 'stopped') OR a.connected_to <> %(me)s
    OR a.connection_generation <> s.generation
 """
 
+# The agents the roster says are connected to this server, counted and summed as
+# local_sockets.roster_hash sums the sockets here: when both agree, no socket here is stale
+# and the per-socket comparison above is skipped (at 5,000 sockets it cost ~5 % of a core,
+# each second).  They differ while sockets open (before the hello) or close, and when
+# something is stale: then the comparison runs.
+ROSTER_DIGEST = f"""
+SELECT count(*), COALESCE(sum(
+    ('x' || left(md5(a.id::text || '/' || a.connection_generation), 15))::bit(60)::bigint
+), 0)
+FROM {ledger.AGENTS} a
+WHERE a.connected_to = %(me)s AND a.state NOT IN ('dead', 'stopped')
+"""
+
 _ACTIVE_KEYS = """
 SELECT k.id FROM fleet_apikey k JOIN fleet_tenant t ON t.id = k.tenant_id
 WHERE k.id = ANY(%s) AND k.revoked_at IS NULL AND t.is_active
@@ -94,7 +103,6 @@ class Relay:
         self.wake = asyncio.Event()
         self.pushed = 0
         self.rounds = 0  # rounds run (tests wait for the first one)
-        self._backoff: dict[uuid.UUID, float] = {}
         self._task: asyncio.Task | None = None
         self._conn: psycopg.AsyncConnection | None = None
         self._last_reconcile = 0.0
@@ -131,43 +139,30 @@ class Relay:
         """Push a packet that the placement wrote as delivered to a socket of this process
         (fleet/executors/fleet/delivery/batch_placement.py), right after its commit: no relay round trip.
 
-        When it cannot be pushed now (the socket is gone or not yet past its hello, its
-        queue is full) the row goes back to pending, so this relay — or the one of the
-        server the agent reconnects to — pushes it; a crash before this point is covered
-        by redelivery of unconfirmed rows and by the agent's hello.
+        When it cannot be pushed now (the socket is gone or not yet past its hello) the row
+        goes back to pending, so this relay — or the one of the server the agent reconnects
+        to — pushes it; a crash before this point is covered by redelivery of unconfirmed
+        rows and by the agent's hello.
         """
         socket = local_sockets.get(agent_id)
-        if socket is not None and agent_id not in self._backoff:
-            if await self._send(socket, packet, "placement"):
-                self.pushed += 1
-                _observe_latency([(1, waited_s)])
-                return True
+        if socket is not None:
+            await self._send(socket, packet)
+            self.pushed += 1
+            _observe_latency([(1, waited_s)])
+            return True
         conn = await self._connection()
         await conn.execute(ledger.UNTAKE, [[outbox_id]])  # NOTIFY: a relay takes it from here
         return False
 
-    async def _send(self, socket: local_sockets.LocalSocket, packet: dict, where: str) -> bool:
-        """Hand ``packet`` to the socket's consumer: a direct call when it registered one
-        (local_sockets.py says why), else a channel-layer message.  False (the agent backed
-        off) only when its channel is full."""
-        if socket.push is not None:
-            try:
-                await socket.push(packet)
-            except Exception:
-                # A packet the socket cannot carry stays delivered and unconfirmed:
-                # redelivery retries it and, past its pushes, fails it with a reason.
-                log.exception("pushing packet %s to agent %s failed",
-                              packet.get("outbox_id"), socket.agent_id)  # fmt: skip
-            return True
+    async def _send(self, socket: local_sockets.LocalSocket, packet: dict) -> None:
+        """Hand ``packet`` to the socket's consumer by a direct call (local_sockets.py)."""
         try:
-            await get_channel_layer().send(
-                socket.channel_name, {"type": "delivery.work", "packet": packet}
-            )
-        except ChannelFull:
-            CHANNEL_FULL.labels(where=where).inc()
-            self._backoff[socket.agent_id] = time.monotonic() + FULL_CHANNEL_BACKOFF_S
-            return False
-        return True
+            await socket.push(packet)
+        except Exception:
+            # A packet the socket cannot carry stays delivered and unconfirmed:
+            # redelivery retries it and, past its pushes, fails it with a reason.
+            log.exception("pushing packet %s to agent %s failed",
+                          packet.get("outbox_id"), socket.agent_id)  # fmt: skip
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -229,13 +224,18 @@ class Relay:
             await self.reconcile(conn)
         return pushed
 
-    def _routable_agents(self) -> list[uuid.UUID]:
-        now = time.monotonic()
-        self._backoff = {a: t for a, t in self._backoff.items() if t > now}
-        return [a for a in local_sockets.snapshot() if a not in self._backoff]
+    async def _pending_here(self, conn: psycopg.AsyncConnection) -> list[uuid.UUID]:
+        """The agents with pending rows whose sockets the roster puts on this server and
+        this process holds past their hello.  Asked of the database by ``connected_to``:
+        an idle round sends no id and reads no row (it sent every local socket's id, twice a
+        second: 5,000 of them per round at 5,000 agents).  A socket the roster puts here but
+        that is not registered yet (before its hello) is left out, so its rows are not taken
+        (and their ``attempts`` counted) only to be handed back."""
+        cursor = await conn.execute(ledger.PENDING_HERE, {"me": local_sockets.server_id()})
+        return [row[0] for row in await cursor.fetchall() if local_sockets.get(row[0])]
 
     async def _push_batch(self, conn: psycopg.AsyncConnection) -> int:
-        agents = self._routable_agents()
+        agents = await self._pending_here(conn)
         if not agents:
             return 0
         me = local_sockets.server_id()
@@ -249,13 +249,11 @@ class Relay:
         delivered: list[tuple] = []
         for outbox_id, agent_id, task_execution_id, assignment, attempts, payload in rows:
             socket = local_sockets.get(agent_id)
-            if socket is None or agent_id in self._backoff:
+            if socket is None:
                 failed.append(outbox_id)
                 continue
             payload["outbox_id"] = outbox_id  # the row's own dict: no copy per packet
-            if not await self._send(socket, payload, "relay"):
-                failed.append(outbox_id)
-                continue
+            await self._send(socket, payload)
             delivered.append((task_execution_id, assignment, attempts))
         if failed:
             await conn.execute(ledger.UNTAKE, [failed])
@@ -273,6 +271,23 @@ class Relay:
         self.pushed += len(delivered)
         return len(rows)
 
+    async def _stale_sockets(
+        self, conn: psycopg.AsyncConnection, sockets: dict, me: str
+    ) -> dict[uuid.UUID, tuple]:
+        """The sockets here the roster no longer backs, with what it says of them; none
+        when the roster's digest is this process's (``ROSTER_DIGEST``)."""
+        local = local_sockets.digest()
+        cursor = await conn.execute(ROSTER_DIGEST, {"me": me})
+        count, total = await cursor.fetchone()
+        if (count, int(total)) == local:
+            return {}
+        ids = list(sockets)
+        cursor = await conn.execute(
+            _STALE_SOCKETS,
+            {"ids": ids, "generations": [sockets[i].generation for i in ids], "me": me},
+        )
+        return {row[0]: row[1:] for row in await cursor.fetchall()}
+
     async def reconcile(self, conn: psycopg.AsyncConnection | None = None) -> int:
         """Close local sockets whose key was revoked or tenant deactivated (4401), whose
         agent is dead (4404) or connected elsewhere/anew (4408)."""
@@ -282,21 +297,15 @@ class Relay:
             return 0
         conn = conn or await self._connection()
         me = local_sockets.server_id()
-        ids = list(sockets)
-        cursor = await conn.execute(
-            _STALE_SOCKETS,
-            {"ids": ids, "generations": [sockets[i].generation for i in ids], "me": me},
-        )
-        roster = {row[0]: row[1:] for row in await cursor.fetchall()}
         keys = {s.key_id for s in sockets.values() if s.key_id is not None}
         cursor = await conn.execute(_ACTIVE_KEYS, [list(keys)])
         active_keys = {row[0] for row in await cursor.fetchall()}
+        roster = await self._stale_sockets(conn, sockets, me)
         candidates = list(roster)
         if keys - active_keys:  # rare: only then is every socket's key looked at
             candidates += [
                 a for a, s in sockets.items() if s.key_id in keys - active_keys and a not in roster
             ]
-        layer = get_channel_layer()
         closed = 0
         for agent_id in candidates:
             socket = sockets[agent_id]
@@ -311,9 +320,6 @@ class Relay:
             else:
                 continue
             local_sockets.unregister(agent_id, socket.channel_name)
-            try:
-                await local_sockets.send_close(socket, code, reason, layer)
-            except ChannelFull:
-                CHANNEL_FULL.labels(where="reconcile").inc()
+            await socket.close(code, reason)
             closed += 1
         return closed

@@ -31,12 +31,6 @@ BACKPRESSURE = Counter(
     "Times work had to wait because every agent that could take it was at capacity.",
     ["reason"],
 )
-CHANNEL_FULL = Counter(
-    "cloacina_agent_channel_full",
-    "Pushes to an agent's socket refused because its channel-layer queue was full, by where "
-    "the push came from (relay, placement, reconcile, refused_write, superseded).",
-    ["where"],
-)
 SELECTION_DURATION = Histogram(
     "cloacina_selector_duration_seconds",
     "Time to choose an agent for a task and reserve its slot (or find there is none).",

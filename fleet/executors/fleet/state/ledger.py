@@ -370,8 +370,16 @@ def close_row(row_id: int) -> None:
 
 # -- the relay: pending → delivered, and back when a push could not be made ----------
 
-# ``agents`` is every agent with a socket in the process (thousands), sent twice a second:
-# a binary parameter, not text that escapes each id (~1.5 against ~9 ms per 5,000 ids).
+# The agents with pending rows whose socket the roster puts on server ``me``: what a relay
+# round asks first, by ``connected_to`` (no id sent; an idle round reads no row, through the
+# pending rows of ``outbox_state_age_idx``).  The relay keeps those whose socket it holds.
+PENDING_HERE = f"""
+SELECT DISTINCT o.agent_id FROM delivery_outbox o JOIN {AGENTS} a ON a.id = o.agent_id
+WHERE o.state = 'pending' AND a.connected_to = %(me)s AND a.state IN ('live', 'draining')
+"""
+
+# ``agents``: those of PENDING_HERE whose sockets the relay holds; a binary parameter, not
+# text that escapes each id (~1.5 against ~9 ms per 5,000 ids).
 TAKE_PENDING = """
 WITH due AS MATERIALIZED (  -- picked once: a LIMIT … SKIP LOCKED subquery must not re-run
     SELECT o.id FROM delivery_outbox o
