@@ -168,6 +168,22 @@ def batched_frames(frame: dict[str, Any]) -> list[dict[str, Any]]:
     return taken
 
 
+async def open_socket(
+    url: str, api_key: str, ssl_context: ssl.SSLContext | None = None
+) -> ClientConnection:
+    """The WebSocket at ``url``, opened with the agent's key (the handshake's errors raise:
+    websockets' InvalidStatus, InvalidURI, InvalidHandshake, OSError, TimeoutError)."""
+    tls = {"ssl": ssl_context} if ssl_context is not None and url.startswith("wss:") else {}
+    return await connect(
+        url,
+        additional_headers={"Authorization": f"Bearer {api_key}"},
+        open_timeout=OPEN_TIMEOUT_S,
+        max_size=MAX_INCOMING_FRAME_BYTES,
+        user_agent_header="cloacina-agent",
+        **tls,
+    )
+
+
 async def run_session(
     url: str,
     api_key: str,
@@ -177,22 +193,16 @@ async def run_session(
     on_close: Callable[[], None],
     ssl_context: ssl.SSLContext | None = None,
     batch_frames: bool = False,
+    opened: ClientConnection | None = None,
 ) -> SessionEnd:
     """Connect to ``url``, call ``on_open`` (send hello), feed frames until the socket ends.
 
     ``ssl_context`` verifies a ``wss://`` server (the REST client's, so both trust the same CA);
-    ``batch_frames``: the server takes ``batch`` frames (its registration answer said so).
+    ``batch_frames``: the server takes ``batch`` frames (its registration answer said so);
+    ``opened``: the socket the agent just registered on, used instead of connecting.
     """
-    tls = {"ssl": ssl_context} if ssl_context is not None and url.startswith("wss:") else {}
     try:
-        ws = await connect(
-            url,
-            additional_headers={"Authorization": f"Bearer {api_key}"},
-            open_timeout=OPEN_TIMEOUT_S,
-            max_size=MAX_INCOMING_FRAME_BYTES,
-            user_agent_header="cloacina-agent",
-            **tls,
-        )
+        ws = opened or await open_socket(url, api_key, ssl_context)
     except InvalidStatus as exc:
         return handshake_refused(exc.response.status_code, exc.response.headers.get("Retry-After"))
     except InvalidURI as exc:
