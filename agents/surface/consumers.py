@@ -86,15 +86,16 @@ CLOSE_SUPERSEDED = 4408
 CLOSE_TRY_LATER = 4013  # 4000 + RFC 6455's 1013 "Try Again Later" (docs/agent-protocol.md)
 CLOSE_INVALID_REGISTRATION = 4422
 
-_registering: asyncio.Semaphore | None = None
+_registering: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
 
 def registering_slots() -> asyncio.Semaphore:
-    """REGISTERING_AT_ONCE, made on first use (on the server's event loop)."""
+    """REGISTERING_AT_ONCE of the running loop (one under ``serve``; tests run several)."""
     global _registering
-    if _registering is None:
-        _registering = asyncio.Semaphore(REGISTERING_AT_ONCE)
-    return _registering
+    loop = asyncio.get_running_loop()
+    if _registering is None or _registering[0] is not loop:
+        _registering = (loop, asyncio.Semaphore(REGISTERING_AT_ONCE))
+    return _registering[1]
 
 
 class FrameRejected(ValueError):
