@@ -1,8 +1,8 @@
 """The DB-less execution agent behind ``manage.py runagent`` (docs/agent.md).
 
-One asyncio loop runs three things: the connection loop (register over REST,
-hold the delivery WebSocket, reconnect with backoff, re-register when the server
-forgot us), the heartbeat loop, and one coroutine per work packet (triple check →
+One asyncio loop runs three things: the connection loop (register on the delivery
+WebSocket, or over REST on an older server; hold the socket, reconnect with backoff,
+re-register when the server forgot us), the heartbeat loop, and one coroutine per work packet (triple check →
 artifact from the cache → the task in a child process → outcome posted until the
 server has it).  A drain (SIGTERM/SIGINT or a ``drain`` frame) refuses new packets,
 waits for everything in hand to be reported, deregisters and exits 0.
@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from agents.protocol import frames, wire
@@ -45,6 +46,7 @@ from agents.runtime.client import (
 )
 from agents.runtime.connection import Action, Session, SessionEnd, ping_interval_s, run_session
 from agents.runtime.heartbeat import BeatBody, BeatTarget, HeartbeatLoop
+from agents.runtime.socket_registration import NotOnSocket, register_on_socket
 from agents.runtime.work_intake import WorkIntake
 from agents.sandbox.package_cache import PackageCache
 from agents.sandbox.task_runner import TaskRunner
@@ -86,6 +88,10 @@ class Agent:
         # under an earlier agent id counts for the current one (docs/agent-protocol.md).
         self.instance_id = str(uuid.uuid4())
         self.session: Session | None = None
+        # The socket the agent just registered on, until its session takes it over.
+        self._registered_socket: ClientConnection | None = None
+        # Servers that refused a registering socket (older ones): they register over REST.
+        self._rest_only: set[str] = set()
         self.draining = False
         self.exit_code: int | None = None
         self.exit_message = ""
@@ -150,6 +156,8 @@ class Agent:
         try:
             if self.session is not None:
                 await self.session.close("agent stopping")
+            if self._registered_socket is not None:
+                await self._registered_socket.close()
         finally:
             for task in loops:
                 task.cancel()
@@ -248,7 +256,7 @@ class Agent:
             if self.draining:
                 return False  # a draining agent takes no new identity: it only reports
             try:
-                registration = await self.client.register(self._registration_body(wire_format))
+                registration = await self._register_once(self._registration_body(wire_format))
             except TLSFailure as exc:  # a certificate or CA mismatch does not pass by waiting
                 self._finish(EXIT_CONFIG, f"cannot register: {exc}")
                 return False
@@ -289,6 +297,29 @@ class Agent:
             return True
         return False
 
+    async def _register_once(self, body: dict[str, Any]) -> Registration:
+        """One registration: on the delivery socket where the server has it (the socket is
+        kept for the session), else over REST.  Either raises the REST client's errors."""
+        server = self.client.server_url
+        if self.config.register_on_socket and server not in self._rest_only:
+            try:
+                socket, registration = await register_on_socket(
+                    server, self.config.api_key, body, self.client.ssl_context
+                )
+            except NotOnSocket as exc:
+                if exc.older_server:
+                    self._rest_only.add(server)
+                    log.info(
+                        "%s has no registering socket (%s): registering over REST", server, exc
+                    )
+            except ServerUnavailable:
+                self.client.fail_over(server)  # as a REST call that got no answer
+                raise
+            else:
+                self._registered_socket = socket
+                return registration
+        return await self.client.register(body)
+
     def _forget_registration(self, agent_id: str) -> None:
         """The server no longer knows ``agent_id``: register afresh (once, however many notice)."""
         if self.registration is None or self.registration.agent_id != agent_id:
@@ -322,6 +353,7 @@ class Agent:
                 self.client.ssl_context,
                 registration.batch_frames,
                 ping_interval_s(registration.heartbeat_interval_s, registration.liveness_misses),
+                self._take_registered_socket(),
             )
             if self._stopping:
                 return
@@ -340,6 +372,10 @@ class Agent:
             if end.action is Action.DIAGNOSE and await self._diagnose(registration.agent_id):
                 continue
             await self._sleep_or_wake(self._reconnect_delay(end, server, backoff, limited))
+
+    def _take_registered_socket(self) -> ClientConnection | None:
+        socket, self._registered_socket = self._registered_socket, None
+        return socket
 
     def _reconnect_delay(
         self, end: SessionEnd, server: str, backoff: Backoff, limited: Backoff

@@ -40,6 +40,9 @@ class AgentConfig:
     protocol_version: int = PROTOCOL_VERSION
     # Every server to try, in order (replicas on one database); empty: ``server_url`` alone.
     servers: tuple[str, ...] = ()
+    # Register on the delivery socket where the server offers it (one connection, not a
+    # REST request and then a socket); False: always over REST, as older agents do.
+    register_on_socket: bool = True
 
     @property
     def server_urls(self) -> tuple[str, ...]:

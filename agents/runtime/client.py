@@ -112,6 +112,23 @@ class Registration:
     # The server takes ``batch`` frames (several ``received``/``result`` frames in one).
     batch_frames: bool = False
 
+    @classmethod
+    def from_answer(cls, data: dict[str, Any], body: dict[str, Any]) -> Registration:
+        """The server's answer to the registration ``body`` (REST 201 or a ``registered``
+        frame); what an older server leaves out has its old default."""
+        agent_id = str(data["agent_id"])
+        return cls(
+            agent_id=agent_id,
+            name=data.get("name", body.get("name", "")),
+            heartbeat_interval_s=float(data.get("heartbeat_interval_s", 15.0)),
+            liveness_misses=int(data.get("liveness_misses", 3)),
+            wire_format=data.get("wire_format", body.get("wire_format", "json")),
+            ws_path=data.get("ws_path") or f"/ws/agents/{agent_id}/",
+            result_frames=data.get("result_frames") is True,
+            log_frames=data.get("log_frames") is True,
+            batch_frames=data.get("batch_frames") is True,
+        )
+
 
 def normalise_server_url(url: str) -> str:
     """``http(s)://host[:port][/prefix]`` without a trailing slash; ValueError if unusable."""
@@ -258,19 +275,7 @@ class AgentClient:
             )
         if response.status_code not in (200, 201):
             raise self._rejected(response, "registration")
-        data = response.json()
-        agent_id = str(data["agent_id"])
-        return Registration(
-            agent_id=agent_id,
-            name=data.get("name", body.get("name", "")),
-            heartbeat_interval_s=float(data.get("heartbeat_interval_s", 15.0)),
-            liveness_misses=int(data.get("liveness_misses", 3)),
-            wire_format=data.get("wire_format", body.get("wire_format", "json")),
-            ws_path=data.get("ws_path") or f"/ws/agents/{agent_id}/",
-            result_frames=data.get("result_frames") is True,
-            log_frames=data.get("log_frames") is True,
-            batch_frames=data.get("batch_frames") is True,
-        )
+        return Registration.from_answer(response.json(), body)
 
     async def heartbeat(self, agent_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """200 → ``{state, drain}``; 404 → :class:`UnknownAgent`."""

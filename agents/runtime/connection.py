@@ -184,6 +184,28 @@ def batched_frames(frame: dict[str, Any]) -> list[dict[str, Any]]:
     return taken
 
 
+async def open_socket(
+    url: str,
+    api_key: str,
+    ssl_context: ssl.SSLContext | None = None,
+    ping_every_s: float = MIN_PING_INTERVAL_S,
+) -> ClientConnection:
+    """The WebSocket at ``url``, opened with the agent's key (the handshake's errors raise:
+    websockets' InvalidStatus, InvalidURI, InvalidHandshake, OSError, TimeoutError), pinging
+    every ``ping_every_s`` (:func:`ping_interval_s`)."""
+    tls = {"ssl": ssl_context} if ssl_context is not None and url.startswith("wss:") else {}
+    return await connect(
+        url,
+        additional_headers={"Authorization": f"Bearer {api_key}"},
+        open_timeout=OPEN_TIMEOUT_S,
+        max_size=MAX_INCOMING_FRAME_BYTES,
+        user_agent_header="cloacina-agent",
+        ping_interval=ping_every_s,
+        ping_timeout=PING_TIMEOUT_S,
+        **tls,
+    )
+
+
 async def run_session(
     url: str,
     api_key: str,
@@ -194,25 +216,20 @@ async def run_session(
     ssl_context: ssl.SSLContext | None = None,
     batch_frames: bool = False,
     ping_every_s: float = MIN_PING_INTERVAL_S,
+    opened: ClientConnection | None = None,
 ) -> SessionEnd:
     """Connect to ``url``, call ``on_open`` (send hello), feed frames until the socket ends.
 
     ``ssl_context`` verifies a ``wss://`` server (the REST client's, so both trust the same CA);
     ``batch_frames``: the server takes ``batch`` frames (its registration answer said so);
-    ``ping_every_s``: seconds between keepalive pings (:func:`ping_interval_s`).
+    ``ping_every_s``: seconds between keepalive pings (:func:`ping_interval_s`);
+    ``opened``: the socket the agent just registered on, used instead of connecting.
     """
-    tls = {"ssl": ssl_context} if ssl_context is not None and url.startswith("wss:") else {}
     try:
-        ws = await connect(
-            url,
-            additional_headers={"Authorization": f"Bearer {api_key}"},
-            open_timeout=OPEN_TIMEOUT_S,
-            max_size=MAX_INCOMING_FRAME_BYTES,
-            user_agent_header="cloacina-agent",
-            ping_interval=ping_every_s,
-            ping_timeout=PING_TIMEOUT_S,
-            **tls,
-        )
+        ws = opened or await open_socket(url, api_key, ssl_context, ping_every_s)
+        # A socket opened to register was opened before the registration's answer said
+        # the liveness window: websockets reads the interval before each sleep.
+        ws.ping_interval = ping_every_s
     except InvalidStatus as exc:
         return handshake_refused(exc.response.status_code, exc.response.headers.get("Retry-After"))
     except InvalidURI as exc:

@@ -116,37 +116,24 @@ class Empty(Schema):
     summary="Register an agent (replaces a live agent of the same name)",
 )
 def register_agent(request: HttpRequest, body: RegisterIn):
-    agent = roster.register(
-        request.api_key,
-        roster.Registration(
-            name=body.name,
-            target_triple=body.target_triple,
-            max_concurrency=body.max_concurrency,
-            version=body.version,
-            protocol_version=body.protocol_version,
-            wire_format=body.wire_format,
-            tags=tuple(body.tags),
-            capabilities=tuple(body.capabilities),
-            exclusive=body.exclusive,
-            metrics=body.metrics,
-            instance_id=body.instance_id,
-        ),
-    )
-    config = get_config()
-    return Status(
-        201,
-        {
-            "agent_id": agent.id,
-            "name": agent.name,
-            "heartbeat_interval_s": config.heartbeat_interval_s,
-            "liveness_misses": config.liveness_misses,
-            "wire_format": agent.wire_format,
-            "ws_path": f"/ws/agents/{agent.id}/",
-            "server_protocol_version": roster.PROTOCOL_VERSION,
-            "result_frames": True,
-            "log_frames": True,
-            "batch_frames": True,
-        },
+    agent = roster.register(request.api_key, as_registration(body))
+    return Status(201, roster.registration_answer(agent))
+
+
+def as_registration(body: RegisterIn) -> roster.Registration:
+    """The roster's registration from a checked body (REST, or a ``register`` frame)."""
+    return roster.Registration(
+        name=body.name,
+        target_triple=body.target_triple,
+        max_concurrency=body.max_concurrency,
+        version=body.version,
+        protocol_version=body.protocol_version,
+        wire_format=body.wire_format,
+        tags=tuple(body.tags),
+        capabilities=tuple(body.capabilities),
+        exclusive=body.exclusive,
+        metrics=body.metrics,
+        instance_id=body.instance_id,
     )
 
 

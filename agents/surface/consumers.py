@@ -19,10 +19,17 @@ Several ``received``/``result`` frames may come in one ``batch`` frame, each che
 it would be alone; packets and acks to an agent whose hello asked for batches are queued
 per loop turn and written as one ``batch`` frame (docs/agent-protocol.md, "Batched frames").
 
+A socket opened on ``/ws/agents/`` (no agent id) registers first: its first frame is a
+``register`` frame (the REST registration's body, always JSON), answered by a
+``registered`` frame (the REST answer) or a ``refused`` frame and a close; then it goes on
+as a socket of the new agent, hello first (docs/agent-protocol.md, "Registering on the
+socket").  One connection instead of a REST request and a socket, no Django request stack.
+
 Close codes: 4400 malformed frame, 4401 bad key, 4403 key not allowed,
-4404 unknown/dead agent, 4408 superseded, 4413 frame too large, 4429 flood,
+4404 unknown/dead agent, 4408 superseded, 4409 registration conflict (protocol or wire
+format), 4413 frame too large, 4422 invalid registration, 4429 flood,
 4012 the server is shutting down (connect to another), 4013 the server admits no
-more sockets this second (the reason says "retry after N s").
+more sockets or registrations for now (the reason says "retry after N s").
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import Coroutine
 from typing import Any
 
 from channels.consumer import get_handler_name
@@ -43,6 +51,7 @@ from pydantic import ValidationError
 
 from agents.protocol import batching, hop_trace, wire
 from agents.protocol import frames as agent_frames
+from agents.surface.api import RegisterIn, as_registration
 from fleet.engine import task_logs
 from fleet.engine.context import unstorable
 from fleet.executors.fleet import result_batches, roster, socket_writes
@@ -62,6 +71,11 @@ FRAME_BURST = 8000  # frames allowed at once above the sustained rate
 RESULTS_IN_FLIGHT = 16  # results of one socket being applied at once
 MAX_HOLDING = 10_000
 INBOUND_BATCH = 512
+MAX_REGISTER_FRAME_BYTES = 64 * 1024  # a registration body: metrics (16 KiB) and lists
+# Socket registrations holding a delivery pool thread at once, as POOLED_AT_ONCE bounds the
+# REST ones (cloacina_site/one_hop.py): one tenant's registrations take turns on its roster
+# lock and must not hold every thread while hellos and results wait.
+REGISTERING_AT_ONCE = 4
 
 CLOSE_MALFORMED = 4400
 CLOSE_BAD_KEY = 4401
@@ -70,6 +84,18 @@ CLOSE_TOO_LARGE = 4413
 CLOSE_FLOOD = 4429
 CLOSE_SUPERSEDED = 4408
 CLOSE_TRY_LATER = 4013  # 4000 + RFC 6455's 1013 "Try Again Later" (docs/agent-protocol.md)
+CLOSE_INVALID_REGISTRATION = 4422
+
+_registering: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+
+
+def registering_slots() -> asyncio.Semaphore:
+    """REGISTERING_AT_ONCE of the running loop (one under ``serve``; tests run several)."""
+    global _registering
+    loop = asyncio.get_running_loop()
+    if _registering is None or _registering[0] is not loop:
+        _registering = (loop, asyncio.Semaphore(REGISTERING_AT_ONCE))
+    return _registering[1]
 
 
 class FrameRejected(ValueError):
@@ -238,6 +264,26 @@ def _check_result(frame: dict[str, Any]) -> dict[str, Any]:
     return {"type": "result", "outbox_id": body.outbox_id, "body": body}
 
 
+def _check_register(data: str | bytes) -> roster.Registration:
+    """The first frame of a registering socket as the roster's registration: a JSON
+    ``register`` frame carrying the REST body, checked by the same schema (FrameRejected
+    names the problem)."""
+    try:
+        frame = wire.decode(data, "json")
+    except wire.WireFormatError as exc:
+        raise FrameRejected(f"the first frame must be a JSON register frame: {exc}") from None
+    if frame.get("type") != "register":
+        raise FrameRejected(f"the first frame must be a register frame, got {frame.get('type')!r}")
+    try:
+        body = RegisterIn.model_validate({k: v for k, v in frame.items() if k != "type"})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise FrameRejected(f"register: {problems}") from None
+    return as_registration(body)
+
+
 class AgentDeliveryConsumer(AsyncWebsocketConsumer):
     grant: roster.SocketGrant | None = None
 
@@ -277,6 +323,9 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         self._worker: asyncio.Task | None = None
         self._inbound: deque[dict[str, Any]] = deque()
         self._results: set[asyncio.Future] = set()
+        # Closes and frames started from callbacks: held here until done, since the loop
+        # keeps only a weak reference to a task (one nothing holds can vanish mid-flight).
+        self._background: set[asyncio.Future] = set()
         self._results_pending = 0  # results of this socket taken and not yet answered
         self._results_room = asyncio.Event()
         self._beat: asyncio.Future | None = None  # the beat being written, if any
@@ -287,11 +336,20 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         self._outgoing: list[batching.Encoded] = []
         self._flushing: asyncio.Future | None = None
         self._batch_out = False
+        self._register_with: str | None = None  # the key, while a register frame is awaited
         # Accept first: a close code (and its reason) can only be sent on an open socket.
         await self.accept()
         token = _bearer(self.scope)
         if not token:
             await self._close(CLOSE_BAD_KEY, "missing Authorization: Bearer <agent key> header")
+            return
+        if "agent_id" not in self.scope["url_route"]["kwargs"]:
+            # Registering on the socket: the key is verified with the register frame, and
+            # the admission is the registration's (one per agent, not one each).
+            if not local_sockets.accepting():
+                await self._close(CLOSE_GO_ELSEWHERE, GO_ELSEWHERE_REASON)
+            else:
+                self._register_with = token
             return
         try:
             agent_id = uuid.UUID(str(self.scope["url_route"]["kwargs"]["agent_id"]))
@@ -323,6 +381,45 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             await self._close(CLOSE_TRY_LATER, f"server busy: retry after {seconds} s")
             return False
         return True
+
+    async def _register_on_socket(self, data: str | bytes) -> None:
+        """Handle a registering socket's first frame: register, answer, and hold the
+        socket as the new agent's (its hello comes next), or refuse and close."""
+        token, self._register_with = self._register_with, None
+        size = len(data.encode()) if isinstance(data, str) else len(data)
+        if size > MAX_REGISTER_FRAME_BYTES:
+            await self._close(
+                CLOSE_TOO_LARGE,
+                f"register frame of {size} bytes is over {MAX_REGISTER_FRAME_BYTES}",
+            )
+            return
+        try:
+            registration = _check_register(data)
+        except FrameRejected as exc:
+            await self._refuse(roster.SocketRefusal(CLOSE_INVALID_REGISTRATION, str(exc)))
+            return
+        async with registering_slots():
+            result = await delivery_db.call(
+                roster.register_socket, token, registration, local_sockets.server_id()
+            )
+        if isinstance(result, roster.SocketRefusal):
+            await self._refuse(result)
+            return
+        self.grant, agent = result
+        # JSON like the register frame: the agent learns the wire format from this answer.
+        answer = {"type": "registered", **roster.registration_answer(agent)}
+        answer["agent_id"] = str(agent.id)
+        await self._send_data(wire.encode(answer, "json"))
+
+    async def _refuse(self, refusal: roster.SocketRefusal) -> None:
+        """A refused registration: the whole reason in a ``refused`` frame (a close reason
+        holds 123 bytes), then the close code."""
+        status = 429 if refusal.code == CLOSE_TRY_LATER else refusal.code - 4000  # REST's
+        frame = {"type": "refused", "status": status, "detail": refusal.reason}
+        if refusal.retry_after_s is not None:
+            frame["retry_after_s"] = refusal.retry_after_s
+        await self._send_data(wire.encode(frame, "json"))
+        await self._close(refusal.code, refusal.reason)
 
     async def disconnect(self, code) -> None:
         self._closing = True
@@ -356,9 +453,12 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
 
     # -- frames from the agent -----------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        data: str | bytes = text_data if text_data is not None else (bytes_data or b"")
+        if self._register_with is not None and not self._closing:
+            await self._register_on_socket(data)
+            return
         if self._closing or self.grant is None:
             return
-        data: str | bytes = text_data if text_data is not None else (bytes_data or b"")
         size = len(data.encode()) if isinstance(data, str) else len(data)
         if size > MAX_FRAME_BYTES:
             await self._close(CLOSE_TOO_LARGE, f"frame of {size} bytes is over the 1 MiB limit")
@@ -473,6 +573,11 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         )
         self._beat.add_done_callback(self._beat_written)
 
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def _beat_written(self, written: asyncio.Future) -> None:
         """Act on a beat's answer (a done callback: no task per beat): a dead agent's socket
         closes 4404, a drain the server wants is sent once; then any newer beat is written."""
@@ -480,15 +585,15 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             return
         refused = written.exception()
         if refused is not None:  # socket_writes.WriteRefused: the only error it sets
-            asyncio.ensure_future(self._close(CLOSE_MALFORMED, f"malformed frame: {refused}"))
+            self._in_background(self._close(CLOSE_MALFORMED, f"malformed frame: {refused}"))
             return
         result = written.result()
         if result is None:
-            asyncio.ensure_future(self._close(CLOSE_UNKNOWN_AGENT, "agent is dead; register again"))
+            self._in_background(self._close(CLOSE_UNKNOWN_AGENT, "agent is dead; register again"))
             return
         if result.drain and not self._drain_sent:
             self._drain_sent = True
-            asyncio.ensure_future(self._send_frame({"type": "drain"}))
+            self._in_background(self._send_frame({"type": "drain"}))
         if self._next_beat is not None:
             self._write_beat(self._next_beat)
 
@@ -541,7 +646,7 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         self._registered = True
         if previous is not None:
             # The same agent reconnected to this process: the older socket is stale.
-            asyncio.ensure_future(
+            self._in_background(
                 previous.close(CLOSE_SUPERSEDED, "superseded by a newer connection")
             )
 

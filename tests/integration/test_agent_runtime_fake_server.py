@@ -125,3 +125,30 @@ def test_a_task_past_its_timeout_is_killed_and_reported_as_a_failure(tmp_path):
         assert (await fake.results.get())["outcome"] == "success"
 
     run_scenario(tmp_path, scenario)
+
+
+def test_an_agent_registers_on_the_socket_and_keeps_it_for_the_session(tmp_path):
+    async def scenario(fake: FakeServer, agent: Agent, agent_task) -> None:
+        await fake.next_frame("hello")
+        assert [(method, path) for method, path, _body in fake.calls] == [
+            ("WS", "/agents/register")
+        ]
+        # One connection: the registering socket carried the hello.
+        assert len(fake.sockets) == 1
+        assert fake.sockets[0].request.path == "/ws/agents/"
+
+    run_scenario(tmp_path, scenario)
+
+
+def test_an_older_server_without_the_registering_socket_is_registered_with_over_rest(tmp_path):
+    async def scenario(fake: FakeServer, agent: Agent, agent_task) -> None:
+        await fake.next_frame("hello")
+        await fake.sockets[-1].close(4404, "agent is dead; register again")
+        await fake.next_frame("hello")
+        registrations = [(m, p) for m, p, _body in fake.calls if p == "/agents/register"]
+        # Over REST both times: the refused handshake is remembered for that server.
+        assert registrations == [("POST", "/agents/register")] * 2
+        assert len(fake.agent_ids) == 2
+        assert fake.sockets[-1].request.path == f"/ws/agents/{fake.agent_ids[-1]}/"
+
+    run_scenario(tmp_path, scenario, socket_registration=False)

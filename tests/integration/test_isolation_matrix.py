@@ -828,7 +828,41 @@ def socket_cases(world: World) -> None:
     log_frame_for_bs_task(world)
 
 
-SOCKET_CASES = {"ws/agents/<str:agent_id>/": socket_cases}
+def register_on_the_socket_under_bs_agent_name(world: World) -> None:
+    """On the registering socket, an agent of A named like B's: a new agent of A, whose
+    answer names nothing of B; B's agent is not replaced."""
+    from channels.testing import WebsocketCommunicator
+
+    from agents.protocol.triples import host_triple
+    from cloacina_site.asgi import application
+    from tests.support.loop import run_async
+
+    async def register() -> dict:
+        comm = WebsocketCommunicator(
+            application, "/ws/agents/",
+            headers=[(b"authorization", f"Bearer {world.keys['agent']}".encode())],
+        )  # fmt: skip
+        connected, _ = await comm.connect()
+        assert connected
+        await comm.send_json_to(
+            {"type": "register", "name": GLOBEX_AGENT, "target_triple": host_triple(),
+             "protocol_version": 1, "wire_format": "json"}
+        )  # fmt: skip
+        answer = await comm.receive_json_from(5)
+        await comm.disconnect()
+        return answer
+
+    answer = run_async(register())
+    assert answer["type"] == "registered", answer
+    assert answer["agent_id"] != str(world.b_agent.pk)
+    assert str(world.b_agent.pk) not in json.dumps(answer)
+    b_unchanged(world)
+
+
+SOCKET_CASES = {
+    "ws/agents/<str:agent_id>/": socket_cases,
+    "ws/agents/": register_on_the_socket_under_bs_agent_name,
+}
 
 
 @pytest.mark.parametrize("route", sorted(SOCKET_CASES))

@@ -592,3 +592,25 @@ def test_a_stopping_agent_cancels_its_loops_even_when_closing_the_socket_fails(t
     stopped, error = run_async(scenario())
     assert isinstance(error, RuntimeError if raises else asyncio.CancelledError)
     assert stopped == [True, True]
+
+
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [
+        (401, AuthRejected),
+        (403, AuthRejected),
+        (409, ProtocolMismatch),
+        (422, RequestRejected),
+        (413, RequestRejected),
+        (429, RateLimited),
+        (404, ServerUnavailable),
+        (500, ServerUnavailable),
+    ],
+)
+def test_a_refused_socket_registration_raises_what_the_same_rest_answer_raises(status, error):
+    from agents.runtime.socket_registration import refusal_error
+
+    raised = refusal_error(status, "why", 7.0)
+    assert type(raised) is error and "why" in str(raised)
+    if error is RateLimited:
+        assert raised.retry_after_s == 7.0

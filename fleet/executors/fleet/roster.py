@@ -338,6 +338,8 @@ class SocketGrant:
 class SocketRefusal:
     code: int
     reason: str
+    # A registration refused for now (4013): when to try again.
+    retry_after_s: float | None = None
 
 
 def open_socket(token: str, agent_id: uuid.UUID, server: str) -> SocketGrant | SocketRefusal:
@@ -356,6 +358,60 @@ def open_socket(token: str, agent_id: uuid.UUID, server: str) -> SocketGrant | S
     if row is None:
         return SocketRefusal(4404, "unknown agent (never registered here, or dead): register again")
     return SocketGrant(agent_id, *row, key_id=key.pk)
+
+
+# A refused registration on the socket closes it with 4000 + the REST status, except a
+# refusal for now (429 over REST): 4013 with "retry after N s", as a busy server's socket.
+REGISTRATION_CLOSE_CODES = {ErrorKind.CONFLICT: 4409, ErrorKind.INVALID: 4422}
+CLOSE_TRY_LATER = 4013
+
+
+def registration_answer(agent: Agent) -> dict:
+    """What a registration is answered, over REST (201) or on the socket (``registered``)."""
+    config = get_config()
+    return {
+        "agent_id": agent.id,
+        "name": agent.name,
+        "heartbeat_interval_s": config.heartbeat_interval_s,
+        "liveness_misses": config.liveness_misses,
+        "wire_format": agent.wire_format,
+        "ws_path": f"/ws/agents/{agent.id}/",
+        "server_protocol_version": PROTOCOL_VERSION,
+        "result_frames": True,
+        "log_frames": True,
+        "batch_frames": True,
+    }
+
+
+def register_socket(
+    token: str, registration: Registration, server: str
+) -> tuple[SocketGrant, Agent] | SocketRefusal:
+    """A registration made on the delivery socket (docs/agent-protocol.md, "Registering on
+    the socket"): the key checked as the REST endpoint checks it, :func:`register`, and the
+    new agent's socket recorded as held by ``server`` (:func:`open_socket`'s grant), so one
+    connection both registers and delivers.  A refusal is the REST one as a close code."""
+    key = ApiKey.verify(token)
+    if key is None:
+        return SocketRefusal(4401, "invalid or revoked API key")
+    if not (ROLE_IMPLIES[key.role] & {Role.AGENT}):
+        return SocketRefusal(4403, f"a {key.role} key may not register an agent (needs agent)")
+    touch_last_used(key)
+    try:
+        agent = register(key, registration)
+    except RosterError as exc:
+        return registration_refusal(exc)
+    row = lifecycle.connect(agent.id, key.tenant_id, server)
+    if row is None:  # evicted or replaced in the instant since: as a socket of a dead agent
+        return SocketRefusal(4404, "unknown agent (dead since it registered): register again")
+    return SocketGrant(agent.id, *row, key_id=key.pk), agent
+
+
+def registration_refusal(exc: RosterError) -> SocketRefusal:
+    """The close code and reason of a registration the roster refused."""
+    if exc.kind is ErrorKind.LIMITED:
+        seconds = admission.retry_after_s(exc.retry_after_s or 1.0)
+        return SocketRefusal(CLOSE_TRY_LATER, f"retry after {seconds} s: {exc}", seconds)
+    return SocketRefusal(REGISTRATION_CLOSE_CODES.get(exc.kind, 4422), str(exc))
 
 
 def close_socket(agent_id: uuid.UUID, server: str, generation: int) -> bool:

@@ -60,9 +60,12 @@ class FakeServer:
         result_frames: bool = False,
         socket_answers: list | None = None,
         batch_frames: bool = False,
+        socket_registration: bool = True,
     ) -> None:
         self.result_frames = result_frames
         self.batch_frames = batch_frames
+        # Registrations on the delivery socket (``/ws/agents/``), as the real server takes them.
+        self.socket_registration = socket_registration
         # Each WebSocket message from the agent, decoded (a batch stays one entry).
         self.messages: list[dict] = []
         self.socket_answers = list(socket_answers or [])
@@ -81,22 +84,7 @@ class FakeServer:
         body = json.loads(request.content) if request.content else {}
         self.calls.append((request.method, path, body))
         if path == "/agents/register":
-            agent_id = str(uuid.uuid4())
-            self.agent_ids.append(agent_id)
-            return httpx.Response(
-                201,
-                json={
-                    "agent_id": agent_id,
-                    "name": body["name"],
-                    "heartbeat_interval_s": 0.2,
-                    "liveness_misses": 3,
-                    "wire_format": "json",
-                    "ws_path": f"/ws/agents/{agent_id}/",
-                    "server_protocol_version": 1,
-                    **({"result_frames": True} if self.result_frames else {}),
-                    **({"batch_frames": True} if self.batch_frames else {}),
-                },
-            )
+            return httpx.Response(201, json=self._register(body))
         if path.endswith("/results"):
             self.results.put_nowait(body)
             return httpx.Response(200, json={"applied": True, "reason": ""})
@@ -111,9 +99,37 @@ class FakeServer:
             return httpx.Response(200, json={})
         return httpx.Response(404, json={"detail": "no such endpoint"})
 
+    def process_request(self, connection: ServerConnection, request):
+        """An older server has no registering socket: its handshake is refused over HTTP."""
+        if request.path == "/ws/agents/" and not self.socket_registration:
+            return connection.respond(404, "no route\n")
+        return None
+
+    def _register(self, body: dict) -> dict:
+        """A new agent id for a registration ``body`` (REST or the socket): the answer."""
+        agent_id = str(uuid.uuid4())
+        self.agent_ids.append(agent_id)
+        return {
+            "agent_id": agent_id,
+            "name": body["name"],
+            "heartbeat_interval_s": 0.2,
+            "liveness_misses": 3,
+            "wire_format": "json",
+            "ws_path": f"/ws/agents/{agent_id}/",
+            "server_protocol_version": 1,
+            **({"result_frames": True} if self.result_frames else {}),
+            **({"batch_frames": True} if self.batch_frames else {}),
+        }
+
     # the delivery socket
     async def ws(self, connection: ServerConnection) -> None:
         assert connection.request.headers["Authorization"] == f"Bearer {KEY}"
+        if connection.request.path == "/ws/agents/":
+            body = json.loads(await connection.recv())
+            assert body.pop("type") == "register"
+            # Recorded as the REST call it replaces: the scenarios count registrations.
+            self.calls.append(("WS", "/agents/register", body))
+            await connection.send(json.dumps({"type": "registered", **self._register(body)}))
         self.sockets.append(connection)
         async for message in connection:
             frame = json.loads(message)
@@ -192,7 +208,7 @@ def run_scenario(tmp_path: Path, scenario, **fake_options) -> None:
 
     async def main() -> None:
         fake = FakeServer(**fake_options)
-        async with serve(fake.ws, "127.0.0.1", 0) as server:
+        async with serve(fake.ws, "127.0.0.1", 0, process_request=fake.process_request) as server:
             port = server.sockets[0].getsockname()[1]
             url = f"http://127.0.0.1:{port}"
             config = AgentConfig(
