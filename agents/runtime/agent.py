@@ -366,6 +366,12 @@ class Agent:
                 self._finish(EXIT_AUTH, f"the server refused the agent's key: {end.detail}")
                 return
             if end.action is Action.REREGISTER:
+                if self.draining:
+                    # Leaving anyway: its own deregistration (whose close can come before
+                    # the answer) or an eviction.  Registering again would leave a new
+                    # agent behind; the drain ends the process.
+                    log.info("%s: the server has let this draining agent go", end.detail)
+                    return
                 log.warning("%s: the server no longer knows this agent", end.detail)
                 self._forget_registration(registration.agent_id)
                 continue

@@ -9,6 +9,7 @@ against it in test_agent_runtime_e2e.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -56,6 +57,27 @@ def test_a_draining_agent_refuses_new_packets_and_finishes_the_one_in_hand(tmp_p
         assert fake.paths()[-1] == f"/agents/{fake.agent_ids[0]}/deregister"
 
     run_scenario(tmp_path, scenario)
+
+
+def test_a_draining_agent_the_server_lets_go_does_not_register_again(tmp_path, caplog):
+    async def scenario(fake: FakeServer, agent: Agent, agent_task) -> None:
+        await fake.next_frame("hello")
+        await fake.push(packet(1, sleep_s=1.0))
+        await fake.next_frame("received")
+        agent.request_drain("test")
+        # The server forgets it mid-drain (as its own deregistration's close can arrive
+        # before the answer): the task in hand is still reported, then the agent leaves.
+        await fake.sockets[-1].close(4404, "agent is stopped; register again")
+        assert (await fake.results.get())["outcome"] == "success"
+        assert await agent_task == EXIT_OK
+        assert len(fake.agent_ids) == 1  # no second registration
+        assert len(fake.sockets) == 1
+
+    with caplog.at_level(logging.INFO, logger="cloacina.agent"):
+        run_scenario(tmp_path, scenario)
+    # A normal end of a drain, not a warning that the server lost the agent.
+    assert "let this draining agent go" in caplog.text
+    assert "no longer knows this agent" not in caplog.text
 
 
 def test_a_missing_artifact_is_a_refusal_not_a_task_failure(tmp_path):
