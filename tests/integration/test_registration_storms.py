@@ -11,32 +11,14 @@ import pytest
 from django.test import Client
 
 from agents.models import Agent
-from fleet.executors.fleet.delivery import admission, local_sockets
+from fleet.executors.fleet.delivery import local_sockets
 from fleet.models import ApiKey, Eviction
-from fleet.platform.config import reset_config
 from tests.support.agents import make_agent
 from tests.support.keys import bearer
 from tests.support.loop import run_async
 from tests.support.sockets import opened, socket
 
 TRIPLE = "x86_64-unknown-linux-gnu"
-
-
-@pytest.fixture
-def setting(monkeypatch):
-    """Set configuration variables for this test (the configuration and the process's
-    admission are re-read)."""
-
-    def set_values(**values: str) -> None:
-        for name, value in values.items():
-            monkeypatch.setenv(name, value)
-        reset_config()
-        admission.reset()
-
-    yield set_values
-    monkeypatch.undo()
-    reset_config()
-    admission.reset()
 
 
 @pytest.fixture(autouse=True)

@@ -11,8 +11,7 @@ from channels.testing import WebsocketCommunicator
 
 from agents.models import Agent
 from cloacina_site.asgi import application
-from fleet.executors.fleet.delivery import admission, local_sockets
-from fleet.platform.config import reset_config
+from fleet.executors.fleet.delivery import local_sockets
 from tests.support.loop import run_async
 from tests.support.sockets import forget_sockets  # noqa: F401  (autouse)
 
@@ -21,20 +20,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 TRIPLE = "x86_64-unknown-linux-gnu"
 BODY = {"name": "sock-1", "target_triple": TRIPLE, "max_concurrency": 4, "protocol_version": 1,
         "wire_format": "json", "tags": ["gpu"]}  # fmt: skip
-
-
-@pytest.fixture
-def setting(monkeypatch):
-    def set_values(**values: str) -> None:
-        for name, value in values.items():
-            monkeypatch.setenv(name, value)
-        reset_config()
-        admission.reset()
-
-    yield set_values
-    monkeypatch.undo()
-    reset_config()
-    admission.reset()
 
 
 def registering(key: str | None) -> WebsocketCommunicator:

@@ -342,18 +342,27 @@ class SocketRefusal:
     retry_after_s: float | None = None
 
 
+def _agent_key(token: str, action: str) -> ApiKey | SocketRefusal:
+    """The agent key ``token`` names (its use recorded), or the socket's refusal: 4401 for
+    a key that is unknown or revoked, 4403 for one whose role may not ``action``."""
+    key = ApiKey.verify(token)
+    if key is None:
+        return SocketRefusal(4401, "invalid or revoked API key")
+    if not (ROLE_IMPLIES[key.role] & {Role.AGENT}):
+        return SocketRefusal(4403, f"a {key.role} key may not {action} (needs agent)")
+    touch_last_used(key)
+    return key
+
+
 def open_socket(token: str, agent_id: uuid.UUID, server: str) -> SocketGrant | SocketRefusal:
     """Authenticate a delivery socket and record that ``server`` now holds it.
 
     Bumps ``connection_generation``: whichever connection came last owns the
     agent, and an older connection's disconnect can no longer clear it.
     """
-    key = ApiKey.verify(token)
-    if key is None:
-        return SocketRefusal(4401, "invalid or revoked API key")
-    if not (ROLE_IMPLIES[key.role] & {Role.AGENT}):
-        return SocketRefusal(4403, f"a {key.role} key may not open an agent socket (needs agent)")
-    touch_last_used(key)
+    key = _agent_key(token, "open an agent socket")
+    if isinstance(key, SocketRefusal):
+        return key
     row = lifecycle.connect(agent_id, key.tenant_id, server)
     if row is None:
         return SocketRefusal(4404, "unknown agent (never registered here, or dead): register again")
@@ -390,12 +399,9 @@ def register_socket(
     the socket"): the key checked as the REST endpoint checks it, :func:`register`, and the
     new agent's socket recorded as held by ``server`` (:func:`open_socket`'s grant), so one
     connection both registers and delivers.  A refusal is the REST one as a close code."""
-    key = ApiKey.verify(token)
-    if key is None:
-        return SocketRefusal(4401, "invalid or revoked API key")
-    if not (ROLE_IMPLIES[key.role] & {Role.AGENT}):
-        return SocketRefusal(4403, f"a {key.role} key may not register an agent (needs agent)")
-    touch_last_used(key)
+    key = _agent_key(token, "register an agent")
+    if isinstance(key, SocketRefusal):
+        return key
     try:
         agent = register(key, registration)
     except RosterError as exc:
