@@ -31,6 +31,9 @@ DELIVERY_THREADS = 12
 # Waiting longer than this for a free connection is an error (the pool is too small
 # for the load, or connections leak), not a reason to hang a request forever.
 CHECKOUT_TIMEOUT_S = 30.0
+# While the server stops: a database that is gone must not hold each shutdown step for
+# CHECKOUT_TIMEOUT_S (four such steps kept a SIGTERM'd server up for a minute and more).
+SHUTDOWN_CHECKOUT_TIMEOUT_S = 2.0
 
 
 # Fewest borrowers a configured pool must leave room for beyond the threads that keep one.
@@ -61,6 +64,26 @@ def pool_options(max_size: int) -> dict:
         "timeout": CHECKOUT_TIMEOUT_S,
         "reset": reset_session,
     }
+
+
+def shorten_checkout(timeout_s: float = SHUTDOWN_CHECKOUT_TIMEOUT_S) -> None:
+    """From now on a borrow waits at most ``timeout_s`` for a connection (the shutdown's
+    steps: a database that is gone fails them fast instead of one pool timeout each)."""
+    from django.db import connection
+
+    pool = connection.pool
+    if pool is not None:
+        pool.timeout = min(pool.timeout, timeout_s)
+
+
+def close_pool() -> None:
+    """Close this process's pool at the end of a shutdown.  Borrowers still waiting (a
+    periodic job that started before the database went away) fail at once with
+    ``PoolClosed`` instead of holding the process's exit for their whole timeout."""
+    from django.db import connection
+
+    if connection.pool is not None:
+        connection.close_pool()
 
 
 def reset_session(conn) -> None:

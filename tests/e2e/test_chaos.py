@@ -30,7 +30,6 @@ from tests.support.chaos import (
     WIDE,
     Feeder,
     Figures,
-    KillablePostgres,
     check_invariants,
     package,
     plan,
@@ -56,17 +55,8 @@ SETTLE_TIMEOUT_S = 240.0 if LONG else 90.0
 TASK_SLEEP_S = 0.3  # keeps agents busy, so kills land on work in flight
 
 
-@pytest.fixture
-def chaos_db(tmp_path):
-    pg = KillablePostgres(tmp_path / "pg")
-    try:
-        yield pg, pg.create_database("chaos")
-    finally:
-        pg.stop()
-
-
-def test_chaos_run_loses_nothing_and_completes_nothing_twice(chaos_db, tmp_path, capsys):
-    pg, url = chaos_db
+def test_chaos_run_loses_nothing_and_completes_nothing_twice(own_postgres, tmp_path, capsys):
+    pg, url = own_postgres
     ledger = tmp_path / "ledger.jsonl"
     rng = random.Random(SEED)
     faults = schedule(
@@ -176,7 +166,7 @@ REPLICA_ENV = {  # the liveness of the reproduction in issue 12: 1 s × 3
 }
 
 
-def test_two_replicas_one_killed_mid_run_and_restarted_lose_nothing(chaos_db, tmp_path, capsys):
+def test_two_replicas_one_killed_mid_run_and_restarted_lose_nothing(own_postgres, tmp_path, capsys):
     """Two `serve` replicas on one PostgreSQL, two agents on each, executions started
     through both; one replica is kill -9'd mid-run and started again after more than the
     liveness window.  Its agents' registrations are evicted by the other replica (their
@@ -184,7 +174,7 @@ def test_two_replicas_one_killed_mid_run_and_restarted_lose_nothing(chaos_db, tm
     registrations), they re-register when it is back, and report outcomes owed under
     their old ids.  Every execution must finish, no task complete twice, no packet stay
     open."""
-    pg, url = chaos_db
+    pg, url = own_postgres
     ledger = tmp_path / "ledger.jsonl"
     rng = random.Random(REPLICA_SEED)
     kill_at = rng.uniform(2.0, 4.0)

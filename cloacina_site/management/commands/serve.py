@@ -43,6 +43,7 @@ from fleet.executors.fleet.delivery.handover import (
     HAND_OVER_WAIT_S,
 )
 from fleet.executors.registry import build_dispatcher
+from fleet.platform import db_pool
 from fleet.platform.config import Config, ConfigError, apply_overrides, parse_flag
 from fleet.platform.isolation import current_warning
 from fleet.platform.schema import migrate_with_lock
@@ -335,6 +336,7 @@ class ServeProcess:
 
     async def _stop_async(self) -> None:
         loop = asyncio.get_running_loop()
+        db_pool.shorten_checkout()  # a database that is gone fails each step below fast
         if self.engine is not None:
             self.engine.stop_accepting()
         await self._agents_gone()
@@ -367,6 +369,7 @@ class ServeProcess:
         except Exception:
             log.exception("could not mark server %s stopped", self.instance_id)
         leader.close_all()
+        db_pool.close_pool()  # wakes borrowers still waiting, so the process can exit
         self._stopped = True
         log.info("server %s stopped", self.instance_id)
 
