@@ -14,11 +14,30 @@ with the Django-free libraries the two share.
 from __future__ import annotations
 
 import gc
+import time
 
 
 def freeze_startup_heap() -> int:
     """Collect once, then move every surviving object to the permanent generation (garbage
     frozen would never be freed).  Returns how many objects are frozen now."""
-    gc.collect()
-    gc.freeze()
+    was_enabled = gc.isenabled()
+    gc.disable()  # no automatic collection starts in another thread in between
+    try:
+        _collect_fully()
+        gc.freeze()
+    finally:
+        if was_enabled:
+            gc.enable()
     return gc.get_freeze_count()
+
+
+def _collect_fully(attempts: int = 100) -> None:
+    """A full collection that really ran: ``gc.collect()`` returns at once, collecting
+    nothing, while another thread's collection is in progress (it may be running
+    finalizers with the GIL released), and its garbage would then be frozen for ever."""
+    for _ in range(attempts):
+        before = gc.get_stats()[2]["collections"]
+        gc.collect()
+        if gc.get_stats()[2]["collections"] > before:
+            return
+        time.sleep(0.001)  # let the other thread's collection finish
