@@ -678,8 +678,8 @@ def test_a_write_the_database_refuses_costs_the_other_sockets_nothing(tenant, ag
         # Beats of one round: the one jsonb refuses (NaN, which the frame check would stop)
         # is refused alone; the honest one is written.
         refused, honest_beat = await asyncio.gather(
-            writes.heartbeat(rogue.id, tenant.id, [], {"x": float("nan")}, False),
-            writes.heartbeat(honest.id, tenant.id, [], {"load": 0.25}, False),
+            writes.heartbeat(rogue.id, tenant.id, [], json.dumps({"x": float("nan")}), False),
+            writes.heartbeat(honest.id, tenant.id, [], json.dumps({"load": 0.25}), False),
             return_exceptions=True,
         )
         assert isinstance(refused, socket_writes.WriteRefused), refused

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -67,7 +66,7 @@ class BeatAnswer:
 class _Beat:
     tenant_id: int
     running: list[uuid.UUID]
-    metrics: dict | None
+    metrics_json: str | None  # as the agent's checked frame gave it: written, not re-encoded
     draining: bool
     waiters: list[asyncio.Future]
 
@@ -96,22 +95,23 @@ class SocketWrites:
         agent_id: uuid.UUID,
         tenant_id: int,
         running: list[uuid.UUID],
-        metrics: dict | None,
+        metrics_json: str | None,
         draining: bool,
     ) -> asyncio.Future[BeatAnswer | None]:
-        """Record a beat: a future of its answer, None when the agent is dead or unknown
-        (its socket must close), or :class:`WriteRefused` when the database refused this
-        beat's data.  A future, not a coroutine: the consumer acts on the answer in a done
+        """Record a beat (its metrics as JSON text, None for none): a future of its answer,
+        None when the agent is dead or unknown (its socket must close), or
+        :class:`WriteRefused` when the database refused this beat's data.  A future, not a coroutine: the consumer acts on the answer in a done
         callback, with no task per beat (thousands of agents beat every 15 s)."""
         future = self._loop.create_future()
         if not self._beats:
             self._beats_since = self._loop.time()
         beat = self._beats.get(agent_id)
         if beat is None:
-            self._beats[agent_id] = _Beat(tenant_id, running, metrics, draining, [future])
+            self._beats[agent_id] = _Beat(tenant_id, running, metrics_json, draining, [future])
         else:  # coalesce with a beat not yet written
             beat.running, beat.draining = running, draining or beat.draining
-            beat.metrics = metrics if metrics is not None else beat.metrics
+            if metrics_json is not None:
+                beat.metrics_json = metrics_json
             beat.waiters.append(future)
         self._wake.set()
         return future
@@ -286,14 +286,15 @@ class SocketWrites:
         """The answers of the beats written, and the agents whose rows were locked (their
         beats are to be tried again)."""
         ids = list(beats)
+        rows = list(beats.values())
         cursor = await conn.execute(
             lifecycle.BEAT_MANY_BINARY,
             {
                 "ids": ids,
-                "tenants": [beats[i].tenant_id for i in ids],
-                "has": [beats[i].metrics is not None for i in ids],
-                "metrics": [json.dumps(beats[i].metrics or {}) for i in ids],
-                "draining": [beats[i].draining for i in ids],
+                "tenants": [b.tenant_id for b in rows],
+                "has": [b.metrics_json is not None for b in rows],
+                "metrics": [b.metrics_json or "{}" for b in rows],
+                "draining": [b.draining for b in rows],
             },
         )
         rows = await cursor.fetchall()
