@@ -27,6 +27,7 @@ import contextlib
 import logging
 import uuid
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import psycopg
 
@@ -56,8 +57,7 @@ BEAT_GATHER_MAX_S = 1.0
 BEAT_RETRY_S = 0.05  # a beat whose agent row was locked is tried again this much later
 
 
-@dataclass(frozen=True)
-class BeatAnswer:
+class BeatAnswer(NamedTuple):  # a tuple: one made per beat, thousands a minute
     state: str
     drain: bool
 
@@ -104,7 +104,11 @@ class SocketWrites:
         callback, with no task per beat (thousands of agents beat every 15 s)."""
         future = self._loop.create_future()
         if not self._beats:
+            # The round's first beat wakes the writer, which then waits for the others until
+            # this one is beat_gather_s old: a beat that joins it has nothing to wake (one
+            # wake-up per beat was a task step and a timer each, thousands a minute).
             self._beats_since = self._loop.time()
+            self._wake.set()
         beat = self._beats.get(agent_id)
         if beat is None:
             self._beats[agent_id] = _Beat(tenant_id, running, metrics_json, draining, [future])
@@ -113,7 +117,6 @@ class SocketWrites:
             if metrics_json is not None:
                 beat.metrics_json = metrics_json
             beat.waiters.append(future)
-        self._wake.set()
         return future
 
     @property
