@@ -10,7 +10,8 @@ import msgpack
 import pytest
 
 from agents.protocol import frames, wire
-from agents.surface.consumers import FrameRejected, _check_frame, plain_beat
+from agents.surface import consumers
+from agents.surface.consumers import FrameRejected, plain_beat
 from fleet.executors.fleet.roster import MAX_METRICS_BYTES
 
 TASK = str(uuid.uuid4())
@@ -18,7 +19,7 @@ METRICS = {"cpu_count": 2, "cpu_pct": 12.5, "load_1m": 0.4, "host": "a", "gpu": 
 
 
 def fully_checked(payload: bytes) -> dict:
-    return _check_frame(wire.decode(payload, "msgpack"), len(payload))
+    return consumers._check_frame(wire.decode(payload, "msgpack"), len(payload))
 
 
 @pytest.mark.parametrize(
