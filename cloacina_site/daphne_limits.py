@@ -21,6 +21,9 @@ Six adjustments to daphne (pinned in requirements.txt), applied by `serve`:
   consumer handles frames grew the server by a gigabyte in seconds.  Past
   ``HIGH_WATER`` queued frames the socket is no longer read (TCP then slows the
   sender) until the consumer has worked the queue down to ``LOW_WATER``.
+  A frame the application's frame shortcut takes (cloacina_site/daphne_server.py) is
+  handled there and then, never queued; the shortcut is offered a frame only when nothing
+  of the socket is queued ahead of it, so frames are still handled in their order.
 * **Close reasons.**  Daphne sent only the close code; the reason a consumer
   gives (``malformed frame: …``) now reaches the agent too.
 * **Idle keep-alive connections closed.**  Twisted keeps an idle HTTP/1.1 connection
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import types
 from collections.abc import Callable
 from io import BytesIO
@@ -262,6 +266,15 @@ def _bounded_websockets(protocol_class) -> None:
     original_handle_reply = protocol_class.handle_reply
 
     def onMessage(self, payload, isBinary):
+        shortcut = self.frame_shortcut
+        if (
+            shortcut is not None
+            and not self.muted
+            and not self.application_queue.qsize()  # nothing ahead of it
+            and shortcut(payload, isBinary)
+        ):
+            self.last_ping = time.time()  # as daphne's onMessage: its ping sweep reads it
+            return
         original_on_message(self, payload, isBinary)
         queue = getattr(self, "application_queue", None)
         if queue is not None and queue.qsize() >= HIGH_WATER and not self._cloacina_paused:
@@ -281,6 +294,7 @@ def _bounded_websockets(protocol_class) -> None:
         original_handle_reply(self, message)
 
     protocol_class._cloacina_paused = False
+    protocol_class.frame_shortcut = None  # set per connection by its application
     protocol_class.onMessage = onMessage
     protocol_class.handle_reply = handle_reply
     protocol_class._cloacina_bounded = True

@@ -20,17 +20,28 @@ same work, differently:
   when ``http_timeout`` is off (``serve`` never sets it: nothing of theirs can time out).
   A silent socket is pinged 20–25 s after its last frame instead of 20–22 s; an agent
   beats every 15 s, so its socket is never silent that long.
+
+It also offers each WebSocket application a **frame shortcut** (the scope's
+:data:`~agents.surface.consumers.FRAME_SHORTCUT`): a function through which the application
+installs a synchronous handler that daphne's reader calls with each frame before queueing it
+(cloacina_site/daphne_limits.py).  The agents' delivery socket takes its heartbeats there:
+thousands of agents beat every 15 s, and each beat through the application's queue cost a
+queue round, a wake-up of the consumer's task and Channels' dispatch (docs/scaling.md).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from daphne.http_protocol import WebRequest
 from daphne.server import Server
 from twisted.internet import reactor
+
+from agents.surface.consumers import FRAME_SHORTCUT
 
 daphne_log = logging.getLogger("daphne.server")  # daphne's own lines, under daphne's name
 
@@ -53,6 +64,8 @@ class FleetServer(Server):
         self.unsettled.add(protocol)
 
     def create_application(self, protocol: Any, scope: dict):
+        if scope.get("type") == "websocket":
+            scope[FRAME_SHORTCUT] = partial(install_frame_shortcut, protocol)
         queue = super().create_application(protocol, scope)
         details = self.connections.get(protocol)
         instance = details.get("application_instance") if details else None
@@ -119,3 +132,10 @@ class FleetServer(Server):
                 continue
             protocol.check_timeouts()
         reactor.callLater(TIMEOUT_SWEEP_S, self.timeout_checker)
+
+
+def install_frame_shortcut(protocol: Any, handler: Callable[[bytes, bool], bool]) -> None:
+    """Have ``protocol``'s reader offer each received frame to ``handler`` (payload, whether
+    binary) before queueing it for the application; a frame the handler takes (True) is not
+    queued (daphne_limits' ``onMessage``)."""
+    protocol.frame_shortcut = handler

@@ -11,7 +11,8 @@ import time
 import pytest
 from daphne.http_protocol import WebRequest
 
-from cloacina_site import daphne_server
+from agents.surface.consumers import FRAME_SHORTCUT
+from cloacina_site import daphne_limits, daphne_server
 from cloacina_site.daphne_server import APPLICATION_CHECK_S, TIMEOUT_SWEEP_S, FleetServer
 
 
@@ -138,3 +139,67 @@ def test_the_timeout_sweep_skips_http_requests_without_a_timeout(reactor, loop):
     timed.protocol_connected(request)
     timed.timeout_checker()
     assert request.timeout_checks == 1
+
+
+class Socket:
+    """What daphne's WebSocketProtocol.onMessage touches (the limits wrap it)."""
+
+    muted = False
+
+    def __init__(self) -> None:
+        self.application_queue: asyncio.Queue = asyncio.Queue()
+        self.last_ping = 0.0
+
+    def onMessage(self, payload, isBinary):  # daphne's: queue the frame for the application
+        self.last_ping = time.time()
+        self.application_queue.put_nowait({"type": "websocket.receive", "bytes": payload})
+
+    def handle_reply(self, message):
+        pass
+
+
+def test_the_frame_shortcut_takes_a_frame_only_when_nothing_is_queued_ahead_of_it():
+    class Limited(Socket):
+        pass
+
+    daphne_limits._bounded_websockets(Limited)
+    sock = Limited()
+    sock.onMessage(b"before", True)  # no shortcut installed: queued, as daphne does
+    offered: list[bytes] = []
+    daphne_server.install_frame_shortcut(
+        sock, lambda payload, binary: offered.append(payload) or payload == b"beat"
+    )
+    sock.onMessage(b"beat", True)  # a frame is queued ahead: not offered, queued in order
+    assert offered == [] and sock.application_queue.qsize() == 2
+    while sock.application_queue.qsize():
+        sock.application_queue.get_nowait()
+    sock.last_ping = 0.0
+    sock.onMessage(b"beat", True)  # taken by the shortcut: never queued, the socket alive
+    assert offered == [b"beat"] and sock.application_queue.qsize() == 0
+    assert sock.last_ping > 0
+    sock.onMessage(b"other", True)  # refused by the shortcut: queued
+    assert offered == [b"beat", b"other"]
+    assert sock.application_queue.get_nowait()["bytes"] == b"other"
+
+
+def test_websocket_applications_are_offered_the_frame_shortcut(loop):
+    made = server()
+    seen: list[dict] = []
+
+    async def application(scope, receive, send):
+        seen.append(scope)
+
+    made.application = application
+    connection = Connection()
+    made.protocol_connected(connection)
+    asyncio.set_event_loop(loop)
+    made.create_application(connection, {"type": "websocket", "path": "/ws/agents/x/"})
+    loop.run_until_complete(asyncio.sleep(0))
+    handler = lambda payload, binary: True  # noqa: E731
+    seen[0][FRAME_SHORTCUT](handler)
+    assert connection.frame_shortcut is handler
+    http = Connection()
+    made.protocol_connected(http)
+    made.create_application(http, {"type": "http", "path": "/"})
+    loop.run_until_complete(asyncio.sleep(0))
+    assert FRAME_SHORTCUT not in seen[1]

@@ -678,8 +678,8 @@ def test_a_write_the_database_refuses_costs_the_other_sockets_nothing(tenant, ag
         # Beats of one round: the one jsonb refuses (NaN, which the frame check would stop)
         # is refused alone; the honest one is written.
         refused, honest_beat = await asyncio.gather(
-            writes.heartbeat(rogue.id, tenant.id, [], {"x": float("nan")}, False),
-            writes.heartbeat(honest.id, tenant.id, [], {"load": 0.25}, False),
+            writes.heartbeat(rogue.id, tenant.id, [], json.dumps({"x": float("nan")}), False),
+            writes.heartbeat(honest.id, tenant.id, [], json.dumps({"load": 0.25}), False),
             return_exceptions=True,
         )
         assert isinstance(refused, socket_writes.WriteRefused), refused
@@ -773,3 +773,36 @@ def test_a_beat_lands_while_the_sockets_hello_waits_on_a_busy_delivery_pool(
         pool_busy.set()
     agent.refresh_from_db()
     assert agent.last_heartbeat.year > 2001 and agent.state == "live"
+
+
+def test_a_plain_beat_takes_the_frame_shortcut_and_other_frames_do_not(tenant, agent_key):
+    """Under `serve` the consumer installs a frame shortcut (daphne_server.py): a plain
+    MessagePack beat is written from there; any other frame is left to the usual way."""
+    from agents.protocol import frames
+
+    agent = make_agent(tenant, connected=False, wire_format="msgpack")
+    Agent.objects.filter(pk=agent.pk).update(last_heartbeat="2001-01-01T00:00:00Z")
+    installed: list = []
+
+    async def scenario():
+        comm = socket(agent.id, agent_key)
+        comm.scope[consumers.FRAME_SHORTCUT] = installed.append  # as daphne_server offers it
+        connected, _ = await comm.connect()
+        assert connected
+        await comm.send_to(bytes_data=wire.encode({"type": "hello", "holding": []}, "msgpack"))
+        await until(lambda: local_sockets.get(agent.id) is not None)
+        [take] = installed
+        beat = wire.encode(frames.heartbeat(0, [], {"load": 0.5}, False), "msgpack")
+        left = [
+            take(wire.encode({"type": "received", "outbox_id": 1}, "msgpack"), True),
+            take(beat, False),  # a text frame: not what this msgpack socket speaks
+            take(wire.encode({"type": "heartbeat", "metrics": {"x": {"y": 1}}}, "msgpack"), True),
+        ]
+        taken = take(beat, True)
+        await until(lambda: Agent.objects.get(pk=agent.pk).metrics == {"load": 0.5})
+        await comm.disconnect()
+        return taken, left
+
+    taken, left = run_async(scenario())
+    assert taken and left == [False, False, False]
+    assert Agent.objects.get(pk=agent.pk).last_heartbeat.year > 2001

@@ -45,3 +45,29 @@ def test_the_digest_follows_registrations_replacements_and_unregistrations():
     assert local_sockets.digest() == _recomputed()
     assert local_sockets.unregister(a, "a2") and local_sockets.unregister(b, "b4")
     assert local_sockets.digest() == (0, 0)
+
+
+def test_the_keys_follow_registrations_replacements_and_unregistrations():
+    a, b, c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+
+    def keyed(agent_id: uuid.UUID, channel: str, key_id: int | None) -> local_sockets.LocalSocket:
+        return local_sockets.LocalSocket(
+            agent_id, 1, channel, 1, "json", key_id, _nothing, _nothing
+        )
+
+    def recomputed() -> set[int]:
+        sockets = local_sockets.snapshot().values()
+        return {s.key_id for s in sockets if s.key_id is not None}
+
+    local_sockets.register(keyed(a, "a1", 7))
+    local_sockets.register(keyed(b, "b1", 7))
+    local_sockets.register(keyed(c, "c1", None))
+    assert local_sockets.key_ids() == recomputed() == {7}
+    local_sockets.register(keyed(a, "a2", 8))  # a newer socket, opened with another key
+    assert local_sockets.key_ids() == recomputed() == {7, 8}
+    assert not local_sockets.unregister(a, "a1")  # the older socket's goodbye changes nothing
+    assert local_sockets.key_ids() == {7, 8}
+    local_sockets.unregister(b, "b1")
+    assert local_sockets.key_ids() == recomputed() == {8}
+    local_sockets.unregister(a, "a2")
+    assert local_sockets.key_ids() == set()

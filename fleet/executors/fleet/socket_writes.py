@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import uuid
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import psycopg
 
@@ -57,8 +57,7 @@ BEAT_GATHER_MAX_S = 1.0
 BEAT_RETRY_S = 0.05  # a beat whose agent row was locked is tried again this much later
 
 
-@dataclass(frozen=True)
-class BeatAnswer:
+class BeatAnswer(NamedTuple):  # a tuple: one made per beat, thousands a minute
     state: str
     drain: bool
 
@@ -67,7 +66,7 @@ class BeatAnswer:
 class _Beat:
     tenant_id: int
     running: list[uuid.UUID]
-    metrics: dict | None
+    metrics_json: str | None  # as the agent's checked frame gave it: written, not re-encoded
     draining: bool
     waiters: list[asyncio.Future]
 
@@ -96,24 +95,28 @@ class SocketWrites:
         agent_id: uuid.UUID,
         tenant_id: int,
         running: list[uuid.UUID],
-        metrics: dict | None,
+        metrics_json: str | None,
         draining: bool,
     ) -> asyncio.Future[BeatAnswer | None]:
-        """Record a beat: a future of its answer, None when the agent is dead or unknown
-        (its socket must close), or :class:`WriteRefused` when the database refused this
-        beat's data.  A future, not a coroutine: the consumer acts on the answer in a done
+        """Record a beat (its metrics as JSON text, None for none): a future of its answer,
+        None when the agent is dead or unknown (its socket must close), or
+        :class:`WriteRefused` when the database refused this beat's data.  A future, not a coroutine: the consumer acts on the answer in a done
         callback, with no task per beat (thousands of agents beat every 15 s)."""
         future = self._loop.create_future()
         if not self._beats:
+            # The round's first beat wakes the writer, which then waits for the others until
+            # this one is beat_gather_s old: a beat that joins it has nothing to wake (one
+            # wake-up per beat was a task step and a timer each, thousands a minute).
             self._beats_since = self._loop.time()
+            self._wake.set()
         beat = self._beats.get(agent_id)
         if beat is None:
-            self._beats[agent_id] = _Beat(tenant_id, running, metrics, draining, [future])
+            self._beats[agent_id] = _Beat(tenant_id, running, metrics_json, draining, [future])
         else:  # coalesce with a beat not yet written
             beat.running, beat.draining = running, draining or beat.draining
-            beat.metrics = metrics if metrics is not None else beat.metrics
+            if metrics_json is not None:
+                beat.metrics_json = metrics_json
             beat.waiters.append(future)
-        self._wake.set()
         return future
 
     @property
@@ -286,14 +289,15 @@ class SocketWrites:
         """The answers of the beats written, and the agents whose rows were locked (their
         beats are to be tried again)."""
         ids = list(beats)
+        rows = list(beats.values())
         cursor = await conn.execute(
             lifecycle.BEAT_MANY_BINARY,
             {
                 "ids": ids,
-                "tenants": [beats[i].tenant_id for i in ids],
-                "has": [beats[i].metrics is not None for i in ids],
-                "metrics": [json.dumps(beats[i].metrics or {}) for i in ids],
-                "draining": [beats[i].draining for i in ids],
+                "tenants": [b.tenant_id for b in rows],
+                "has": [b.metrics_json is not None for b in rows],
+                "metrics": [b.metrics_json or "{}" for b in rows],
+                "draining": [b.draining for b in rows],
             },
         )
         rows = await cursor.fetchall()

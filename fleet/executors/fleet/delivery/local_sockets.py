@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -59,6 +60,9 @@ _sockets: dict[uuid.UUID, LocalSocket] = {}
 # The sum of the sockets' roster_hash, kept as they come and go: the relay compares it with
 # the roster's each second instead of sending every socket's id (docs/scaling.md).
 _digest = 0
+# How many sockets each API key opened: the relay checks each second that those keys are
+# still active, without a pass over every socket.
+_keys: Counter[int] = Counter()
 _listeners: list[Callable[[LocalSocket], None]] = []
 _accepting = True  # False once the server stops: new sockets are sent elsewhere (4012)
 
@@ -80,8 +84,10 @@ def register(socket: LocalSocket) -> LocalSocket | None:
     previous = _sockets.get(socket.agent_id)
     _sockets[socket.agent_id] = socket
     _digest += roster_hash(socket.agent_id, socket.generation)
+    _count_key(socket.key_id, 1)
     if previous is not None:
         _digest -= roster_hash(previous.agent_id, previous.generation)
+        _count_key(previous.key_id, -1)
     for listener in list(_listeners):
         listener(socket)
     return previous if previous and previous.channel_name != socket.channel_name else None
@@ -94,6 +100,7 @@ def unregister(agent_id: uuid.UUID, channel_name: str) -> bool:
     if current is not None and current.channel_name == channel_name:
         del _sockets[agent_id]
         _digest -= roster_hash(agent_id, current.generation)
+        _count_key(current.key_id, -1)
         return True
     return False
 
@@ -103,6 +110,19 @@ def digest() -> tuple[int, int]:
     to the roster's (the agents it says are connected here, and their generations) when
     every socket here is one the roster backs and the roster backs no other."""
     return len(_sockets), _digest
+
+
+def _count_key(key_id: int | None, change: int) -> None:
+    if key_id is None:
+        return
+    _keys[key_id] += change
+    if not _keys[key_id]:
+        del _keys[key_id]
+
+
+def key_ids() -> set[int]:
+    """The API keys the sockets here were opened with."""
+    return set(_keys)
 
 
 def get(agent_id: uuid.UUID) -> LocalSocket | None:
@@ -128,5 +148,6 @@ def clear() -> None:
     """Forget every socket and take sockets again (tests)."""
     global _accepting, _digest
     _sockets.clear()
+    _keys.clear()
     _digest = 0
     _accepting = True

@@ -297,7 +297,7 @@ class Relay:
             return 0
         conn = conn or await self._connection()
         me = local_sockets.server_id()
-        keys = {s.key_id for s in sockets.values() if s.key_id is not None}
+        keys = local_sockets.key_ids()
         cursor = await conn.execute(_ACTIVE_KEYS, [list(keys)])
         active_keys = {row[0] for row in await cursor.fetchall()}
         roster = await self._stale_sockets(conn, sockets, me)
