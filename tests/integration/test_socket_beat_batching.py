@@ -175,3 +175,34 @@ def test_a_round_of_beats_does_not_hold_back_the_next_confirmation(tenant, monke
         return answer
 
     assert run_async(scenario()).state == "live"
+
+
+def test_a_beat_whose_write_failed_is_answered_with_a_newer_one(tenant, monkeypatch):
+    """The connection fails while a beat is written, and the agent's next beat arrives
+    meanwhile: the retried round answers both (the first one's waiter was dropped, so that
+    socket never got an answer again and the agent was evicted while it beat)."""
+    agent = make_agent(tenant)
+    monkeypatch.setattr(socket_writes, "beat_gather_s", lambda _interval: 0.0)
+    original, later = socket_writes.SocketWrites._write, []
+
+    async def fail_once(self, beats, received):
+        if not later:
+            later.append(self.heartbeat(agent.id, tenant.id, [], '{"load": 2}', False))
+            raise psycopg.OperationalError("the connection broke mid-write")
+        return await original(self, beats, received)
+
+    monkeypatch.setattr(socket_writes.SocketWrites, "_write", fail_once)
+
+    async def scenario():
+        writes = socket_writes.writer()
+        try:
+            first = await asyncio.wait_for(
+                writes.heartbeat(agent.id, tenant.id, [], '{"load": 1}', False), timeout=10
+            )
+            return [first, await asyncio.wait_for(later[0], timeout=10)]
+        finally:
+            await socket_writes.close_writer()
+
+    answers = run_async(scenario())
+    assert [a.state for a in answers] == ["live", "live"]
+    assert Agent.objects.get(pk=agent.pk).metrics == {"load": 2}  # the newer beat's data

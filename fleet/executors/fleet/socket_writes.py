@@ -173,7 +173,7 @@ class SocketWrites:
                 # Keep the beats for the next try (a beat late is better than lost);
                 # confirmations are safety-netted by redelivery + the agent's dedupe.
                 for agent_id, beat in beats.items():
-                    self._beats.setdefault(agent_id, beat)
+                    self._put_back(agent_id, beat)
                 self._beats_since = 0.0  # already waited: written with the next round
                 self._wake.set()
                 await asyncio.sleep(delay)
@@ -273,14 +273,23 @@ class SocketWrites:
     def _retry_beat(self, agent_id: uuid.UUID, beat: _Beat) -> None:
         """A beat whose row was locked: written again in BEAT_RETRY_S (merged with a newer
         beat of the agent, whose data wins; every waiter gets the answer)."""
-        newer = self._beats.get(agent_id)
-        if newer is None:
-            self._beats[agent_id] = beat
-        else:
-            newer.waiters[:0] = beat.waiters
+        self._put_back(agent_id, beat)
         due = self._loop.time() - self._beat_gather_s + BEAT_RETRY_S
         self._beats_since = min(self._beats_since, due) if len(self._beats) > 1 else due
         self._wake.set()
+
+    def _put_back(self, agent_id: uuid.UUID, beat: _Beat) -> None:
+        """An unwritten beat back into the next round.  A newer beat of the agent may have
+        come meanwhile: it takes the older one's waiters (dropping them would leave that
+        socket's beat unanswered for ever, and the agent evicted while it beats)."""
+        newer = self._beats.get(agent_id)
+        if newer is None:
+            self._beats[agent_id] = beat
+            return
+        newer.waiters[:0] = beat.waiters
+        newer.draining = newer.draining or beat.draining
+        if newer.metrics_json is None:
+            newer.metrics_json = beat.metrics_json
 
     @staticmethod
     async def _beat(
