@@ -15,8 +15,8 @@ was most of the database's CPU per task (a claim: 0.5 ms planned, 0.1 ms
 prepared).  Such a connection also sends list parameters (the hot statements' ``unnest``
 and ``ANY`` arrays) in PostgreSQL's binary array format: psycopg's text format quotes
 and escapes every element in Python, a regular-expression call per ``"`` or ``\\`` of
-a packet's JSON, which made the placement batch's packet array alone ~0.1 ms of server
-CPU per task (docs/performance.md, "Round i17-cpu2").  Everything else in the process keeps
+a packet's JSON, which made a placement's arrays ~0.08 ms of server CPU per task under
+load (docs/performance.md, "Round i17-cpu2").  Everything else in the process keeps
 Django's default (client-side binding, no prepared statements, text arrays);
 :func:`fleet.platform.db_pool.reset_session` undoes the switches when such a connection goes
 back to the connection pool.
