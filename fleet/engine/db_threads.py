@@ -12,9 +12,14 @@ whose they are) and binds parameters on the server, letting psycopg prepare a
 statement once it has run ``PREPARE_THRESHOLD`` times: the hot paths run the
 same few statements thousands of times a second, and planning them each time
 was most of the database's CPU per task (a claim: 0.5 ms planned, 0.1 ms
-prepared).  Everything else in the process keeps Django's default (client-side
-binding, no prepared statements); :func:`fleet.platform.db_pool.reset_session`
-undoes the switch when such a connection goes back to the connection pool.
+prepared).  Such a connection also sends list parameters (the hot statements' ``unnest``
+and ``ANY`` arrays) in PostgreSQL's binary array format: psycopg's text format quotes
+and escapes every element in Python, a regular-expression call per ``"`` or ``\\`` of
+a packet's JSON, which made a placement's arrays ~0.08 ms of server CPU per task under
+load (docs/performance.md, "Round i17-cpu2").  Everything else in the process keeps
+Django's default (client-side binding, no prepared statements, text arrays);
+:func:`fleet.platform.db_pool.reset_session` undoes the switches when such a connection goes
+back to the connection pool.
 
 :meth:`DbThreadPool.call` (the event loop's way in) hands over an asyncio future and
 gets the answer back through the loop's inbox (:mod:`fleet.engine.loop_inbox`): no
@@ -37,6 +42,7 @@ from django.db import connection, connections
 from django.db.backends.postgresql.base import ServerBindingCursor
 
 from fleet.engine import loop_inbox
+from fleet.platform.db_pool import binary_lists
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +60,7 @@ def use_prepared_statements(application_name: str) -> None:
     if raw.cursor_factory is not ServerBindingCursor:
         raw.cursor_factory = ServerBindingCursor
         raw.prepare_threshold = PREPARE_THRESHOLD
+        binary_lists(raw, True)
         with raw.cursor() as cursor:
             cursor.execute("SELECT set_config('application_name', %s, false)", [application_name])
 

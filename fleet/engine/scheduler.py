@@ -301,7 +301,7 @@ def settle(task) -> tuple[list[TaskReadyEvent], int]:
 def _set_status(cursor, task_execution_ids: list, status: str, stamp_column: str) -> None:
     if task_execution_ids:
         cursor.execute(
-            f"UPDATE fleet_taskexecution SET status = %s, {stamp_column} = now() WHERE id = ANY(%s)",
+            f"UPDATE fleet_taskexecution SET status = %s, {stamp_column} = now() WHERE id = ANY(%s::uuid[])",
             [status, task_execution_ids],
         )
 

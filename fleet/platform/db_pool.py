@@ -18,8 +18,11 @@ restart no request is handed a dead one.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db.backends.postgresql.base import Cursor, ServerBindingCursor
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from psycopg.types.array import ListBinaryDumper, ListDumper
 
 from fleet.platform.config import ConfigError
 
@@ -93,7 +96,18 @@ def reset_session(conn) -> None:
     if conn.cursor_factory is ServerBindingCursor:
         conn.cursor_factory = Cursor
         conn.prepare_threshold = None
+        binary_lists(conn, False)
         conn.execute("RESET application_name")
+
+
+def binary_lists(conn: Any, binary: bool) -> None:
+    """Make ``%s`` dump a Python list as a binary array on this psycopg connection (a
+    hot-path thread's: :func:`fleet.engine.db_threads.use_prepared_statements`), or, with
+    ``binary=False``, as text again (psycopg's default: its text dumper registered last).
+    A binary array is typed by its elements (a list of ``str`` is ``text[]``, not an
+    untyped literal), so a hot statement casts an array it compares with another type
+    (``%(ids)s::uuid[]``)."""
+    conn.adapters.register_dumper(list, ListBinaryDumper if binary else ListDumper)
 
 
 class PoolCollector:

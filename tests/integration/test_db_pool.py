@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import uuid
+
 import pytest
 from django.conf import settings
 from django.db import connection
 from django.db.backends.postgresql.base import Cursor, ServerBindingCursor
+from psycopg.adapt import PyFormat
+from psycopg.types.array import ListBinaryDumper, ListDumper
 
 from fleet.engine.db_threads import DbThreadPool
 from fleet.platform import db_pool
@@ -88,12 +93,54 @@ def test_reset_gives_a_hot_path_connection_back_with_djangos_defaults():
     try:
         raw.cursor_factory = ServerBindingCursor
         raw.prepare_threshold = 2
+        db_pool.binary_lists(raw, True)
         raw.execute("SET application_name = 'cloacina-pool-test'")
         db_pool.reset_session(raw)
         assert raw.cursor_factory is Cursor and raw.prepare_threshold is None
+        assert raw.adapters.get_dumper(list, PyFormat.AUTO) is ListDumper
         assert raw.execute("SHOW application_name").fetchone()[0] != "cloacina-pool-test"
     finally:
         connection.pool.putconn(raw)
+
+
+def list_round_trip(payloads: list[str], ids: list[uuid.UUID]) -> tuple[type, list, list]:
+    """On this thread's connection: the list dumper ``%s`` uses, and what the database makes
+    of a list of JSON texts cast to jsonb[] and of a list of uuids compared with a uuid."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT x::text FROM unnest(%s::jsonb[]) WITH ORDINALITY AS u(x, i) ORDER BY i",
+            [payloads],
+        )
+        back = [json.loads(text) for (text,) in cursor.fetchall()]
+        cursor.execute("SELECT u FROM unnest(%s::uuid[]) AS u WHERE u = ANY(%s)", [ids, ids[:1]])
+        found = [u for (u,) in cursor.fetchall()]
+    return connection.connection.adapters.get_dumper(list, PyFormat.AUTO), back, found
+
+
+def test_hot_path_threads_send_lists_as_binary_arrays_and_they_arrive_intact():
+    # Elements the text array format must quote or escape: quotes, backslashes, braces,
+    # commas, white space, the word NULL, an empty string, non-ASCII text.
+    values = [
+        {"context_json": json.dumps({"a": 'x"y\\z', "b": "{1,2}"}), "n": 1},
+        {"s": "NULL", "t": "", "u": " spaced\ttab\n", "v": "grüße ✓", "w": None},
+        "NULL",
+        [],
+    ]
+    payloads = [json.dumps(value) for value in values]
+    ids = [uuid.uuid4(), uuid.uuid4()]
+    hot = DbThreadPool(1, "pool-test", hot_path="cloacina-pool-test")
+    plain = DbThreadPool(1, "pool-test-plain")
+    try:
+        hot_dumper, hot_back, hot_found = hot.submit(list_round_trip, payloads, ids).result(10)
+        plain_dumper, plain_back, plain_found = plain.submit(list_round_trip, payloads, ids).result(
+            10
+        )
+    finally:
+        hot.close()
+        plain.close()
+    assert hot_dumper is ListBinaryDumper and plain_dumper is ListDumper
+    assert hot_back == plain_back == values
+    assert hot_found == plain_found == ids[:1]
 
 
 def test_reset_leaves_an_untouched_connection_alone():

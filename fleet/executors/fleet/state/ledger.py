@@ -412,7 +412,7 @@ WHERE agent_id = %s AND id = ANY(%s) AND state = 'delivered' AND received_at IS 
 
 MARK_RUNNING_RECEIVED = """
 UPDATE delivery_outbox SET received_at = now()
-WHERE agent_id = %s AND task_execution_id = ANY(%s) AND state = 'delivered' AND received_at IS NULL
+WHERE agent_id = %s AND task_execution_id = ANY(%s::uuid[]) AND state = 'delivered' AND received_at IS NULL
 """
 
 # The socket writer's batched forms.  Confirmations never wait for a row lock: a packet
