@@ -151,12 +151,15 @@ def register(
                 # same-name agent is replaced only by a registration that is let in.  The
                 # counts are a statement of their own, after the lock: a statement's
                 # snapshot is taken when it starts, and must see the turn before ours.
+                # PostgreSQL runs a pipeline's statements one after the other, so the
+                # counts travel with BEGIN and the lock (one round trip) and still start
+                # only once the lock is held.
                 with connection.cursor() as cursor:
                     cursor.execute(
                         "SELECT pg_advisory_xact_lock(%s, %s)", [ROSTER_LOCK_CLASS, tenant_id]
                     )
-                    tx.sync()
                     cursor.execute(_ROSTER_COUNTS, _counts_params(tenant_id, name, bounds))
+                    tx.sync()
                     counts = RosterCounts(*cursor.fetchone())
                 admit(counts)
                 if counts.holder is not None:
