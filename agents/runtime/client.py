@@ -198,13 +198,24 @@ class AgentClient:
         self.ssl_context: ssl.SSLContext | None = (
             client_context(self.tls) if self.server_url.startswith("https:") else None
         )
-        self._http = httpx.AsyncClient(
-            base_url=self.server_url + API_PREFIX,
-            headers={"Authorization": f"Bearer {api_key}"},
-            timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
-            transport=transport,
-            verify=self.ssl_context or True,
-        )
+        self._api_key = api_key
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None  # made by the first REST call
+
+    @property
+    def _http(self) -> httpx.AsyncClient:
+        """The HTTP client, made when first needed: an agent that registers on its socket
+        may never make a REST call, and making one (headers, URL, the environment's proxy
+        settings) was a tenth of a simulated agent's CPU to connect (fleet/bench/swarm.py)."""
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                base_url=self.server_url + API_PREFIX,
+                headers={"Authorization": f"Bearer {self._api_key}"},
+                timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+                transport=self._transport,
+                verify=self.ssl_context or True,
+            )
+        return self._client
 
     @property
     def server_url(self) -> str:
@@ -216,12 +227,16 @@ class AgentClient:
         away from it (many callers noticing one outage move once); the server to use."""
         if len(self.servers) > 1 and from_url == self.server_url:
             self._current = (self._current + 1) % len(self.servers)
-            self._http.base_url = httpx.URL(self.server_url + API_PREFIX)
+            if self._client is not None:
+                self._client.base_url = httpx.URL(self.server_url + API_PREFIX)
             log.warning("server %s unavailable; switching to %s", from_url, self.server_url)
         return self.server_url
 
     async def close(self) -> None:
-        await self._http.aclose()
+        if self._client is not None:
+            await self._client.aclose()
+        elif self._transport is not None:  # given to a client that was never made
+            await self._transport.aclose()
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         used = self.server_url

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import re
 import ssl
@@ -20,6 +21,8 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.proxy import get_proxy
+from websockets.uri import WebSocketURI, parse_uri
 
 from agents.protocol import batching, frames, wire
 
@@ -196,6 +199,7 @@ async def open_socket(
     tls = {"ssl": ssl_context} if ssl_context is not None and url.startswith("wss:") else {}
     return await connect(
         url,
+        proxy=_proxy(url),
         additional_headers={"Authorization": f"Bearer {api_key}"},
         open_timeout=OPEN_TIMEOUT_S,
         max_size=MAX_INCOMING_FRAME_BYTES,
@@ -204,6 +208,21 @@ async def open_socket(
         ping_timeout=PING_TIMEOUT_S,
         **tls,
     )
+
+
+def _proxy(url: str) -> str | None:
+    """The proxy for the server at ``url`` (None: none), as websockets finds it: from the
+    environment (``ws_proxy``, ``https_proxy``, ``no_proxy``, …), read once per server."""
+    uri = parse_uri(url)
+    return _proxy_of(uri.secure, uri.host, uri.port)
+
+
+@functools.cache
+def _proxy_of(secure: bool, host: str, port: int) -> str | None:
+    # websockets reads (and decodes) the whole environment on every connect to find it:
+    # a tenth of the swarm's CPU per connecting agent.  A process's proxy settings do not
+    # change while it runs.
+    return get_proxy(WebSocketURI(secure, host, port, "/", ""))
 
 
 async def run_session(

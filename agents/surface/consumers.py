@@ -409,6 +409,7 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         self._flushing: asyncio.Future | None = None
         self._batch_out = False
         self._register_with: str | None = None  # the key, while a register frame is awaited
+        self._new_agent = False  # this socket registered its agent (nothing delivered to it)
         shortcut = self.scope.get(FRAME_SHORTCUT)  # under `serve`: beats skip the queue
         if shortcut is not None:
             shortcut(self._beat_shortcut)
@@ -481,6 +482,7 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             await self._refuse(result)
             return
         self.grant, agent = result
+        self._new_agent = True
         # JSON like the register frame: the agent learns the wire format from this answer.
         answer = {"type": "registered", **roster.registration_answer(agent)}
         answer["agent_id"] = str(agent.id)
@@ -600,7 +602,14 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             holding = hellos[-1]["holding"] if hellos else []
             if not hellos:
                 log.warning("agent %s sent %s before hello", grant.agent_id, batch[0]["type"])
-            await delivery_db.call(redelivery.apply_hello, grant.agent_id, holding)
+            if not self._new_agent:
+                await delivery_db.call(redelivery.apply_hello, grant.agent_id, holding)
+            # else: an agent registered on this very socket holds nothing, and no packet
+            # was delivered to it: placement marks a row delivered to it only for this
+            # process's relay to push at once, which puts it back to pending while the
+            # socket is not past this hello (relay.push_delivered).  The hello's two
+            # statements would change nothing; a crash in between is a new socket with a
+            # full hello, and a push that failed is the redelivery sweep's.
             self._batch_out = bool(hellos) and hellos[-1]["batch_frames"]
             self._register()
         writes = socket_writes.writer()

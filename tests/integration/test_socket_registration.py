@@ -11,7 +11,8 @@ from channels.testing import WebsocketCommunicator
 
 from agents.models import Agent
 from cloacina_site.asgi import application
-from fleet.executors.fleet.delivery import local_sockets
+from fleet.executors.fleet.delivery import local_sockets, redelivery
+from fleet.models import AgentEventCount
 from tests.support.loop import run_async
 from tests.support.sockets import forget_sockets  # noqa: F401  (autouse)
 
@@ -139,3 +140,51 @@ def test_a_stopping_server_sends_a_registering_socket_elsewhere_4012(agent_key):
     end = run_async(scenario())
     assert (end["type"], end["code"]) == ("websocket.close", 4012)
     assert not Agent.objects.exists()
+
+
+def test_the_registration_writes_the_agent_connected_and_its_hello_has_nothing_to_redeliver(
+    agent_key, monkeypatch
+):
+    """One INSERT holds the socket (no UPDATE after it), the connect is still counted once,
+    and the hello on the registering socket runs no redelivery statements; a reconnect's
+    hello on the agent's own path still does."""
+    hellos: list[uuid.UUID] = []
+    real_apply_hello = redelivery.apply_hello
+
+    def recording_apply_hello(agent_id, holding):
+        hellos.append(agent_id)
+        return real_apply_hello(agent_id, holding)
+
+    monkeypatch.setattr(redelivery, "apply_hello", recording_apply_hello)
+
+    async def until_held(agent_id: uuid.UUID, comm: WebsocketCommunicator) -> None:
+        for _ in range(100):
+            if local_sockets.get(agent_id) is not None:
+                return
+            await comm.receive_nothing(0.05)
+        raise AssertionError("the socket was not taken as the agent's delivery socket")
+
+    async def register_then_reconnect() -> uuid.UUID:
+        comm = registering(agent_key)
+        await comm.connect()
+        await comm.send_json_to({"type": "register", **BODY})
+        agent_id = uuid.UUID((await comm.receive_json_from(10))["agent_id"])
+        await comm.send_json_to({"type": "hello", "holding": []})
+        await until_held(agent_id, comm)
+        assert hellos == [], "the registering socket's hello ran the redelivery statements"
+        await comm.disconnect()
+        again = WebsocketCommunicator(
+            application, f"/ws/agents/{agent_id}/",
+            headers=[(b"authorization", f"Bearer {agent_key}".encode())],
+        )  # fmt: skip
+        assert (await again.connect())[0]
+        await again.send_json_to({"type": "hello", "holding": []})
+        await until_held(agent_id, again)
+        await again.disconnect()
+        return agent_id
+
+    agent_id = run_async(register_then_reconnect())
+    assert hellos == [agent_id]
+    connects = AgentEventCount.objects.get(kind="connect", from_state="", to_state="")
+    assert connects.count == 2  # the registering socket's (the INSERT) and the reconnect's
+    assert Agent.objects.get().connection_generation == 2

@@ -130,11 +130,17 @@ def register(
     fields: dict,
     bounds: RegistrationBounds,
     admit: Callable[[RosterCounts], None],
+    connected_to: str = "",
 ) -> Agent | None:
     """Create the agent ``name`` of the tenant (``fields``: the rest of its row); a live
     agent of the same name is replaced.  ``admit`` gets the roster's counts under the
     tenant's roster lock and raises to refuse (the caller's limits, exact under the lock).
+    ``connected_to``: the server that holds the socket the agent registered on, written
+    with the row as :func:`connect` would write it (generation 1), so a registration on
+    the socket is one INSERT and not an INSERT then an UPDATE of the same row.
     None when concurrent registrations of the name kept winning the unique index."""
+    if connected_to:
+        fields = {**fields, "connected_to": connected_to, "connection_generation": 1}
     for _ in range(REGISTER_ATTEMPTS):
         try:
             # BEGIN travels with the lock and COMMIT with the INSERT (pipeline mode): a
@@ -145,12 +151,15 @@ def register(
                 # same-name agent is replaced only by a registration that is let in.  The
                 # counts are a statement of their own, after the lock: a statement's
                 # snapshot is taken when it starts, and must see the turn before ours.
+                # PostgreSQL runs a pipeline's statements one after the other, so the
+                # counts travel with BEGIN and the lock (one round trip) and still start
+                # only once the lock is held.
                 with connection.cursor() as cursor:
                     cursor.execute(
                         "SELECT pg_advisory_xact_lock(%s, %s)", [ROSTER_LOCK_CLASS, tenant_id]
                     )
-                    tx.sync()
                     cursor.execute(_ROSTER_COUNTS, _counts_params(tenant_id, name, bounds))
+                    tx.sync()
                     counts = RosterCounts(*cursor.fetchone())
                 admit(counts)
                 if counts.holder is not None:
@@ -160,6 +169,8 @@ def register(
         except IntegrityError:
             continue  # a concurrent registration took the name first: replace that one
         _moved(phases.NEW, Phase.CONNECTING)
+        if connected_to:  # counted as the connect that it folds in
+            _moved(Phase.CONNECTING, phases.of(agent.state, True, 1, 0, agent.max_concurrency))
         return agent
     return None
 

@@ -244,9 +244,10 @@ def _check_cap(key: ApiKey, counts: lifecycle.RosterCounts) -> None:
         )
 
 
-def register(key: ApiKey, registration: Registration) -> Agent:
+def register(key: ApiKey, registration: Registration, connected_to: str = "") -> Agent:
     """Add an agent to the key's tenant; a live agent of the same name is replaced
     (declared dead, its work reclaimed) — a restarted agent keeps its name.
+    ``connected_to``: the server holding the socket it registers on (:func:`register_socket`).
 
     The request's own checks come first and cost no database work; the rate and the cap
     are checked once, under the tenant's roster lock, on the counts the lifecycle reads
@@ -283,6 +284,7 @@ def register(key: ApiKey, registration: Registration) -> Agent:
         },
         bounds,
         admit,
+        connected_to,
     )
     if agent is None:
         raise RosterError(
@@ -396,20 +398,22 @@ def register_socket(
     token: str, registration: Registration, server: str
 ) -> tuple[SocketGrant, Agent] | SocketRefusal:
     """A registration made on the delivery socket (docs/agent-protocol.md, "Registering on
-    the socket"): the key checked as the REST endpoint checks it, :func:`register`, and the
-    new agent's socket recorded as held by ``server`` (:func:`open_socket`'s grant), so one
-    connection both registers and delivers.  A refusal is the REST one as a close code."""
+    the socket"): the key checked as the REST endpoint checks it, and :func:`register`
+    with the new agent's socket held by ``server`` in the same row (what
+    :func:`open_socket` records, generation 1), so one connection both registers and
+    delivers.  A refusal is the REST one as a close code."""
     key = _agent_key(token, "register an agent")
     if isinstance(key, SocketRefusal):
         return key
     try:
-        agent = register(key, registration)
+        agent = register(key, registration, connected_to=server)
     except RosterError as exc:
         return registration_refusal(exc)
-    row = lifecycle.connect(agent.id, key.tenant_id, server)
-    if row is None:  # evicted or replaced in the instant since: as a socket of a dead agent
-        return SocketRefusal(4404, "unknown agent (dead since it registered): register again")
-    return SocketGrant(agent.id, *row, key_id=key.pk), agent
+    grant = SocketGrant(
+        agent.id, agent.tenant_id, agent.name, agent.wire_format, agent.connection_generation,
+        key_id=key.pk,
+    )  # fmt: skip
+    return grant, agent
 
 
 def registration_refusal(exc: RosterError) -> SocketRefusal:
