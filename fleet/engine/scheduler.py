@@ -13,8 +13,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import psycopg
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from artifacts.models import WorkflowPackage
@@ -32,6 +31,7 @@ from fleet.models import (
     WorkflowStatus,
 )
 from fleet.platform.errors import DomainError, ErrorKind
+from fleet.platform.pipelined_tx import pipelined_atomic
 
 log = logging.getLogger(__name__)
 
@@ -244,29 +244,30 @@ def _insert_and_place(
     executions: list[WorkflowExecution], rows: list[dict], now, placement: RootPlacement
 ) -> object | None:
     """:func:`_insert_executions` and ``placement`` in ONE transaction, sent in one flight
-    (psycopg's pipeline: BEGIN, the insert, the placement, COMMIT, then one Sync): one
-    round trip and one synchronous commit, as the insert alone.  The placement if it placed
-    the root, else None.  Inside a caller's transaction, or if the pair fails (nothing was
-    committed then: the transaction is rolled back whole), the execution is inserted alone
-    and its root placed the usual way."""
-    params = _insert_params(executions, rows, now)
+    (:mod:`fleet.platform.pipelined_tx`: BEGIN, the insert, the placement and COMMIT go out
+    together and are answered together): one round trip and one synchronous commit, as the
+    insert alone.  The placement if it placed the root, else None.  If the pair fails
+    (rolled back whole: nothing was written), the execution is inserted alone and its root
+    placed the usual way; so is it inside a caller's transaction."""
     if connection.in_atomic_block:
+        # Inside a caller's transaction the packet could be pushed before the commit.
         _insert_executions(executions, rows, now)
         return None
-    connection.ensure_connection()
-    raw = connection.connection
+    params = _insert_params(executions, rows, now)
+    insert, place = connection.cursor(), connection.cursor()
     try:
-        with raw.pipeline(), raw.transaction():
-            raw.execute(_INSERT_EXECUTIONS, params)
-            cursor = raw.execute(placement.sql, placement.params)
-        row = cursor.fetchone()
-    except psycopg.Error as exc:
-        if raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            raw.rollback()
+        with pipelined_atomic():
+            insert.execute(_INSERT_EXECUTIONS, params)
+            place.execute(placement.sql, placement.params)
+        row = place.fetchone()
+    except DatabaseError as exc:
         log.warning("start of %s with its root placed failed (%s); starting it alone",
                     executions[0].id, exc)  # fmt: skip
         _insert_executions(executions, rows, now)
         return None
+    finally:
+        insert.close()
+        place.close()
     _saved(executions)
     return placement.answer(row)
 
