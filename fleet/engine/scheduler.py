@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -54,6 +55,11 @@ class RootPlacement:
 
 # Given the root's event, the statement to place it with, or None (place it the usual way).
 PlaceRoot = Callable[[TaskReadyEvent], RootPlacement | None]
+
+# One start at a time places its root in this process: such a start holds its tenant's agent
+# rows from the placement to its synchronous commit, so concurrent starts (a burst) would wait
+# for each other's fsync there; while one places, the others' roots go the usual way (batched).
+_placing = threading.Lock()
 
 
 def start_execution(
@@ -135,11 +141,17 @@ def start_executions(
         started.append((execution, roots))
     executions = [execution for execution, _ in started]
     lone = len(started) == 1 and len(started[0][1]) == 1
-    placement = place_root(started[0][1][0]) if place_root is not None and lone else None
-    if placement is None:
+    if place_root is None or not lone or not _placing.acquire(blocking=False):
         _insert_executions(executions, rows, now)
         return started
-    placed = _insert_and_place(executions, rows, now, placement)
+    try:
+        placement = place_root(started[0][1][0])
+        if placement is None:
+            _insert_executions(executions, rows, now)
+            return started
+        placed = _insert_and_place(executions, rows, now, placement)
+    finally:
+        _placing.release()
     if placed is not None:
         (execution, (root,)) = started[0]
         started = [(execution, [replace(root, placed=placed)])]

@@ -124,6 +124,17 @@ def test_tasks_waiting_in_the_dispatch_loop_keep_their_turn(tenant, fleet_here):
     _ready_and_alone(*start(tenant))
 
 
+def test_while_another_start_places_its_root_this_one_goes_the_usual_way(tenant, fleet_here):
+    make_agent(tenant, "here", max_concurrency=4)
+    assert scheduler._placing.acquire(blocking=False)  # another start is placing right now
+    try:
+        _ready_and_alone(*start(tenant))
+    finally:
+        scheduler._placing.release()
+    _execution, (root,) = start(tenant, workflow="next")
+    assert isinstance(root.placed, Delivered)
+
+
 def test_without_a_fleet_executor_here_nothing_is_placed(tenant, fleet_here):
     make_agent(tenant, "here", max_concurrency=4)
     one_trip.place_at_start(None)

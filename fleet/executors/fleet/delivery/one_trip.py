@@ -183,6 +183,7 @@ def root_placement(root: TaskReadyEvent) -> RootPlacement | None:
     """The statement that places ``root`` inside its execution's start (the start's
     ``place_root``), or None: no fleet executor here, or the dispatch loop has tasks waiting
     (they keep their turn: a task placed at its start would take a slot they wait for).
+    The scheduler asks only one start at a time (``scheduler._placing``).
 
     The same statement as :func:`place_one`, in the start's transaction: the task is
     claimed and placed by the commit that creates it, so an idle pickup is the start's one
