@@ -21,7 +21,6 @@ from fleet.api.execution_view import error_text, execution_view
 from fleet.api.reruns import RerunLinkOut, RetryLinkOut, links_of
 from fleet.engine import ready_queue, scheduler
 from fleet.engine.context import ContextError, validate_context
-from fleet.executors.fleet.delivery import one_trip
 from fleet.executors.fleet.routing import fairness
 from fleet.models import TaskExecution, Tenant, WorkflowExecution, WorkflowStatus
 from fleet.platform.auth import read_auth, write_auth
@@ -193,12 +192,9 @@ def start_execution(request: HttpRequest, workflow: str, body: StartIn):
     # Looked up once for the backlog check and the start (None: the start answers 404).
     package = active_package(tenant, workflow)
     _check_backlog(tenant, workflow, package)
-    # A lone root is placed by the start's own transaction when a fleet executor runs here
-    # (fleet/executors/fleet/delivery/one_trip.py); its event then carries the placement.
     execution, roots = scheduler.start_execution_with_roots(
-        tenant, workflow, context, priority=body.priority or 0, package=package,
-        place_root=one_trip.root_placement,
-    )  # fmt: skip
+        tenant, workflow, context, priority=body.priority or 0, package=package
+    )
     ready_queue.submit(roots)
     return Status(201, {"id": execution.id, "status": execution.status})
 

@@ -53,15 +53,6 @@ HOPS = (
     ("→ the confirmation's statement sent", "server_read"),
     ("→ received_at (the statement's now())", "confirming"),
 )
-# A lone root placed by its execution's start (fleet/executors/fleet/delivery/one_trip.py):
-# the start's one commit is the placement's, and the dispatch only hands the packet over.
-PLACED_AT_START = (
-    ("API: ready_at → start and placement committed", "ready_at"),
-    ("→ handed to the dispatch loop", "start_placed"),
-    *HOPS[1:3],
-    ("→ its placement taken up (placed at the start)", "dispatching"),
-    *HOPS[6:],
-)
 END = "received_at"
 # The placement's hop split, for the pickups placed in two round trips on a delivery thread
 # (a "claimed" mark between; a lone placement in one statement on the loop has none).
@@ -185,15 +176,13 @@ def hop_table(
 ) -> dict[str, list[float]]:
     """Per hop the ms of each task that has both of its marks; and the whole path."""
     hops: dict[str, list[float]] = {name: [] for name, _ in HOPS}
-    hops.update({name: [] for name, _ in PLACED_AT_START})
     hops.update({name: [] for name, _, _ in TWO_TRIPS})
     whole = hops["Ready → received_at (whole path)"] = []
+    starts = [start for _, start in HOPS] + [END]
     for task, times in rows.items():
         marks = {**trace.get(task, {}), **times}
         whole.append((times[END] - times["ready_at"]) * 1000.0)
-        path = PLACED_AT_START if "start_placed" in marks else HOPS
-        ends = [start for _, start in path[1:]] + [END]
-        for (name, start), end in zip(path, ends, strict=True):
+        for (name, start), end in zip(HOPS, starts[1:], strict=True):
             if start in marks and end in marks:
                 hops[name].append((marks[end] - marks[start]) * 1000.0)
         # In order only: a later duplicate dispatch of a task placed in one trip (the

@@ -21,10 +21,6 @@ class TaskReadyEvent:
     # tenants take turns, then the higher priority goes first.  0 when unknown.
     tenant_id: int = field(default=0, compare=False)
     priority: int = field(default=0, compare=False)
-    # The executor's placement of the task, made in the transaction that started its
-    # execution (opaque to the engine: fleet/executors/fleet/delivery/one_trip.py); the
-    # dispatch then only hands the packet over, with no capacity wait and no claim.
-    placed: object | None = field(default=None, compare=False)
 
 
 class ExecutionStatus(enum.Enum):

@@ -83,7 +83,7 @@ class EngineLoop:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._accepting = True
-        ready_queue.register(self.submit_threadsafe, self.queued)
+        ready_queue.register(self.submit_threadsafe)
         # Woken the moment the executor frees a slot; CAPACITY_POLL_S is only the safety net.
         self._dispatcher.executor.add_capacity_listener(self._capacity_freed.set)
         self._workers = [
@@ -117,10 +117,6 @@ class EngineLoop:
     @property
     def concurrency(self) -> int:
         return self._concurrency
-
-    def queued(self) -> int:
-        """Events waiting for a worker (or for capacity); read from any thread as a hint."""
-        return len(self._queued)
 
     def pending(self) -> int:
         """Events queued or being dispatched."""
@@ -176,8 +172,7 @@ class EngineLoop:
         while True:
             event = await self._queue.get()
             task_execution_id = event.task_execution_id
-            if event.placed is None:  # a task placed at its start holds its slot already
-                await self._wait_for_capacity()
+            await self._wait_for_capacity()
             hop_trace.mark("dispatching", task_execution_id)
             self._queued.discard(task_execution_id)
             self._running.add(task_execution_id)

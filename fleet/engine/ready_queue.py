@@ -17,26 +17,13 @@ from fleet.engine.events import TaskReadyEvent
 
 _lock = threading.Lock()
 _sink: Callable[[list[TaskReadyEvent]], None] | None = None
-_queued: Callable[[], int] | None = None
 
 
-def register(
-    sink: Callable[[list[TaskReadyEvent]], None] | None,
-    queued: Callable[[], int] | None = None,
-) -> None:
-    """Install (or with None remove) the callable that receives events; it must be thread-safe.
-    ``queued`` says how many events wait in the loop (for a worker or for capacity)."""
-    global _sink, _queued
+def register(sink: Callable[[list[TaskReadyEvent]], None] | None) -> None:
+    """Install (or with None remove) the callable that receives events; it must be thread-safe."""
+    global _sink
     with _lock:
-        _sink, _queued = sink, (queued if sink is not None else None)
-
-
-def quiet() -> bool:
-    """Whether a dispatch loop takes events here and none waits in it: a task placed now,
-    outside the loop, takes no slot from a task that waits (fair queueing stays the loop's)."""
-    with _lock:
-        sink, queued = _sink, _queued
-    return sink is not None and queued is not None and queued() == 0
+        _sink = sink
 
 
 def submit(events: Iterable[TaskReadyEvent]) -> None:

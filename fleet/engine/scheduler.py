@@ -8,13 +8,10 @@ with several server processes applying results concurrently.
 from __future__ import annotations
 
 import json
-import logging
-import threading
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from django.db import DatabaseError, connection, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from artifacts.models import WorkflowPackage
@@ -32,34 +29,10 @@ from fleet.models import (
     WorkflowStatus,
 )
 from fleet.platform.errors import DomainError, ErrorKind
-from fleet.platform.pipelined_tx import pipelined_atomic
-
-log = logging.getLogger(__name__)
 
 
 class SchedulingError(DomainError):
     """A request the scheduler refuses: an unknown workflow or execution, or a bad state."""
-
-
-@dataclass(frozen=True)
-class RootPlacement:
-    """The executor's statement that places a lone root task inside the transaction that
-    starts its execution (fleet/executors/fleet/delivery/one_trip.py): sent after the
-    insert, committed with it (one synchronous commit, one round trip in all)."""
-
-    sql: str
-    params: dict
-    # The statement's row (None: no row) → the placement, or None when it did not place.
-    answer: Callable[[tuple | None], object | None]
-
-
-# Given the root's event, the statement to place it with, or None (place it the usual way).
-PlaceRoot = Callable[[TaskReadyEvent], RootPlacement | None]
-
-# One start at a time places its root in this process: such a start holds its tenant's agent
-# rows from the placement to its synchronous commit, so concurrent starts (a burst) would wait
-# for each other's fsync there; while one places, the others' roots go the usual way (batched).
-_placing = threading.Lock()
 
 
 def start_execution(
@@ -75,13 +48,10 @@ def start_execution_with_roots(
     context: dict,
     priority: int = 0,
     package: WorkflowPackage | None = None,
-    place_root: PlaceRoot | None = None,
 ) -> tuple[WorkflowExecution, list[TaskReadyEvent]]:
     """:func:`start_execution`, and the events of its root tasks (Ready from the start).
 
     ``package``, when the caller already looked up the active package, saves asking again.
-    ``place_root``: an execution with ONE root task may have it placed in its start's own
-    transaction (:class:`RootPlacement`); its event then carries the placement.
     """
     if package is None:
         package = active_package(tenant, workflow_name)
@@ -90,8 +60,7 @@ def start_execution_with_roots(
             ErrorKind.NOT_FOUND,
             f"no active package provides workflow {workflow_name!r} in this tenant",
         )
-    start = ExecutionStart(tenant, package, workflow_name, context, priority)
-    return start_executions([start], place_root)[0]
+    return start_executions([ExecutionStart(tenant, package, workflow_name, context, priority)])[0]
 
 
 @dataclass(frozen=True)
@@ -106,11 +75,10 @@ class ExecutionStart:
 
 
 def start_executions(
-    starts: list[ExecutionStart], place_root: PlaceRoot | None = None
+    starts: list[ExecutionStart],
 ) -> list[tuple[WorkflowExecution, list[TaskReadyEvent]]]:
     """Create every execution of ``starts`` and their tasks in ONE statement (the schedule
-    tick starts hundreds at once); each with the events of its root tasks.  ``place_root``:
-    see :func:`start_execution_with_roots` (only for one execution with one root)."""
+    tick starts hundreds at once); each with the events of its root tasks."""
     now = timezone.now()
     started, rows = [], []
     for start in starts:
@@ -139,22 +107,7 @@ def start_executions(
             if row["root"]
         ]
         started.append((execution, roots))
-    executions = [execution for execution, _ in started]
-    lone = len(started) == 1 and len(started[0][1]) == 1
-    if place_root is None or not lone or not _placing.acquire(blocking=False):
-        _insert_executions(executions, rows, now)
-        return started
-    try:
-        placement = place_root(started[0][1][0])
-        if placement is None:
-            _insert_executions(executions, rows, now)
-            return started
-        placed = _insert_and_place(executions, rows, now, placement)
-    finally:
-        _placing.release()
-    if placed is not None:
-        (execution, (root,)) = started[0]
-        started = [(execution, [replace(root, placed=placed)])]
+    _insert_executions([execution for execution, _ in started], rows, now)
     return started
 
 
@@ -217,71 +170,34 @@ FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(
 def _insert_executions(executions: list[WorkflowExecution], rows: list[dict], now) -> None:
     """Write ``executions`` (built, unsaved) and their task rows (each naming its ``workflow``
     and, filled in here, its ``tenant``); the executions are then saved instances."""
-    with connection.cursor() as cursor:
-        cursor.execute(_INSERT_EXECUTIONS, _insert_params(executions, rows, now))
-    _saved(executions)
-
-
-def _insert_params(executions: list[WorkflowExecution], rows: list[dict], now) -> dict:
     tenant_of = {str(e.id): e.tenant_id for e in executions}
     for row in rows:
         row["tenant"] = tenant_of[row["workflow"]]
-    return {
-        "executions": json.dumps(
-            [
-                {
-                    "id": str(e.id),
-                    "tenant": e.tenant_id,
-                    "package": e.package_id,
-                    "name": e.workflow_name,
-                    "input": e.input_context,
-                    "priority": e.priority,
-                    "open": e.open_tasks,
-                }
-                for e in executions
-            ]
-        ),
-        "now": now,
-        "rows": json.dumps(rows, default=str),
-    }
-
-
-def _saved(executions: list[WorkflowExecution]) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _INSERT_EXECUTIONS,
+            {
+                "executions": json.dumps(
+                    [
+                        {
+                            "id": str(e.id),
+                            "tenant": e.tenant_id,
+                            "package": e.package_id,
+                            "name": e.workflow_name,
+                            "input": e.input_context,
+                            "priority": e.priority,
+                            "open": e.open_tasks,
+                        }
+                        for e in executions
+                    ]
+                ),
+                "now": now,
+                "rows": json.dumps(rows, default=str),
+            },
+        )
     for execution in executions:
         execution._state.adding = False  # as Model.save() leaves it
         execution._state.db = connection.alias
-
-
-def _insert_and_place(
-    executions: list[WorkflowExecution], rows: list[dict], now, placement: RootPlacement
-) -> object | None:
-    """:func:`_insert_executions` and ``placement`` in ONE transaction, sent in one flight
-    (:mod:`fleet.platform.pipelined_tx`: BEGIN, the insert, the placement and COMMIT go out
-    together and are answered together): one round trip and one synchronous commit, as the
-    insert alone.  The placement if it placed the root, else None.  If the pair fails
-    (rolled back whole: nothing was written), the execution is inserted alone and its root
-    placed the usual way; so is it inside a caller's transaction."""
-    if connection.in_atomic_block:
-        # Inside a caller's transaction the packet could be pushed before the commit.
-        _insert_executions(executions, rows, now)
-        return None
-    params = _insert_params(executions, rows, now)
-    insert, place = connection.cursor(), connection.cursor()
-    try:
-        with pipelined_atomic():
-            insert.execute(_INSERT_EXECUTIONS, params)
-            place.execute(placement.sql, placement.params)
-        row = place.fetchone()
-    except DatabaseError as exc:
-        log.warning("start of %s with its root placed failed (%s); starting it alone",
-                    executions[0].id, exc)  # fmt: skip
-        _insert_executions(executions, rows, now)
-        return None
-    finally:
-        insert.close()
-        place.close()
-    _saved(executions)
-    return placement.answer(row)
 
 
 def unsaved_task_row(execution: WorkflowExecution, spec: dict, position: int, now) -> TaskExecution:

@@ -32,7 +32,7 @@ from fleet.engine.events import ExecutionResult, ExecutionStatus, ExecutorMetric
 from fleet.engine.executor import PeriodicJob, TaskExecutor
 from fleet.executors.fleet import result_batches, socket_writes
 from fleet.executors.fleet.delivery import db as delivery_db
-from fleet.executors.fleet.delivery import local_sockets, one_trip, outbox_ack
+from fleet.executors.fleet.delivery import local_sockets, outbox_ack
 from fleet.executors.fleet.delivery.batch_placement import place_tasks
 from fleet.executors.fleet.delivery.depth import SAMPLE_INTERVAL_S, sample_outbox_depth
 from fleet.executors.fleet.delivery.handover import stop_taking_sockets
@@ -142,9 +142,6 @@ class FleetExecutor(TaskExecutor):
         # and is made on this loop in one statement when it can be
         # (fleet/executors/fleet/delivery/one_trip.py), else on a delivery thread.
         self._loop_placer = LoopPlacer(self.claimer)
-        # And a lone root task is placed by its execution's start when it can be (in the
-        # start's transaction, on the request's thread): its event carries the placement.
-        one_trip.place_at_start(self.claimer)
         self._placer = Batcher(
             self._place_batch, PLACE_BATCH, "fleet-placement", delivery_db.call,
             lone_at_once=True, alone=self._place_alone,
@@ -166,7 +163,6 @@ class FleetExecutor(TaskExecutor):
         if self._placer is not None:
             await self._placer.close()
             self._placer = None
-        one_trip.place_at_start(None)
         if self._loop_placer is not None:
             await self._loop_placer.close()
             self._loop_placer = None
@@ -243,19 +239,16 @@ class FleetExecutor(TaskExecutor):
         started = time.monotonic()
         # The waiter exists before the packet can reach an agent (no lost early result).
         future = rendezvous.register(task_execution_id)
-        if isinstance(event.placed, Placed):
-            placement = event.placed  # placed by its execution's start (one_trip.py)
-        else:
-            self.capacity.claiming += 1
-            self._tenant_of[task_execution_id] = event.tenant_id
-            try:
-                placement = await self._place(task_execution_id)
-            except BaseException:
-                rendezvous.unregister(task_execution_id, future)
-                raise
-            finally:
-                self.capacity.claiming -= 1
-                self._tenant_of.pop(task_execution_id, None)
+        self.capacity.claiming += 1
+        self._tenant_of[task_execution_id] = event.tenant_id
+        try:
+            placement = await self._place(task_execution_id)
+        except BaseException:
+            rendezvous.unregister(task_execution_id, future)
+            raise
+        finally:
+            self.capacity.claiming -= 1
+            self._tenant_of.pop(task_execution_id, None)
         hop_trace.mark("placed_on_loop", task_execution_id)
         if isinstance(placement, NotClaimed | NoAgent):
             rendezvous.unregister(task_execution_id, future)

@@ -41,10 +41,7 @@ import uuid
 import psycopg
 
 from agents.protocol import hop_trace
-from fleet.engine import ready_queue
 from fleet.engine.claims import CLAIM_SET, RESULT_GRACE_S, Claim
-from fleet.engine.events import TaskReadyEvent
-from fleet.engine.scheduler import RootPlacement
 from fleet.executors.fleet.delivery import context_ref, local_sockets
 from fleet.executors.fleet.delivery.outbox import PackageRef, work_packet
 from fleet.executors.fleet.delivery.pg import connect_async
@@ -115,21 +112,14 @@ _DUE = """
       AND char_length(x.ctx) <= %(inline_chars)s AND octet_length(x.ctx) <= %(max_bytes)s
 """
 
-
-def _statement(relax: str) -> str:
-    return ledger.CLAIM_AND_RESERVE.format(
-        task=_TASK.strip(),
-        due=_DUE.strip(),
-        candidates=tenants_candidates_sql(UNCONSTRAINED),
-        best=best_score_per_tenant(Selectors()),
-        tiebreak=tiebreak(Selectors(), best="a.best_score"),
-        claim_set=CLAIM_SET,
-        relax=relax,
-    )
-
-
-_STATEMENT = _statement(ledger.RELAXED_COMMIT)  # on its own: its own (relaxed) transaction
-_IN_START = _statement(ledger.IN_START)  # inside the start's transaction and its commit
+_STATEMENT = ledger.CLAIM_AND_RESERVE.format(
+    task=_TASK.strip(),
+    due=_DUE.strip(),
+    candidates=tenants_candidates_sql(UNCONSTRAINED),
+    best=best_score_per_tenant(Selectors()),
+    tiebreak=tiebreak(Selectors(), best="a.best_score"),
+    claim_set=CLAIM_SET,
+)
 
 # A context this long (characters) always fits a frame inline: each escapes to at most 6
 # bytes (context_ref.inline_size's bound), so no ``context_ref`` is ever needed.
@@ -168,44 +158,6 @@ async def place_one(
     return _placed(row)
 
 
-# The server this process's running fleet executor writes as ``claimed_by`` (None: no fleet
-# executor runs here, and starts place nothing).  Set by FleetExecutor.start / stop.
-_start_claimer: str | None = None
-
-
-def place_at_start(claimer: str | None) -> None:
-    """Let execution starts in this process place their lone root (``claimer``), or stop."""
-    global _start_claimer
-    _start_claimer = claimer
-
-
-def root_placement(root: TaskReadyEvent) -> RootPlacement | None:
-    """The statement that places ``root`` inside its execution's start (the start's
-    ``place_root``), or None: no fleet executor here, or the dispatch loop has tasks waiting
-    (they keep their turn: a task placed at its start would take a slot they wait for).
-    The scheduler asks only one start at a time (``scheduler._placing``).
-
-    The same statement as :func:`place_one`, in the start's transaction: the task is
-    claimed and placed by the commit that creates it, so an idle pickup is the start's one
-    round trip and the push (no event hop to the placement, no placement round trip, no
-    hop back).  What the statement does not take, and a root no agent has a slot for, stays
-    Ready and goes the usual way.  The commit is the start's, synchronous (``IN_START``)."""
-    claimer = _start_claimer
-    if claimer is None or not root.tenant_id or not ready_queue.quiet():
-        return None
-    return RootPlacement(
-        _IN_START, params(root.task_execution_id, root.tenant_id, claimer), _placed_at_start
-    )
-
-
-def _placed_at_start(row: tuple | None) -> Placed | None:
-    if row is None or row[13] is None:
-        return None  # not taken: nothing was written, the usual path places it
-    hop_trace.mark("start_placed", row[0])
-    SELECTION_SUCCESS.labels(step=UNCONSTRAINED.step).inc()
-    return _placed(row)
-
-
 def _placed(row: tuple) -> Placed:
     (task_id, workflow_id, tenant_id, task_name, function, assignment, attempt, timeout_s,
      priority, digest, kind, tenant_name, ctx, agent_id, agent_name, local, outbox_id, triple,
@@ -223,10 +175,9 @@ def _placed(row: tuple) -> Placed:
     ref = PackageRef(digest=digest, kind=kind, target_triple=triple)
     packet = work_packet(claim, ctx, ref, tenant_name)
     packet["outbox_id"] = outbox_id
-    # (At a start ``now()`` is the transaction's, a hair before ``ready_at``: never below 0.)
     return Delivered(
         tenant_id, assignment, agent_id, agent_name,
-        outbox_id=outbox_id, packet=packet, waited_s=max(0.0, float(waited_s or 0.0)),
+        outbox_id=outbox_id, packet=packet, waited_s=float(waited_s or 0.0),
     )  # fmt: skip
 
 

@@ -264,9 +264,7 @@ FROM work w JOIN packets p ON p.task_execution_id = w.task_execution_id JOIN ass
 # two-statement placement writes it twice).  Without one nothing is written: the task stays
 # Ready, its attempt and assignment untouched, and the caller places it the usual way (which
 # says why it waits).  The packet is built here from the claim's own columns; its keys and
-# values are what ``placement.prepare`` builds and RESERVE_AND_ENQUEUE stores.  {relax}:
-# a query of one row; on its own the statement relaxes its commit (RELAXED_COMMIT), inside
-# an execution's start it must not (the start's commit is synchronous: IN_START).
+# values are what ``placement.prepare`` builds and RESERVE_AND_ENQUEUE stores.
 CLAIM_AND_RESERVE = (
     """
 WITH task AS MATERIALIZED (
@@ -330,7 +328,9 @@ WITH task AS MATERIALIZED (
               payload ->> 'artifact_digest' AS artifact_digest,
               payload ->> 'context_json' AS context_json
 ), relax AS (
-    {relax}
+    -- As for every placement: a lost one leaves the task Ready (it runs again), and the
+    -- outcome's synchronous commit flushes it anyway.
+    SELECT set_config('synchronous_commit', 'off', true)
 )
 SELECT d.id, d.workflow_execution_id, d.tenant_id, d.task_name, d.function, k.assignment,
        k.attempt, d.timeout_s, d.priority, p.artifact_digest, d.kind, d.tenant_name,
@@ -339,11 +339,6 @@ FROM relax, due d
 LEFT JOIN chosen c ON true LEFT JOIN claimed k ON true LEFT JOIN packets p ON true
 """
 )
-# As for every placement: a lost one leaves the task Ready (it runs again), and the
-# outcome's synchronous commit flushes it anyway.
-RELAXED_COMMIT = "SELECT set_config('synchronous_commit', 'off', true)"
-# Inside the start's transaction: the commit stays the start's own, synchronous one.
-IN_START = "SELECT NULL"
 
 
 # -- reclaim: an open row of a dead agent moves to a survivor ------------------------
