@@ -7,7 +7,6 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import connections
 from django.utils import timezone
 
 from fleet.engine.claims import (
@@ -19,6 +18,7 @@ from fleet.engine.claims import (
 )
 from fleet.models import TaskExecution, TaskStatus, WorkflowExecution, WorkflowStatus
 from tests.support.factories import make_package, start
+from tests.support.racing import race
 
 SOURCE = "def f(ctx):\n    return {}\n"
 
@@ -115,30 +115,6 @@ def test_claim_ready_tasks_takes_the_highest_priority_first(tenant):
     assert claim_ready_tasks("s", 10) == []
 
 
-def race(workers: int, target) -> list:
-    """Run ``target()`` in ``workers`` threads (each with its own connection) released together."""
-    barrier = threading.Barrier(workers)
-    results: list = [None] * workers
-    errors: list = []
-
-    def run(index: int) -> None:
-        try:
-            barrier.wait()
-            results[index] = target()
-        except Exception as exc:  # surfaced below, not lost in the thread
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    return results
-
-
 @pytest.mark.django_db(transaction=True)
 def test_two_claimers_racing_with_claim_ready_tasks_claim_each_task_exactly_once(tenant):
     ids = many_ready_tasks(tenant, 200)
@@ -149,7 +125,7 @@ def test_two_claimers_racing_with_claim_ready_tasks_claim_each_task_exactly_once
             mine.extend(c.task_execution_id for c in batch)
         return mine
 
-    first, second = race(2, drain)
+    first, second = race(2, lambda _index: drain())
     assert len(first) + len(second) == 200
     assert set(first) | set(second) == set(ids)
     assert not set(first) & set(second)
@@ -168,7 +144,7 @@ def test_two_claimers_racing_with_claim_task_on_the_same_ids_claim_each_exactly_
         name = threading.current_thread().name
         return [i for i in next(order) if claim_task(i, name) is not None]
 
-    first, second = race(2, claim_all)
+    first, second = race(2, lambda _index: claim_all())
     assert sorted(first + second) == sorted(ids)
     assert not set(first) & set(second)
     claimers = TaskExecution.objects.filter(pk__in=ids).values_list("claimed_by", flat=True)

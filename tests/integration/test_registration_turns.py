@@ -5,15 +5,13 @@ racing past the tenant's cap let in exactly the cap, never more."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connection
 
 from agents.models import Agent, AgentState
 from fleet.executors.fleet import roster
 from fleet.models import ApiKey
 from fleet.platform.errors import ErrorKind
+from tests.support.racing import race
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -24,24 +22,15 @@ TRIPLE = "x86_64-unknown-linux-gnu"
 
 def test_registrations_racing_past_the_cap_let_in_exactly_the_cap(agent_key, setting):
     setting(CLOACINA_MAX_REGISTERED_AGENTS=str(CAP), CLOACINA_AGENT_ADMISSIONS_PER_S="0")
-    start = threading.Barrier(RACERS)
-    outcomes: list[str] = []
+    key = ApiKey.verify(agent_key)
 
-    def race(index: int) -> None:
+    def register(index: int) -> str:
         try:
-            key = ApiKey.verify(agent_key)
-            start.wait(10)
             roster.register(key, roster.Registration(name=f"racer-{index}", target_triple=TRIPLE))
-            outcomes.append("in")
+            return "in"
         except roster.RosterError as exc:
-            outcomes.append("capped" if exc.kind is ErrorKind.LIMITED else repr(exc))
-        finally:
-            connection.close()
+            return "capped" if exc.kind is ErrorKind.LIMITED else repr(exc)
 
-    threads = [threading.Thread(target=race, args=(i,)) for i in range(RACERS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    outcomes = race(RACERS, register)
     assert sorted(outcomes) == ["capped"] * (RACERS - CAP) + ["in"] * CAP
     assert Agent.objects.filter(state=AgentState.LIVE).count() == CAP
