@@ -8,6 +8,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
@@ -45,9 +46,14 @@ def open_breaker(agent, cause: Cause = Cause.REFUSAL) -> None:
 
 
 def cool_off_passed(agent) -> None:
-    """As if the cool-off were over (the test does not wait 30 s)."""
+    """As if the cool-off were over (the test does not wait 30 s).
+
+    The end is set from the database's ``now()``, which placement compares it with: inside
+    the test's transaction that is the transaction's start, which on a loaded machine can be
+    seconds behind the client's clock (an end one second before the client's clock could
+    still lie ahead of it)."""
     Agent.objects.filter(pk=agent.pk).update(
-        breaker_open_until=timezone.now() - timedelta(seconds=1)
+        breaker_open_until=RawSQL("now() - interval '1 second'", [])
     )
 
 
