@@ -5,12 +5,20 @@ It runs on a small thread pool of its own, never on the event loop, with
 ``close_old_connections()`` before and after so a dropped database connection
 heals on the next tick.  ``leader_only`` jobs run only in the process that wins
 the job's advisory lock for that tick.
+
+A job that fails because the database cannot be reached logs one warning when the outage
+begins (again each :data:`OUTAGE_REPEAT_S` while it lasts) and one line when it ends, not a
+traceback per tick; any other failure keeps its traceback.  Once ``stop`` is called, a job
+that fails or is cancelled on the way out (the pool closes under it) logs nothing above
+debug: the shutdown is expected to end it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
@@ -20,25 +28,89 @@ from django.db import close_old_connections
 from fleet.engine.executor import PeriodicJob
 from fleet.engine.leader import run_as_leader
 from fleet.platform.advisory_locks import lock_id_for
+from fleet.platform.db_errors import database_unavailable, one_line
 
 log = logging.getLogger(__name__)
 
 JOB_THREADS = 4
+OUTAGE_REPEAT_S = 60.0  # how often a job still failing for want of a database says so again
 
 
-def run_job_once(job: PeriodicJob) -> bool:
-    """Run one tick of ``job`` in the calling thread; return whether it ran (leader-only may not)."""
+class DatabaseOutages:
+    """Which jobs are failing for want of a database, since when, and when they last said so."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._failing: dict[str, tuple[float, float, int]] = {}  # name: since, said, failures
+
+    def failed(self, name: str, now: float) -> tuple[bool, float, int]:
+        """Count a failure; return (say it now, seconds since the outage began, failures)."""
+        with self._lock:
+            since, said, failures = self._failing.get(name, (now, -OUTAGE_REPEAT_S, 0))
+            say = now - said >= OUTAGE_REPEAT_S
+            self._failing[name] = (since, now if say else said, failures + 1)
+            return say, now - since, failures + 1
+
+    def recovered(self, name: str, now: float) -> tuple[float, int] | None:
+        """Forget ``name``'s outage; return (its length, failures), or None if it had none."""
+        with self._lock:
+            outage = self._failing.pop(name, None)
+        return None if outage is None else (now - outage[0], outage[2])
+
+
+OUTAGES = DatabaseOutages()
+
+
+def run_job_once(
+    job: PeriodicJob,
+    stopping: threading.Event | None = None,
+    outages: DatabaseOutages = OUTAGES,
+) -> bool:
+    """Run one tick of ``job`` in the calling thread; return whether it ran (leader-only may not).
+
+    ``stopping`` is set once the server is shutting down (see the module)."""
     close_old_connections()
     try:
-        if job.leader_only:
-            return run_as_leader(lock_id_for(job.name), job.func)
-        job.func()
-        return True
-    except Exception:
-        log.exception("periodic job %s failed", job.name)
+        ran = run_as_leader(lock_id_for(job.name), job.func) if job.leader_only else _run(job)
+    except Exception as exc:
+        _failed(job, exc, stopping, outages)
         return False
     finally:
         close_old_connections()
+    recovered = outages.recovered(job.name, time.monotonic())
+    if recovered is not None:
+        log.info(
+            "periodic job %s: the database is back after %.0fs (%d failed tick(s))",
+            job.name,
+            *recovered,
+        )
+    return ran
+
+
+def _run(job: PeriodicJob) -> bool:
+    job.func()
+    return True
+
+
+def _failed(
+    job: PeriodicJob, exc: Exception, stopping: threading.Event | None, outages: DatabaseOutages
+) -> None:
+    if stopping is not None and stopping.is_set():
+        log.debug("periodic job %s ended by the shutdown: %s", job.name, one_line(exc))
+    elif not database_unavailable(exc):
+        log.exception("periodic job %s failed", job.name)
+    else:
+        say, for_s, failures = outages.failed(job.name, time.monotonic())
+        if say:
+            log.warning(
+                "periodic job %s: database unavailable for %.0fs (%d failed tick(s)), "
+                "retrying every %gs: %s",
+                job.name,
+                for_s,
+                failures,
+                job.interval_s,
+                one_line(exc),
+            )
 
 
 class PeriodicJobs:
@@ -51,6 +123,7 @@ class PeriodicJobs:
             raise ValueError(f"duplicate periodic job names: {duplicates}")
         self.jobs = list(jobs)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cloacina-job")
+        self._stopping = threading.Event()
         self._scheduler: AsyncIOScheduler | None = None
 
     def start(self) -> None:
@@ -73,15 +146,22 @@ class PeriodicJobs:
         log.info("periodic jobs: %s", ", ".join(f"{j.name}/{j.interval_s:g}s" for j in self.jobs))
 
     def _runner(self, job: PeriodicJob):
-        pool = self._pool
+        pool, stopping = self._pool, self._stopping
 
         async def run() -> None:
-            await asyncio.get_running_loop().run_in_executor(pool, run_job_once, job)
+            try:
+                await asyncio.get_running_loop().run_in_executor(pool, run_job_once, job, stopping)
+            except asyncio.CancelledError:
+                if not stopping.is_set():
+                    raise
+                # The shutdown cancelled the wait; the tick ends on its thread by itself.
+                log.debug("periodic job %s: its wait cancelled by the shutdown", job.name)
 
         run.__name__ = job.name
         return run
 
     def stop(self) -> None:
+        self._stopping.set()
         if self._scheduler is not None and self._scheduler.running:
             self._scheduler.shutdown(wait=False)
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -45,6 +45,7 @@ from fleet.executors.fleet.delivery.handover import (
 from fleet.executors.registry import build_dispatcher
 from fleet.platform import db_pool
 from fleet.platform.config import Config, ConfigError, apply_overrides, parse_flag
+from fleet.platform.db_errors import database_unavailable, one_line
 from fleet.platform.isolation import current_warning
 from fleet.platform.schema import migrate_with_lock
 from fleet.schedules import firing as schedule_firing
@@ -347,17 +348,17 @@ class ServeProcess:
                 released = await loop.run_in_executor(None, self.builds.stop)
                 if released:
                     log.info("queued %d unfinished build(s) again on shutdown", released)
-            except Exception:
-                log.exception("the package builds did not stop cleanly")
+            except Exception as exc:
+                _shutdown_step_failed("the package builds did not stop cleanly", exc)
         if self._executor_started:
             try:
                 await asyncio.wait_for(self.dispatcher.executor.stop(), STOP_TIMEOUT_S)
-            except Exception:
-                log.exception("executor did not stop cleanly")
+            except Exception as exc:
+                _shutdown_step_failed("executor did not stop cleanly", exc)
         try:
             await loop.run_in_executor(None, control.shutdown)  # agents it started, leadership
-        except Exception:
-            log.exception("the fleet control plane did not shut down cleanly")
+        except Exception as exc:
+            _shutdown_step_failed("the fleet control plane did not shut down cleanly", exc)
         if self.engine is not None:
             await self.engine.stop()
         try:
@@ -366,12 +367,21 @@ class ServeProcess:
             )
             if released:
                 log.info("released %d unfinished claim(s) on shutdown", released)
-        except Exception:
-            log.exception("could not mark server %s stopped", self.instance_id)
+        except Exception as exc:
+            _shutdown_step_failed(f"could not mark server {self.instance_id} stopped", exc)
         leader.close_all()
         db_pool.close_pool()  # wakes borrowers still waiting, so the process can exit
         self._stopped = True
         log.info("server %s stopped", self.instance_id)
+
+
+def _shutdown_step_failed(what: str, exc: BaseException) -> None:
+    """Log a shutdown step that failed: one line when the database is gone (every step fails
+    the same way then, and the traceback says nothing), the traceback otherwise."""
+    if database_unavailable(exc):
+        log.warning("%s: database unavailable (%s)", what, one_line(exc))
+    else:
+        log.error("%s", what, exc_info=exc)
 
 
 def warn_if_not_isolated() -> None:
