@@ -10,7 +10,10 @@ A job that fails because the database cannot be reached logs one warning when th
 begins (again each :data:`OUTAGE_REPEAT_S` while it lasts) and one line when it ends, not a
 traceback per tick; any other failure keeps its traceback.  Once ``stop`` is called, a job
 that fails or is cancelled on the way out (the pool closes under it) logs nothing above
-debug: the shutdown is expected to end it.
+debug: the shutdown is expected to end it.  APScheduler's own warning that a tick was skipped
+because the last one still runs (a job waiting on a database that is gone, four times a
+second for the fastest jobs) passes once per job each :data:`OUTAGE_REPEAT_S`, with a count
+of the ones it held back (:class:`SkippedTicksFilter`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from fleet.platform.advisory_locks import lock_id_for
 from fleet.platform.db_errors import database_unavailable, one_line
 
 log = logging.getLogger(__name__)
+SCHEDULER_LOG = logging.getLogger("apscheduler.scheduler")  # APScheduler's default logger
 
 JOB_THREADS = 4
 OUTAGE_REPEAT_S = 60.0  # how often a job still failing for want of a database says so again
@@ -59,6 +63,34 @@ class DatabaseOutages:
 
 
 OUTAGES = DatabaseOutages()
+
+
+class SkippedTicksFilter(logging.Filter):
+    """Lets APScheduler's "skipped: maximum number of running instances" warning through once
+    per job per :data:`OUTAGE_REPEAT_S`, counting the ones it drops in between."""
+
+    def __init__(self, clock=time.monotonic) -> None:
+        super().__init__()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._jobs: dict[str, tuple[float, int]] = {}  # job id: last passed, dropped since
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "maximum number of running instances" not in str(record.msg) or not record.args:
+            return True
+        job = record.args[0] if isinstance(record.args, tuple) else None
+        key = str(getattr(job, "id", job))
+        now = self._clock()
+        with self._lock:
+            passed, dropped = self._jobs.get(key, (now - OUTAGE_REPEAT_S, 0))
+            if now - passed < OUTAGE_REPEAT_S:
+                self._jobs[key] = (passed, dropped + 1)
+                return False
+            self._jobs[key] = (now, 0)
+        if dropped:
+            record.msg = f"{record.msg} ({dropped} more held back over %.0fs)"
+            record.args = (*record.args, now - passed)
+        return True
 
 
 def run_job_once(
@@ -124,6 +156,7 @@ class PeriodicJobs:
         self.jobs = list(jobs)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cloacina-job")
         self._stopping = threading.Event()
+        self._skipped_ticks = SkippedTicksFilter()
         self._scheduler: AsyncIOScheduler | None = None
 
     def start(self) -> None:
@@ -143,6 +176,7 @@ class PeriodicJobs:
                 misfire_grace_time=max(1, int(job.interval_s * 2)),
             )
         self._scheduler.start()
+        SCHEDULER_LOG.addFilter(self._skipped_ticks)
         log.info("periodic jobs: %s", ", ".join(f"{j.name}/{j.interval_s:g}s" for j in self.jobs))
 
     def _runner(self, job: PeriodicJob):
@@ -164,4 +198,5 @@ class PeriodicJobs:
         self._stopping.set()
         if self._scheduler is not None and self._scheduler.running:
             self._scheduler.shutdown(wait=False)
+            SCHEDULER_LOG.removeFilter(self._skipped_ticks)
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -151,3 +151,53 @@ def test_a_wait_cancelled_by_stop_is_not_an_error_but_any_other_cancel_is():
     finally:
         release.set()
         jobs.stop()
+
+
+def skipped_record(job_id: str) -> logging.LogRecord:
+    """APScheduler's warning, as its scheduler makes it (the job object is the first arg)."""
+
+    class Job:
+        id = job_id
+
+        def __str__(self) -> str:
+            return f"{job_id} (trigger: interval[0:00:00.250000])"
+
+    return logging.LogRecord(
+        "apscheduler.scheduler",
+        logging.WARNING,
+        __file__,
+        1,
+        'Execution of job "%s" skipped: maximum number of running instances reached (%d)',
+        (Job(), 1),
+        None,
+    )
+
+
+def test_skipped_tick_warnings_pass_once_per_job_per_minute_with_a_count():
+    clock = [0.0]
+    skipped = periodic.SkippedTicksFilter(clock=lambda: clock[0])
+    assert skipped.filter(skipped_record("sweep")) is True
+    assert skipped.filter(skipped_record("other")) is True  # counted per job
+    for _ in range(239):  # four a second for a minute less a tick
+        clock[0] += 0.25
+        assert skipped.filter(skipped_record("sweep")) is False
+    clock[0] = OUTAGE_REPEAT_S
+    record = skipped_record("sweep")
+    assert skipped.filter(record) is True
+    assert record.getMessage().endswith("reached (1) (239 more held back over 60s)")
+    unrelated = logging.LogRecord("apscheduler.scheduler", logging.INFO, __file__, 1, "x", (), None)
+    assert skipped.filter(unrelated) is True
+
+
+def test_the_filter_sits_on_apscheduler_s_logger_while_the_jobs_run():
+    jobs = PeriodicJobs([PeriodicJob("idle", lambda: None, 60.0)], threads=1)
+
+    async def run() -> bool:
+        jobs.start()
+        try:
+            return jobs._skipped_ticks in periodic.SCHEDULER_LOG.filters
+        finally:
+            jobs.stop()
+
+    assert asyncio.run(run()) is True
+    assert jobs._skipped_ticks not in periodic.SCHEDULER_LOG.filters
