@@ -7,7 +7,6 @@ Twisted protocol needs Twisted."""
 from __future__ import annotations
 
 import base64
-import os
 
 import pytest
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
@@ -65,11 +64,11 @@ def frame(payload: bytes, first: int = 0x82, long_form: bool = False) -> bytes:
         header = bytes([first, 0x80 | size])
     else:
         header = bytes([first, 0x80 | 126]) + size.to_bytes(2, "big")
-    mask = os.urandom(4)
+    mask = b"\x37\xfa\x21\x3d"
     return header + mask + create_xor_masker(mask, size).process(payload)
 
 
-BEAT = frame(os.urandom(275))
+BEAT = frame(bytes(range(256)) + b"heartbeat" * 3)
 READS = {
     "one beat": [BEAT],
     "beats in turn": [BEAT, frame(b"b" * 3), frame(b"c" * 126), BEAT],
