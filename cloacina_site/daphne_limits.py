@@ -41,16 +41,17 @@ Seven adjustments to daphne (pinned in requirements.txt), applied by `serve`:
   options now live on the protocol class (the values the factory gives, read the same
   way), and those debug arguments are formatted only when a debug line is written.
 * **One frame per read, read lean** (autobahn, under daphne).  An idle agent's socket
-  brings one small masked binary frame per read — its heartbeat, thousands a minute at
-  thousands of agents — and autobahn's general frame state machine took a third of an idle
-  server's busy time over it (a frame header object, a masker object, a dozen hooks, an
-  event fired with a future for listeners nobody registered; docs/scaling.md, "Round
-  i16-beat2").  A read that holds exactly one complete, final, masked, uncompressed binary
-  frame of at most :data:`LEAN_MAX_BYTES`, on an open socket with no frame or message in
-  progress and an application that took the frame shortcut, is unmasked here and handed to
-  ``onMessage`` as autobahn would hand it; anything else — a control frame, a text frame, a
-  fragment, two frames or part of one in a read, a frame over the size limits — goes
-  autobahn's way untouched, which checks it and closes with the same codes as before.
+  brings one small masked frame per read — its heartbeat, thousands a minute at thousands
+  of agents, or its ping — and autobahn's general frame state machine took a third of an
+  idle server's busy time over them (a frame header object, a masker object, a dozen
+  hooks, an event fired with a future for listeners nobody registered; docs/scaling.md,
+  "Round i16-beat2").  A read that holds exactly one complete, final, masked,
+  uncompressed binary frame of at most :data:`LEAN_MAX_BYTES`, or ping, on an open socket
+  with no frame or message in progress and an application that took the frame shortcut,
+  is unmasked here and handed to ``onMessage`` (or ``_onPing``, which answers the pong) as
+  autobahn would hand it; anything else — a text frame, a close, a fragment, two frames
+  or part of one in a read, a frame over the size limits — goes autobahn's way
+  untouched, which checks it and closes with the same codes as before.
 """
 
 from __future__ import annotations
@@ -75,11 +76,12 @@ CLOSE_REASON_MAX_BYTES = 123  # the WebSocket close frame's limit
 # clients then report "connection reset" instead of the 413.
 LINGER_IDLE_S = 2.0
 LINGER_MAX_S = 30.0
-# Frames read lean (one_binary_frame): the agents' heartbeats (~300 bytes) and the other
+# Frames read lean (one_lean_frame): the agents' heartbeats (~300 bytes) and the other
 # small frames of a delivery socket; a larger one is rare and goes autobahn's way.
 LEAN_MAX_BYTES = 8 * 1024
-_BINARY_FINAL = 0x82  # FIN, no RSV bit (nothing compressed), opcode 2 (binary)
+_FINAL = 0x80  # the FIN bit, no RSV bit (nothing compressed)
 _MASKED = 0x80
+BINARY, PING = 0x2, 0x9  # the opcodes read lean
 
 
 def apply_daphne_limits(
@@ -317,21 +319,23 @@ def _bounded_websockets(protocol_class) -> None:
     protocol_class._cloacina_bounded = True
 
 
-def one_binary_frame(data: bytes, max_frame: int = 0, max_message: int = 0) -> bytes | None:
-    """The unmasked payload when ``data`` is exactly one complete WebSocket frame that is
-    final, binary, masked, with no RSV bit, a payload of 1 to LEAN_MAX_BYTES bytes in the
-    minimal length encoding and within ``max_frame``/``max_message`` (0: no limit, as
-    autobahn reads them); None for anything else, which autobahn's parser then reads
-    (RFC 6455 section 5.2)."""
-    if len(data) < 7 or data[0] != _BINARY_FINAL:
+def one_lean_frame(
+    data: bytes, max_frame: int = 0, max_message: int = 0
+) -> tuple[int, bytes] | None:
+    """(opcode, unmasked payload) when ``data`` is exactly one complete, final, masked
+    WebSocket frame with no RSV bit that is either binary (:data:`BINARY`, a payload of 1 to
+    LEAN_MAX_BYTES bytes within ``max_frame``/``max_message``, 0: no limit, as autobahn reads
+    them) or a ping (:data:`PING`, 1 to 125 bytes), each length in its minimal encoding;
+    None for anything else, which autobahn's parser then reads (RFC 6455 section 5.2)."""
+    if len(data) < 7:
         return None
-    second = data[1]
-    if not second & _MASKED:
+    first, second = data[0], data[1]
+    if not second & _MASKED or (first != _FINAL | BINARY and first != _FINAL | PING):
         return None
     size = second & 0x7F
     if size < 126:
         start = 6
-    elif size == 126:
+    elif size == 126 and first == _FINAL | BINARY:  # a control frame never has 126
         size = int.from_bytes(data[2:4], "big")
         if size < 126:  # not the minimal encoding: autobahn fails it
             return None
@@ -347,7 +351,7 @@ def one_binary_frame(data: bytes, max_frame: int = 0, max_message: int = 0) -> b
         return None
     key = (data[start - 4 : start] * ((size + 3) // 4))[:size]
     masked = int.from_bytes(data[start:], "little") ^ int.from_bytes(key, "little")
-    return masked.to_bytes(size, "little")
+    return first & 0x0F, masked.to_bytes(size, "little")
 
 
 def _lean_frames(protocol_class) -> None:
@@ -369,12 +373,16 @@ def _lean_frames(protocol_class) -> None:
             and self._listeners is None  # nobody to fire "message" to
             and self._parent is None
         ):
-            payload = one_binary_frame(data, self.maxFramePayloadSize, self.maxMessagePayloadSize)
-            if payload is not None:
-                # What autobahn counts for such a frame, then its onMessage (the shortcut,
-                # or daphne's queue with the back-pressure above).
+            frame = one_lean_frame(data, self.maxFramePayloadSize, self.maxMessagePayloadSize)
+            if frame is not None:
+                # What autobahn counts for such a frame, then what it calls: onMessage (the
+                # shortcut, or daphne's queue with the back-pressure above) or _onPing.
+                opcode, payload = frame
                 stats = self.trafficStats
                 stats.incomingOctetsWireLevel += len(data)
+                if opcode == PING:
+                    self._onPing(payload)
+                    return
                 stats.incomingOctetsWebSocketLevel += len(payload)
                 stats.incomingOctetsAppLevel += len(payload)
                 stats.incomingWebSocketFrames += 1

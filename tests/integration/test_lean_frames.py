@@ -79,6 +79,9 @@ READS = {
     "invalid UTF-8 text": [frame(b"\xff\xfe", 0x81)],
     "a ping, then a beat": [frame(b"ping", 0x89), BEAT],
     "a ping and a beat in a read": [frame(b"ping", 0x89) + BEAT],
+    "pings in turn": [frame(b"p1", 0x89), frame(b"x" * 125, 0x89), BEAT, frame(b"p3", 0x89)],
+    "an empty ping": [frame(b"", 0x89), BEAT],
+    "a pong": [frame(b"pong", 0x8A), BEAT],
     "fragments": [frame(b"part one", 0x02), frame(b"part two", 0x80), BEAT],
     "a beat inside a fragmented message": [frame(b"part", 0x02), BEAT],
     "compressed without the extension": [frame(b"x" * 10, 0xC2)],
@@ -108,14 +111,15 @@ def test_the_lean_reader_does_what_autobahn_does(reads):
 def test_a_socket_without_the_frame_shortcut_is_read_by_autobahn(monkeypatch):
     lean, _ = opened(Lean)
     lean.frame_shortcut = None  # before its consumer took the shortcut (or not a delivery socket)
-    monkeypatch.setattr(daphne_limits, "one_binary_frame", pytest.fail)
+    monkeypatch.setattr(daphne_limits, "one_lean_frame", pytest.fail)
     lean.dataReceived(BEAT)
     assert len(lean.got) == 1
 
 
-def test_a_lone_binary_frame_skips_autobahns_parser(monkeypatch):
+def test_a_lone_binary_frame_or_ping_skips_autobahns_parser(monkeypatch):
     lean, _ = opened(Lean)
     monkeypatch.setattr(Lean, "processData", pytest.fail, raising=False)
     lean.dataReceived(BEAT)
+    lean.dataReceived(frame(b"ping", 0x89))
     lean.dataReceived(BEAT)
     assert len(lean.got) == 2 and lean.got[0] == lean.got[1]
