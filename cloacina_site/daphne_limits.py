@@ -1,6 +1,6 @@
 """What daphne lets one client make the server hold, and what it tells a client it closes.
 
-Six adjustments to daphne (pinned in requirements.txt), applied by `serve`:
+Seven adjustments to daphne (pinned in requirements.txt), applied by `serve`:
 
 * **Request bodies capped as they arrive.**  Twisted buffers a whole request body
   (to memory, then a temporary file) before daphne hands it to Django, so before
@@ -40,6 +40,18 @@ Six adjustments to daphne (pinned in requirements.txt), applied by `serve`:
   highlighted type names per frame received — whether or not debug was logged.  The
   options now live on the protocol class (the values the factory gives, read the same
   way), and those debug arguments are formatted only when a debug line is written.
+* **One frame per read, read lean** (autobahn, under daphne).  An idle agent's socket
+  brings one small masked frame per read — its heartbeat, thousands a minute at thousands
+  of agents, or its ping — and autobahn's general frame state machine took a third of an
+  idle server's busy time over them (a frame header object, a masker object, a dozen
+  hooks, an event fired with a future for listeners nobody registered; docs/scaling.md,
+  "Round i16-beat2").  A read that holds exactly one complete, final, masked,
+  uncompressed binary frame of at most :data:`LEAN_MAX_BYTES`, or ping, on an open socket
+  with no frame or message in progress and an application that took the frame shortcut,
+  is unmasked here and handed to ``onMessage`` (or ``_onPing``, which answers the pong) as
+  autobahn would hand it; anything else — a text frame, a close, a fragment, two frames
+  or part of one in a read, a frame over the size limits — goes autobahn's way
+  untouched, which checks it and closes with the same codes as before.
 """
 
 from __future__ import annotations
@@ -64,17 +76,24 @@ CLOSE_REASON_MAX_BYTES = 123  # the WebSocket close frame's limit
 # clients then report "connection reset" instead of the 413.
 LINGER_IDLE_S = 2.0
 LINGER_MAX_S = 30.0
+# Frames read lean (one_lean_frame): the agents' heartbeats (~300 bytes) and the other
+# small frames of a delivery socket; a larger one is rare and goes autobahn's way.
+LEAN_MAX_BYTES = 8 * 1024
+_FINAL = 0x80  # the FIN bit, no RSV bit (nothing compressed)
+_MASKED = 0x80
+BINARY, PING = 0x2, 0x9  # the opcodes read lean
 
 
 def apply_daphne_limits(
     max_body_bytes: int | None = None, keepalive_s: float | None = None
 ) -> None:
-    """Install all six (idempotent); ``max_body_bytes`` None leaves bodies uncapped,
+    """Install all seven (idempotent); ``max_body_bytes`` None leaves bodies uncapped,
     ``keepalive_s`` None leaves Twisted's idle timeout (twelve hours)."""
     from daphne import http_protocol, ws_protocol
 
     _formless_requests(http_protocol.WebRequest)
     _bounded_websockets(ws_protocol.WebSocketProtocol)
+    _lean_frames(ws_protocol.WebSocketProtocol)
     if keepalive_s is not None:
         _idle_keepalive_closed(http_protocol.HTTPFactory, keepalive_s)
     _lean_websockets(ws_protocol.WebSocketFactory)
@@ -298,6 +317,82 @@ def _bounded_websockets(protocol_class) -> None:
     protocol_class.onMessage = onMessage
     protocol_class.handle_reply = handle_reply
     protocol_class._cloacina_bounded = True
+
+
+def one_lean_frame(
+    data: bytes, max_frame: int = 0, max_message: int = 0
+) -> tuple[int, bytes] | None:
+    """(opcode, unmasked payload) when ``data`` is exactly one complete, final, masked
+    WebSocket frame with no RSV bit that is either binary (:data:`BINARY`, a payload of 1 to
+    LEAN_MAX_BYTES bytes within ``max_frame``/``max_message``, 0: no limit, as autobahn reads
+    them) or a ping (:data:`PING`, 1 to 125 bytes), each length in its minimal encoding;
+    None for anything else, which autobahn's parser then reads (RFC 6455 section 5.2)."""
+    if len(data) < 7:
+        return None
+    first, second = data[0], data[1]
+    if not second & _MASKED or (first != _FINAL | BINARY and first != _FINAL | PING):
+        return None
+    size = second & 0x7F
+    if size < 126:
+        start = 6
+    elif size == 126 and first == _FINAL | BINARY:  # a control frame never has 126
+        size = int.from_bytes(data[2:4], "big")
+        if size < 126:  # not the minimal encoding: autobahn fails it
+            return None
+        start = 8
+    else:  # 8-byte lengths: over LEAN_MAX_BYTES
+        return None
+    if (
+        len(data) != start + size
+        or size > LEAN_MAX_BYTES
+        or 0 < max_frame < size
+        or 0 < max_message < size
+    ):
+        return None
+    key = (data[start - 4 : start] * ((size + 3) // 4))[:size]
+    masked = int.from_bytes(data[start:], "little") ^ int.from_bytes(key, "little")
+    return first & 0x0F, masked.to_bytes(size, "little")
+
+
+def _lean_frames(protocol_class) -> None:
+    if getattr(protocol_class, "_cloacina_lean_frames", False):
+        return
+    original_data_received = protocol_class.dataReceived
+
+    def dataReceived(self, data):
+        if (
+            self.frame_shortcut is not None  # a delivery socket past its connect
+            and self.state == self.STATE_OPEN
+            and not self.data  # nothing of an earlier read waits to be parsed
+            and self.current_frame is None
+            and not self.inside_message
+            and not self.failedByMe
+            and not self.trackedTimings
+            and not self.logFrames
+            and not self.logOctets
+            and self._listeners is None  # nobody to fire "message" to
+            and self._parent is None
+        ):
+            frame = one_lean_frame(data, self.maxFramePayloadSize, self.maxMessagePayloadSize)
+            if frame is not None:
+                # What autobahn counts for such a frame, then what it calls: onMessage (the
+                # shortcut, or daphne's queue with the back-pressure above) or _onPing.
+                opcode, payload = frame
+                stats = self.trafficStats
+                stats.incomingOctetsWireLevel += len(data)
+                if opcode == PING:
+                    self._onPing(payload)
+                    return
+                stats.incomingOctetsWebSocketLevel += len(payload)
+                stats.incomingOctetsAppLevel += len(payload)
+                stats.incomingWebSocketFrames += 1
+                stats.incomingWebSocketMessages += 1
+                self.onMessage(payload, True)
+                return
+        original_data_received(self, data)
+
+    protocol_class.dataReceived = dataReceived
+    protocol_class._cloacina_lean_frames = True
 
 
 def _resume_when_drained(protocol) -> None:

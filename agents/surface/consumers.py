@@ -181,6 +181,13 @@ _BEAT_MSGPACK_TYPE = msgpack.packb({"type": "heartbeat"})[1:]
 _BEAT_KEYS = frozenset(("type", "in_flight", "running", "metrics", "draining"))
 _SCALARS = (str, int, float, bool, type(None))
 SHORTCUT_MAX_BYTES = 8 * 1024  # a beat larger than this goes the usual way
+# json.dumps' own C encoder, made once: json.dumps builds it anew per call, a quarter of
+# what encoding a beat's metrics cost.  The same text as json.dumps with its defaults
+# (tests/unit/test_beat_shortcut.py); markers off, as a flat object cannot be circular.
+_metrics_encoder = json.encoder.c_make_encoder(
+    None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None,
+    ": ", ", ", False, False, True,
+)  # fmt: skip
 
 
 def plain_beat(payload: bytes) -> dict[str, Any] | None:
@@ -233,7 +240,7 @@ def _flat_metrics_json(metrics: Any) -> str | None:
             return None
         if (kind is str and "\x00" in value) or (kind is float and not math.isfinite(value)):
             return None
-    text = json.dumps(metrics)
+    text = "".join(_metrics_encoder(metrics, 0))
     return text if len(text) <= roster.MAX_METRICS_BYTES else None
 
 
@@ -402,6 +409,7 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         self._results_room = asyncio.Event()
         self._beat: asyncio.Future | None = None  # the beat being written, if any
         self._next_beat: dict | None = None
+        self._writes: socket_writes.SocketWrites | None = None  # kept: see _socket_writes
         self._bucket = TokenBucket(FRAME_RATE_PER_S, FRAME_BURST)
         # Frames to the agent (packets, result acks) queued in this loop turn, written at
         # the start of the next one: in batch frames when the agent's hello asked for them.
@@ -566,7 +574,7 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             # Nothing of this socket waits ahead of them or is being handled (its hello is
             # applied): handed to the writer now, without a hop through the queue and the
             # worker task, which would only do the same (one per task: the commonest frame).
-            socket_writes.writer().received(self.grant.agent_id, received)
+            self._socket_writes().received(self.grant.agent_id, received)
             return
         if len(self._inbound) + len(frames) > INBOUND_QUEUE:
             await self._close(CLOSE_FLOOD, f"more than {INBOUND_QUEUE} frames waiting")
@@ -673,10 +681,19 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         """Hand ``beat`` to the writer; :meth:`_beat_written` acts on its answer."""
         grant = self.grant
         self._next_beat = None
-        self._beat = socket_writes.writer().heartbeat(
+        self._beat = self._socket_writes().heartbeat(
             grant.agent_id, grant.tenant_id, beat["running"], beat["metrics_json"], beat["draining"]
         )
         self._beat.add_done_callback(self._beat_written)
+
+    def _socket_writes(self) -> socket_writes.SocketWrites:
+        """This loop's socket writer, kept while it runs: looking it up per beat asked
+        asyncio for the running loop, a ``getpid`` system call each time, a twentieth of an
+        idle server's busy samples (docs/scaling.md, "Round i16-beat2")."""
+        writes = self._writes
+        if writes is None or not writes.running:
+            writes = self._writes = socket_writes.writer()
+        return writes
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(work)

@@ -78,3 +78,34 @@ def test_frames_that_do_not_decode_are_left_to_the_full_check():
     assert plain_beat(ext) is None
     with pytest.raises((wire.WireFormatError, FrameRejected)):
         fully_checked(ext)  # which names the problem
+
+
+@pytest.mark.parametrize(
+    "metrics",
+    [
+        METRICS,
+        {},
+        {"big": 2**64 - 1, "neg": -(2**63), "tiny": 1e-300, "e": 1.5e300, "zero": -0.0},
+        {"ünï": "cödé ☃ \U0001f600", 'q"uote': "back\\slash\n\t\x01"},
+    ],
+)
+def test_the_metrics_text_is_json_dumps_text(metrics):
+    assert consumers._flat_metrics_json(metrics) == json.dumps(metrics)
+
+
+class Writes:
+    def __init__(self) -> None:
+        self.running = True
+
+
+def test_a_socket_keeps_its_writer_while_it_runs(monkeypatch):
+    made: list[Writes] = []
+    monkeypatch.setattr(
+        consumers.socket_writes, "writer", lambda: made.append(Writes()) or made[-1]
+    )
+    consumer = consumers.AgentDeliveryConsumer.__new__(consumers.AgentDeliveryConsumer)
+    consumer._writes = None
+    first = consumer._socket_writes()
+    assert consumer._socket_writes() is first and len(made) == 1  # looked up once
+    first.running = False  # closed (its loop, or close_writer): the current one is asked for
+    assert consumer._socket_writes() is made[1]

@@ -120,6 +120,12 @@ class SocketWrites:
         return future
 
     @property
+    def running(self) -> bool:
+        """Whether this writer still writes (false once closed, with its loop or by
+        :func:`close_writer`): a consumer keeps its writer while it runs."""
+        return not self._task.done()
+
+    @property
     def retrying(self) -> int:
         """Confirmations skipped (their rows were locked) and waiting to be written again."""
         return len(self._retry)
