@@ -41,3 +41,48 @@ def _collect_fully(attempts: int = 100) -> None:
         if gc.get_stats()[2]["collections"] > before:
             return
         time.sleep(0.001)  # let the other thread's collection finish
+
+
+# How often at most the frozen objects are handed back to the collector (see SurvivorFreezer).
+THAW_EVERY_S = 60.0
+
+
+class SurvivorFreezer:
+    """After each full collection, freeze what survived it; once in a while, thaw first.
+
+    While thousands of sockets connect the heap grows, and each full collection walked every
+    socket's objects again (the consumer, the protocol, the transport, their buffers): the
+    more sockets, the longer and the more frequent the walks.  Frozen right after a full
+    collection, those objects are walked once: the next full collection sees only what was
+    promoted since.  Only survivors are frozen (the collection just freed the cyclic garbage),
+    but a frozen object that later becomes cyclic garbage — a closed socket's cycle — is
+    freed only once thawed: so the first full collection at least ``thaw_every_s`` after the
+    last thaw unfreezes everything first (:func:`gc.unfreeze`, in the collection's ``start``
+    callback), collects the whole heap, and freezes its survivors again.  Garbage freed by
+    reference counting is freed at once, frozen or not.
+    """
+
+    def __init__(self, thaw_every_s: float = THAW_EVERY_S, clock=time.monotonic) -> None:
+        self.thaw_every_s = thaw_every_s
+        self._clock = clock
+        self._last_thaw = clock()
+        self.thaws = 0
+
+    def install(self) -> None:
+        if self._on_gc not in gc.callbacks:
+            gc.callbacks.append(self._on_gc)
+
+    def uninstall(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            if self._clock() - self._last_thaw >= self.thaw_every_s:
+                gc.unfreeze()  # this collection walks the whole heap again
+                self._last_thaw = self._clock()
+                self.thaws += 1
+        else:
+            gc.freeze()  # the survivors of the collection that just ended

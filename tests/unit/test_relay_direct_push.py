@@ -6,10 +6,11 @@ tests/integration/test_fleet_consumer.py.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 from fleet.executors.fleet.delivery import local_sockets
-from fleet.executors.fleet.delivery.relay import Relay
+from fleet.executors.fleet.delivery.relay import SOCKET_WAKE_S, Relay
 from tests.support.loop import run_async
 from tests.support.socket_registry import forget_sockets  # noqa: F401  (autouse)
 
@@ -54,3 +55,28 @@ def test_a_push_that_raises_costs_the_relay_nothing():
 
     # Left delivered and unconfirmed: redelivery retries it, then fails it with a reason.
     assert run_async(scenario()) == (True, 1)
+
+
+def test_sockets_registering_together_wake_the_relay_once_soon_after():
+    # A connect storm's hellos each woke a round (a query) of their own.
+    async def push(packet: dict) -> None:
+        raise AssertionError("nothing to push")
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        relay = Relay(poll_s=600)
+        local_sockets.on_register(relay.on_socket)
+        try:
+            for _ in range(100):
+                local_sockets.register(_socket(uuid.uuid4(), push))
+            woken_at_once = relay.wake.is_set()
+            await asyncio.wait_for(relay.wake.wait(), timeout=30)
+            relay.wake.clear()
+            await asyncio.sleep(SOCKET_WAKE_S * 2)  # no second wake-up queued behind it
+            woken_again = relay.wake.is_set()
+            local_sockets.register(_socket(uuid.uuid4(), push))  # a later socket: a new one
+            await asyncio.wait_for(relay.wake.wait(), timeout=30)
+            return woken_at_once, woken_again, relay.wake.is_set()
+        finally:
+            await relay.stop()
+
+    assert run_async(scenario()) == (False, False, True)

@@ -21,7 +21,7 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connection
 
-from agents.protocol.heap import freeze_startup_heap
+from agents.protocol.heap import SurvivorFreezer, freeze_startup_heap
 from agents.sandbox.task_isolation import TaskUserError
 from artifacts.builds.runner import BuildRunner
 from cloacina_site.daphne_limits import apply_daphne_limits, close_websockets, websockets_closing
@@ -274,6 +274,9 @@ class ServeProcess:
         # Everything loaded so far lives as long as the process: no full collection needs
         # to walk it again (agents/protocol/heap.py: the p99 it cost an idle pickup).
         log.debug("froze %d startup objects", freeze_startup_heap())
+        # And what each full collection finds alive from now on: a connect storm's sockets are
+        # walked once, not by every full collection while the heap grows (heap.py).
+        SurvivorFreezer().install()
 
     def _periodic_jobs(self, executor_jobs: list[PeriodicJob]) -> list[PeriodicJob]:
         instance_id = self.instance_id
