@@ -39,9 +39,11 @@ eighth of the server's CPU, and a connect storm is nothing but registrations
 from __future__ import annotations
 
 import asyncio
+import functools
 from enum import Enum
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
+from django.conf import settings
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
@@ -195,8 +197,17 @@ def path_info(scope: dict) -> str:
 
 def route_of(path: str) -> Route:
     """How the handler runs the view of ``path`` (an unknown path is a sync 404)."""
+    return _route(settings.ROOT_URLCONF, path)
+
+
+# Remembered per URL conf and path: resolving on the event loop, before the handler resolves
+# the path again on its thread, was a fortieth of the server's CPU in a burst of starts
+# (docs/performance.md, "Round i17-burst3"); a start's path repeats (it names the
+# workflow), a GET's names its execution and only passes through.
+@functools.lru_cache(maxsize=1024)
+def _route(urlconf: str, path: str) -> Route:
     try:
-        match = resolve(path)
+        match = resolve(path, urlconf)
     except Resolver404:
         return Route.ONE_HOP
     if iscoroutinefunction(match.func):

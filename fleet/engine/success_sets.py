@@ -55,6 +55,12 @@ _CLOSE = """, wlocked AS (
     RETURNING w.id, w.open_tasks, w.status
 )"""
 
+# What the settled tasks held, on one row of a set statement's answer and NULL on the others
+# (:func:`_holders` finds it).  On every row, a batch of N successes loaded N² agent ids
+# into Python (a uuid object each): under load, when batches are largest, that was most
+# of the set's client-side cost (docs/performance.md, "Round i17-burst3").
+_HOLDERS = "CASE WHEN row_number() OVER () = 1 THEN (SELECT array_agg(holder) FROM held) END"
+
 # Step 1.  ``locked`` takes the task rows in id order, re-checking the fence on the newest
 # row version after any wait (a reclaim that committed meanwhile drops the row); the
 # UPDATE repeats the fence.  Workflows are closed and tasks settled only when no task of
@@ -91,7 +97,7 @@ WITH r AS (
     SELECT id AS task_execution_id, assignment FROM head WHERE (SELECT leaves_only FROM leaves)
 ){settle}
 SELECT h.id, h.assignment, h.agent_id, h.attempt, h.workflow_execution_id, h.task_name,
-    h.has_dependents, c.open_tasks, c.status, (SELECT array_agg(holder) FROM held)
+    h.has_dependents, c.open_tasks, c.status, {holders}
 FROM head h LEFT JOIN closed c ON c.id = h.workflow_execution_id
 """
 
@@ -104,7 +110,7 @@ WITH n AS (
     SELECT * FROM unnest(%(tasks)s::uuid[], %(assignments)s::integer[])
         AS s(task_execution_id, assignment)
 ){settle}
-SELECT c.id, c.open_tasks, c.status, (SELECT array_agg(holder) FROM held)
+SELECT c.id, c.open_tasks, c.status, {holders}
 FROM (SELECT 1) AS one LEFT JOIN closed c ON true
 """
 
@@ -119,8 +125,8 @@ def _build() -> _Statements:
     # packet, and a set may hold several packets of one agent.
     settle = hooks.settle_ctes("settling", release=False)
     return _Statements(
-        _COMPLETE_SET.format(head=HEAD_CTE, close=_CLOSE, settle=settle),
-        _CLOSE_SET.format(close=_CLOSE, settle=settle),
+        _COMPLETE_SET.format(head=HEAD_CTE, close=_CLOSE, settle=settle, holders=_HOLDERS),
+        _CLOSE_SET.format(close=_CLOSE, settle=settle, holders=_HOLDERS),
     )
 
 
@@ -164,7 +170,7 @@ def complete_current(
             closed, held = _settle_and_close(cursor, statements, heads, results)
         else:
             closed = {row[4]: (row[7], row[8]) for row in rows}
-            held = rows[0][9] if rows else None
+            held = _holders(rows, 9)
     hand_over_holders(list(held or []))
     scheduler.finish_many(
         [
@@ -210,4 +216,9 @@ def _settle_and_close(
     )
     rows = cursor.fetchall()
     closed = {row[0]: (row[1], row[2]) for row in rows if row[0] is not None}
-    return closed, rows[0][3]
+    return closed, _holders(rows, 3)
+
+
+def _holders(rows: list[tuple], column: int) -> list | None:
+    """The ``_HOLDERS`` column's one value among ``rows`` (None: nothing was held)."""
+    return next((row[column] for row in rows if row[column] is not None), None)

@@ -210,5 +210,11 @@ def test_claim_work_reads_contexts_and_packages_in_the_claims_one_statement(tena
         assert (work.package.pk, work.package.digest, work.package.kind) == (
             package.pk, package.digest, package.kind,
         )  # fmt: skip
+        assert (work.package.tenant_id, work.package.host_triple) == (
+            package.tenant_id, package.host_triple,
+        )  # fmt: skip
         assert (work.tenant_name, work.workflow_name) == (tenant.name, "chain")
+    # The fields the statement does not read are deferred (loaded if read), not defaults.
+    assert "manifest" in claimed[0].package.get_deferred_fields()
+    assert claimed[0].package.manifest == package.manifest
     assert TaskExecution.objects.get(pk=tasks["d"].pk).status == TaskStatus.RUNNING

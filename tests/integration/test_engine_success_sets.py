@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from agents.models import Agent
-from fleet.engine import ready_queue
+from fleet.engine import ready_queue, success_sets
 from fleet.engine.claims import claim_tasks
 from fleet.engine.events import ExecutionStatus
 from fleet.engine.outcome_batches import apply_reports
@@ -179,6 +179,35 @@ def test_the_settle_hook_acks_each_packet_and_frees_each_slot_once(tenant, offer
     b = TaskExecution.objects.get(workflow_execution=chained, task_name="b")
     assert b.status == "Ready"
     assert [e.task_execution_id for e in offered] == [b.pk]  # offered once, after the commit
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("workflow", ["wide", "chain"], ids=["leaves", "dependents"])
+def test_a_set_answers_what_its_tasks_held_on_one_row(tenant, offered, monkeypatch, workflow):
+    """Both set statements (leaves only; dependents decided first) carry the agents the
+    settled tasks held on one row, not on each: a batch of N loaded N² ids."""
+    wide(tenant)
+    chain(tenant)
+    agent = make_agent(tenant, "a", max_concurrency=8)
+    answers: list[list] = []
+    real = success_sets._holders
+
+    def spy(rows, column):
+        answers.append([row[column] for row in rows])
+        return real(rows, column)
+
+    monkeypatch.setattr(success_sets, "_holders", spy)
+    placed = [
+        delivered
+        for _ in range(2)  # a chain has one root: two of them make a set
+        for delivered in delivered_tasks(start(tenant, workflow, {})[0])
+    ]
+    items = [(tenant.pk, row.agent_id, result_in(task, row)) for task, row in placed]
+    assert [answer for answer, _body in apply_results(items)] == [200] * len(placed)
+    (column,) = answers
+    carried = [value for value in column if value is not None]
+    assert carried == [[agent.pk] * len(placed)]
+    assert Agent.objects.get(pk=agent.pk).in_flight == 0
 
 
 @pytest.mark.django_db

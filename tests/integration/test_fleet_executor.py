@@ -73,6 +73,33 @@ def test_no_agent_is_requeued_without_using_an_attempt(tenant):
     )
 
 
+def test_a_task_no_slot_was_found_for_is_offered_again_once_in_a_row(tenant, monkeypatch):
+    """Not left to the dispatch loop's tick (a second or more): offered again shortly after
+    its placement found no slot; after a second miss in a row, left to the tick."""
+    two_task_package(tenant)
+    _, task = ready_root(tenant)
+    offered: list = []
+    monkeypatch.setattr(fleet_executor_module.ready_queue, "submit", offered.extend)
+    wait_s = fleet_executor_module.REOFFER_AFTER_S * 4
+
+    async def scenario():
+        executor = await started_executor()
+        try:
+            first = await executor.execute(event(task))
+            await asyncio.sleep(wait_s)
+            after_first = list(offered)
+            second = await executor.execute(event(task))  # the re-offer, missing again
+            await asyncio.sleep(wait_s)
+            return first.status, after_first, second.status, list(offered)
+        finally:
+            await executor.stop()
+
+    first, after_first, second, after_second = run_async(scenario())
+    assert (first, second) == (ExecutionStatus.REQUEUED, ExecutionStatus.REQUEUED)
+    assert after_first == [event(task)]
+    assert after_second == [event(task)]  # not again: the tick takes it from here
+
+
 def test_an_outcome_applied_by_another_process_wakes_the_waiter_by_notify(tenant):
     two_task_package(tenant)
     agent = make_agent(tenant)

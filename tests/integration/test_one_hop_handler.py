@@ -116,6 +116,23 @@ def test_it_sends_the_agents_sync_endpoints_to_the_delivery_pool():
     assert route_of(f"/api/v1/agents/{agent}/results") is Route.ASYNC
 
 
+def test_a_paths_route_is_resolved_once_per_url_conf(monkeypatch, settings):
+    calls: list[tuple] = []
+    real = one_hop.resolve
+
+    def counted(path, urlconf=None):
+        calls.append((path, urlconf))
+        return real(path, urlconf)
+
+    monkeypatch.setattr(one_hop, "resolve", counted)
+    path = f"/api/v1/workflows/{uuid.uuid4().hex}/executions"  # a path no test routed before
+    assert route_of(path) is route_of(path) is Route.POOLED
+    assert calls == [(path, settings.ROOT_URLCONF)]  # the second answer was remembered
+    settings.ROOT_URLCONF = "tests.support.empty_urls"  # another URL conf: its own answer
+    assert route_of(path) is Route.ONE_HOP
+    assert calls[1:] == [(path, "tests.support.empty_urls")]
+
+
 def test_a_registration_runs_on_a_pool_thread_with_every_middleware(
     hops, pooled, agent_key, tenant
 ):

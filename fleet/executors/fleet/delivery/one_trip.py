@@ -103,7 +103,7 @@ _DUE = """
             ) END
         OFFSET 0  -- built once per row, not once per mention below
     ) AS x(ctx)
-    WHERE t.tenant_id = ANY(%(tenants)s) AND t.status = 'Ready'
+    WHERE t.tenant_id = ANY(%(tenants)s::bigint[]) AND t.status = 'Ready'
       AND (t.ready_at IS NULL OR t.ready_at <= statement_timestamp())
       AND (t.routing IS NULL OR t.routing = '{}'::jsonb)
       AND jsonb_array_length(t.dependencies) = 0

@@ -90,7 +90,7 @@ WHERE a.connected_to = %(me)s AND a.state NOT IN ('dead', 'stopped')
 
 _ACTIVE_KEYS = """
 SELECT k.id FROM fleet_apikey k JOIN fleet_tenant t ON t.id = k.tenant_id
-WHERE k.id = ANY(%s) AND k.revoked_at IS NULL AND t.is_active
+WHERE k.id = ANY(%s::bigint[]) AND k.revoked_at IS NULL AND t.is_active
 """
 
 

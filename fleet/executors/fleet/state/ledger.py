@@ -399,7 +399,7 @@ RETURNING o.id, o.agent_id, o.task_execution_id, o.assignment, o.attempts, o.pay
 
 UNTAKE = """
 UPDATE delivery_outbox SET state = 'pending', delivered_at = NULL, updated_at = now()
-WHERE id = ANY(%s) AND state = 'delivered'
+WHERE id = ANY(%s::bigint[]) AND state = 'delivered'
 """
 
 
