@@ -149,20 +149,11 @@ ENQUEUE_ON_RESERVED = """
 SELECT id, name, target_triple FROM reserved, relax
 """
 
-# Agents a placement locks beyond those its dealing reaches on the ranking it read without
-# a lock: room for agents that filled up (or left) between that read and their lock.
-SPARE_AGENTS = 4
-
 # N slots and N packets in one statement: plain tasks of one or more tenants (each task
 # with its tenant, and its package's digests), the candidates of every tenant among them
-# ({candidates}).  Every candidate is read and ranked without a lock (``seen``); only those
-# the dealing can reach — a tenant's first ``wanted`` + SPARE_AGENTS by most free slots,
-# then the ranking — are locked, in id order, all tenants at once ({lock}: ``FOR NO KEY
-# UPDATE OF a``), and the slots are dealt on the locked rows' own counters (an agent that
-# filled up meanwhile is dealt no slot it does not have).  Locking every candidate instead
-# cost one row lock (a WAL record, a dirtied page) per agent of the tenant per batch, and
-# made every batch wait for every beat written to any of them.  The lock waits for a
-# result batch that is releasing slots rather than skipping its agents as full; a batch that locked its agents up front
+# ({candidates}).  The agents are locked in id order, all tenants at once ({lock}:
+# ``FOR NO KEY UPDATE OF a``) — waiting for a result batch that is releasing slots rather
+# than skipping its agents as full; a batch that locked its agents up front
 # (``lock_in_order_sql``) passes ``SKIP LOCKED`` instead, so it never waits a second time,
 # out of order.  Each tenant's free slots are dealt to its own tasks by the selection's
 # own ranking ({best}: the best healthy score per tenant, for {tiebreak}), its first key
@@ -178,7 +169,18 @@ SPARE_AGENTS = 4
 # whole payload cost a jsonb output and a JSON parse per task).
 RESERVE_AND_ENQUEUE = (
     """
-WITH todo AS (
+WITH locked AS (
+    SELECT a.* FROM agents_agent a WHERE {candidates} ORDER BY a.id {lock}
+), scored AS (
+    SELECT a.*, {best} AS best_score FROM locked a
+), ranked AS (
+    SELECT a.id, a.tenant_id, a.name, a.target_triple, """
+    + breaker.slot_cap("a", free_slots("a"))
+    + """ AS free,
+           a.connected_to = %(me)s AS local,
+           row_number() OVER (PARTITION BY a.tenant_id ORDER BY {tiebreak}) AS rank
+    FROM scored a
+), todo AS (
     SELECT u.*, row_number() OVER (PARTITION BY u.tenant_id ORDER BY u.i) AS k,
            count(*) OVER (PARTITION BY u.tenant_id) AS wanted
     FROM unnest(%(tasks)s::uuid[], %(assignments)s::int[], %(payloads)s::jsonb[],
@@ -186,31 +188,6 @@ WITH todo AS (
          WITH ORDINALITY AS u(task_execution_id, assignment, payload, tenant_id, digests, digest, i)
 ), wanted AS (
     SELECT DISTINCT tenant_id, wanted FROM todo
-), seen AS MATERIALIZED (
-    -- Every candidate, read WITHOUT a lock, ranked by the selection's ranking.
-    SELECT a.id, a.tenant_id,
-           row_number() OVER (PARTITION BY a.tenant_id ORDER BY {tiebreak}) AS rank,
-           row_number() OVER (PARTITION BY a.tenant_id ORDER BY """
-    + breaker.slot_cap("a", free_slots("a"))
-    + """ DESC, {tiebreak}) AS place
-    FROM (SELECT a.*, {best} AS best_score FROM agents_agent a WHERE {candidates}) a
-), locked AS (
-    -- Only the agents the dealing below can reach are locked (in id order): a tenant's
-    -- ``wanted`` tasks go to its ``wanted`` agents with the most free slots at most, and
-    -- the spare ones make up for agents that filled up before their lock came.
-    SELECT a.* FROM agents_agent a
-    WHERE a.id IN (SELECT s.id FROM seen s JOIN wanted c ON c.tenant_id = s.tenant_id
-                   WHERE s.place <= c.wanted + """
-    + str(SPARE_AGENTS)
-    + """)
-      AND {candidates}
-    ORDER BY a.id {lock}
-), ranked AS (
-    SELECT a.id, a.tenant_id, a.name, a.target_triple, """
-    + breaker.slot_cap("a", free_slots("a"))
-    + """ AS free,
-           a.connected_to = %(me)s AS local, s.rank
-    FROM locked a JOIN seen s ON s.id = a.id
 ), slots AS (
     SELECT r.id, r.tenant_id, r.name, r.target_triple, r.local,
            row_number() OVER (PARTITION BY r.tenant_id ORDER BY r.free - s.n DESC, r.rank) AS k
@@ -279,8 +256,7 @@ FROM work w JOIN packets p ON p.task_execution_id = w.task_execution_id JOIN ass
 # builder does — its columns include ``ctx``, that text); when it is not, the task row was
 # only locked for the statement and nothing else is.  Lock order as
 # everywhere: the task row, then its execution's row if it is still Pending (to start it),
-# then the tenant's best candidate agents (``seen``, ranked without a lock: the first
-# 1 + SPARE_AGENTS) in id order — ``locked`` is gated on ``starting`` so
+# then the tenant's candidate agents in id order — ``locked`` is gated on ``starting`` so
 # that the workflow row is locked before any agent row, and on ``due`` so that a task not
 # taken locks no agent.  The best agent is the batch form's choice for one task (most free
 # slots, then the selection's ranking).  With an agent the task row is written ONCE: the
@@ -299,24 +275,13 @@ WITH task AS MATERIALIZED (
     SELECT w.id FROM fleet_workflowexecution w
     WHERE w.id = (SELECT workflow_execution_id FROM due) AND w.status = 'Pending'
     FOR NO KEY UPDATE
-), seen AS MATERIALIZED (
-    -- The best candidates on a read without a lock (RESERVE_AND_ENQUEUE's ``seen``).
-    SELECT a.id, a.best_score
-    FROM (SELECT a.*, {best} AS best_score FROM agents_agent a
-          WHERE {candidates} AND EXISTS (SELECT 1 FROM due)) a
-    ORDER BY """
-    + breaker.slot_cap("a", free_slots("a"))
-    + """ DESC, {tiebreak}
-    LIMIT 1 + """
-    + str(SPARE_AGENTS)
-    + """
 ), locked AS (
     SELECT a.* FROM agents_agent a
-    WHERE a.id IN (SELECT id FROM seen) AND {candidates}
+    WHERE {candidates}
       AND EXISTS (SELECT 1 FROM due) AND (SELECT count(*) FROM starting) >= 0
     ORDER BY a.id FOR NO KEY UPDATE OF a
 ), scored AS (
-    SELECT a.*, s.best_score FROM locked a JOIN seen s ON s.id = a.id
+    SELECT a.*, {best} AS best_score FROM locked a
 ), chosen AS MATERIALIZED (
     SELECT a.id, a.name, a.target_triple, a.connected_to = %(me)s AS local FROM scored a
     ORDER BY """
