@@ -184,7 +184,8 @@ SHORTCUT_MAX_BYTES = 8 * 1024  # a beat larger than this goes the usual way
 # json.dumps' own C encoder, made once: json.dumps builds it anew per call, a quarter of
 # what encoding a beat's metrics cost.  The same text as json.dumps with its defaults
 # (tests/unit/test_beat_shortcut.py); markers off, as a flat object cannot be circular.
-_metrics_encoder = json.encoder.c_make_encoder(
+# None on an interpreter without json's C speedups: json.dumps then.
+_metrics_encoder = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
     None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None,
     ": ", ", ", False, False, True,
 )  # fmt: skip
@@ -240,7 +241,7 @@ def _flat_metrics_json(metrics: Any) -> str | None:
             return None
         if (kind is str and "\x00" in value) or (kind is float and not math.isfinite(value)):
             return None
-    text = "".join(_metrics_encoder(metrics, 0))
+    text = "".join(_metrics_encoder(metrics, 0)) if _metrics_encoder else json.dumps(metrics)
     return text if len(text) <= roster.MAX_METRICS_BYTES else None
 
 

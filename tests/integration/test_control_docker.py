@@ -13,17 +13,10 @@ from fleet.control.actuators.naming import tenant_label
 from fleet.control.actuators.settings import ControlSettings
 from fleet.control.reconciler import reconcile_all
 from fleet.models import ApiKey, Installation, Role, Tenant
+from tests.support.clock import ManualClock
 from tests.support.fakes.docker_engine import FakeDockerEngine
 
 SERVER_URL = "http://cloacina.internal:8000"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture
@@ -34,7 +27,7 @@ def engine():
 
 @pytest.fixture
 def clock():
-    return Clock()
+    return ManualClock(1000.0)
 
 
 @pytest.fixture
@@ -172,7 +165,7 @@ def test_scale_down_drains_the_newest_and_revokes_its_key_once_gone(
     assert ApiKey.objects.get(lookup=newest.labels["cloacina.key"]).revoked_at is not None
     assert ApiKey.objects.get(lookup=middle.labels["cloacina.key"]).revoked_at is None
     # the one that never finishes is killed after the drain timeout
-    clock.t += 31
+    clock.now += 31
     actuator.reconcile(tenant, 1)
     assert middle.signals == ["SIGTERM", "SIGKILL"]
     actuator.reconcile(tenant, 1)

@@ -37,6 +37,7 @@ from tests.support.packages import (
     status,
     upload,
 )
+from tests.support.racing import race
 from tests.support.slow_index import (
     MiB,
     slow_index_env,
@@ -162,22 +163,7 @@ def _queued_jobs(count: int) -> list[BuildJob]:
 
 def _claim_at_once(servers: int, slots: int, cap: int) -> list[list[uuid.UUID]]:
     """``servers`` threads (each its own connection, like serve replicas) claim together."""
-    barrier = threading.Barrier(servers)
-    claimed: list[list[uuid.UUID]] = [[] for _ in range(servers)]
-
-    def claim(index: int) -> None:
-        try:
-            barrier.wait()
-            claimed[index] = [j.pk for j in build_jobs.claim_builds(f"s{index}", slots, cap)]
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=claim, args=(i,)) for i in range(servers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return claimed
+    return race(servers, lambda i: [j.pk for j in build_jobs.claim_builds(f"s{i}", slots, cap)])
 
 
 def test_servers_claiming_at_once_respect_the_global_cap_and_never_share_a_job():

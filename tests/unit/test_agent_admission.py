@@ -5,18 +5,11 @@ from __future__ import annotations
 import pytest
 
 from fleet.executors.fleet.delivery.admission import BURST_S, Admission, retry_after_s
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import ManualClock
 
 
 def test_a_burst_of_one_second_is_admitted_then_callers_are_told_to_wait():
-    clock = Clock()
+    clock = ManualClock(1000.0)
     gate = Admission(10.0, clock)
     admitted = [gate.admit() for _ in range(int(10 * BURST_S) + 1)]
     assert admitted == [0.0] * len(admitted)
@@ -24,7 +17,7 @@ def test_a_burst_of_one_second_is_admitted_then_callers_are_told_to_wait():
 
 
 def test_callers_refused_together_get_turns_spread_at_the_rate():
-    clock = Clock()
+    clock = ManualClock(1000.0)
     gate = Admission(10.0, clock)
     while gate.admit() == 0.0:
         pass
@@ -35,7 +28,7 @@ def test_callers_refused_together_get_turns_spread_at_the_rate():
 
 
 def test_the_rate_refills_with_time_and_zero_means_unlimited():
-    clock = Clock()
+    clock = ManualClock(1000.0)
     gate = Admission(10.0, clock)
     while gate.admit() == 0.0:
         pass

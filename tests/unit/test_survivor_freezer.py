@@ -10,6 +10,7 @@ import weakref
 import pytest
 
 from agents.protocol.heap import SurvivorFreezer
+from tests.support.clock import ManualClock
 
 
 class FakeSocket:
@@ -20,18 +21,10 @@ class FakeSocket:
         self.transport = {"protocol": self, "buffer": [bytearray(64)]}
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def freezer():
     gc.collect()
-    clock = Clock()
+    clock = ManualClock()
     freezer = SurvivorFreezer(thaw_every_s=60.0, clock=clock)
     freezer.install()
     try:

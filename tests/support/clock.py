@@ -1,0 +1,12 @@
+"""A clock a test moves by hand, for code that takes a ``clock`` callable (time.monotonic's
+place): call it for the time, add to ``now`` to let time pass."""
+
+from __future__ import annotations
+
+
+class ManualClock:
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
