@@ -1,5 +1,6 @@
 """A confirmation skipped behind a result's ack goes as soon as this process's results are
-applied, not a retry round later; new confirmations keep their spacing under load
+applied, not a retry round later; new confirmations keep their spacing under load (after a
+round that carried several) and skip it when idle (after a round of one)
 (fleet/executors/fleet/socket_writes.py)."""
 
 from __future__ import annotations
@@ -43,8 +44,30 @@ def confirmed(row_id: int) -> bool:
     return DeliveryOutbox.objects.filter(pk=row_id, received_at__isnull=False).exists()
 
 
-def test_a_new_confirmation_right_after_a_round_still_waits_the_gap(tenant, monkeypatch):
-    """The nudge below lets only a lone retry skip the spacing: new confirmations keep it."""
+def test_a_new_confirmation_after_a_round_of_several_waits_the_gap(tenant, monkeypatch):
+    """Load: a round carried two confirmations, so the next one keeps the spacing (the
+    nudge below lets only a lone retry skip it)."""
+    agent, (first, second, third) = delivered_packets(tenant, 3)
+    monkeypatch.setattr(socket_writes, "MIN_ROUND_GAP_S", FOREVER_S)
+
+    async def scenario():
+        writes = socket_writes.writer()
+        try:
+            writes.received(agent.id, [first, second])
+            await until(lambda: confirmed(first) and confirmed(second), timeout=10)
+            writes.results_applied()  # nothing to retry: no effect
+            writes.received(agent.id, [third])
+            await asyncio.sleep(0.5)  # silence is what is asserted: nothing to wait for
+        finally:
+            await socket_writes.close_writer()
+
+    run_async(scenario())
+    assert not confirmed(third)
+
+
+def test_a_new_confirmation_after_a_round_of_one_goes_at_once(tenant, monkeypatch):
+    """Idle (one client starting one task at a time): the gap would gather nothing and
+    only add to the next pickup's latency, so the round after a round of one skips it."""
     agent, (first, second) = delivered_packets(tenant, 2)
     monkeypatch.setattr(socket_writes, "MIN_ROUND_GAP_S", FOREVER_S)
 
@@ -53,14 +76,13 @@ def test_a_new_confirmation_right_after_a_round_still_waits_the_gap(tenant, monk
         try:
             writes.received(agent.id, [first])
             await until(lambda: confirmed(first), timeout=10)
-            writes.results_applied()  # nothing to retry: no effect
             writes.received(agent.id, [second])
-            await asyncio.sleep(0.5)  # silence is what is asserted: nothing to wait for
+            await until(lambda: confirmed(second), timeout=10)
         finally:
             await socket_writes.close_writer()
 
     run_async(scenario())
-    assert not confirmed(second)
+    assert confirmed(second)
 
 
 def _dsn() -> dict:

@@ -49,8 +49,10 @@ CLOSE_MALFORMED = 4400  # the close code of a socket whose write the database re
 RECEIVED_TRIES = 20  # rounds a confirmation that was not marked is tried again
 RECEIVED_RETRY_S = 0.01
 # Under load, rounds of confirmations are at least this far apart, so each statement
-# carries several (it costs the database far more than a row does); an idle server
-# writes a lone confirmation at once.
+# carries several (it costs the database far more than a row does).  Load is a round
+# that carried more than one: after a round of one (an idle server, or one client
+# starting one task at a time) the next confirmation is written at once, since the
+# gap would only add to its pickup's latency and gather nothing.
 MIN_ROUND_GAP_S = 0.01
 BEAT_GATHER_SHARE = 0.05  # of the heartbeat interval: how long a lone beat waits for company
 BEAT_GATHER_MAX_S = 1.0
@@ -150,6 +152,7 @@ class SocketWrites:
     async def _loop_forever(self) -> None:
         delay = 0.1
         last_confirming = 0.0  # when the last round that wrote confirmations began
+        spaced = False  # that round carried several: the next one keeps the gap
         while True:
             if self._retry:
                 await wait_event(self._wake, RECEIVED_RETRY_S)
@@ -159,7 +162,7 @@ class SocketWrites:
             # Only confirmations space each other out: a round of beats just before must
             # not hold back the first confirmation after it (an idle pickup's latency).
             gap = last_confirming + MIN_ROUND_GAP_S - self._loop.time()
-            if gap > 0 and not self._beats and not self._lone_retry_nudged():
+            if gap > 0 and spaced and not self._beats and not self._lone_retry_nudged():
                 await asyncio.sleep(gap)  # a beat never waits (liveness)
             self._nudged = False
             self._wake.clear()
@@ -168,6 +171,7 @@ class SocketWrites:
             received.extend(key for key in self._retry if key not in received)
             if received:
                 last_confirming = self._loop.time()
+                spaced = len(received) > 1
             try:
                 await self._write(beats, received)
                 delay = 0.1
