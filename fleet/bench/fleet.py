@@ -31,7 +31,7 @@ from django.db import connection
 
 from agents.models import Agent, AgentState
 from artifacts.store.testing import build_archive, manifest_toml
-from fleet.bench import workload
+from fleet.bench import db_work, workload
 from fleet.bench.cpu import CpuMeter, tree_cpu_seconds
 from fleet.bench.default import BENCH_TENANT, bench_tenant_key
 from fleet.bench.server import REPO, Api, BenchServer
@@ -266,14 +266,20 @@ def run_fleet_bench(
             executions = max(1, tasks // width)
             meter = FleetCpuMeter(server.process.pid, fleet)
             before = meter.sample()
+            wrote_before = db_work.snapshot()
             burst_ids = workload.burst(lambda: Api(server.url, key), executions)
             workload.wait_finished(burst_ids)
             phases = [measure_fleet("burst (REST)", burst_ids)]
             phases[-1].cpu = meter.used(before, before := meter.sample())
+            burst_wrote = db_work.per_task(
+                wrote_before, wrote_before := db_work.snapshot(), phases[-1].tasks
+            )
+            before = meter.sample()  # the snapshot's wait is not the drain's
             drain_ids = workload.queue_executions(BENCH_TENANT, workload.WIDE_WORKFLOW, executions)
             workload.wait_finished(drain_ids)
             phases.append(measure_drain("drain (queued)", drain_ids))
             phases[-1].cpu = meter.used(before, meter.sample())
+            drain_wrote = db_work.per_task(wrote_before, db_work.snapshot(), phases[-1].tasks)
             agent_cpu_ms = phases[-1].cpu["agents"] * 1000.0 / max(phases[-1].tasks, 1)
             if idle_samples:
                 idle_ids = workload.idle_pickups(api, idle_samples)
@@ -292,5 +298,7 @@ def run_fleet_bench(
         "poll_s": poll_s,
         "heartbeat": f"{HEARTBEAT_INTERVAL_S:g}sx{LIVENESS_MISSES}",
         "agents_cpu_ms/task(drain)": f"{agent_cpu_ms:.2f}",
+        **{f"{k}(burst)": v for k, v in burst_wrote.items()},
+        **{f"{k}(drain)": v for k, v in drain_wrote.items()},
     }
     return workload.BenchResult("fleet", settings, phases)

@@ -1,0 +1,63 @@
+"""What the database wrote during a bench phase: WAL and row versions of the hot tables.
+
+CPU per task says how much the database worked; these counters say on what.  WAL bytes come
+from the WAL position (exact); full-page images and the tables' counters come from the
+cumulative statistics, which backends publish about once a second, so a phase's figures
+are read after that delay (``settle_s``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from django.db import connection
+
+# The tables a task's path writes on every placement, confirmation and result.
+HOT_TABLES = ("fleet_taskexecution", "delivery_outbox", "fleet_workflowexecution", "agents_agent")
+# Backends publish their statistics at most once a second (PGSTAT_MIN_INTERVAL).
+STATS_DELAY_S = 1.1
+
+
+def snapshot(settle_s: float = STATS_DELAY_S) -> dict[str, float]:
+    """The cumulative counters now: WAL bytes / records / full-page images, and per hot
+    table its inserts, updates, HOT updates and deletes."""
+    time.sleep(settle_s)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0'), wal_records, wal_fpi "
+            "FROM pg_stat_wal"
+        )
+        wal_bytes, records, fpi = cursor.fetchone()
+        counters = {"wal_bytes": float(wal_bytes), "wal_records": records, "wal_fpi": fpi}
+        cursor.execute(
+            "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del "
+            "FROM pg_stat_user_tables WHERE relname = ANY(%s)",
+            [list(HOT_TABLES)],
+        )
+        for name, ins, upd, hot, dele in cursor.fetchall():
+            counters.update({f"{name}.ins": ins, f"{name}.upd": upd, f"{name}.hot": hot})
+            counters[f"{name}.del"] = dele
+    return counters
+
+
+def per_task(before: dict[str, float], after: dict[str, float], tasks: int) -> dict[str, str]:
+    """The phase's work per task, formatted for a bench's settings line."""
+    tasks = max(tasks, 1)
+
+    def diff(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    figures = {
+        "wal_bytes/task": f"{diff('wal_bytes') / tasks:.0f}",
+        "wal_records/task": f"{diff('wal_records') / tasks:.1f}",
+        "wal_fpi/task": f"{diff('wal_fpi') / tasks:.2f}",
+    }
+    for table in HOT_TABLES:
+        updates = diff(f"{table}.upd")
+        short = table.split("_", 1)[1]
+        figures[f"{short}_upd/task"] = f"{updates / tasks:.2f}"
+        figures[f"{short}_hot%"] = (
+            f"{100.0 * diff(f'{table}.hot') / updates:.0f}" if updates else "-"
+        )
+    return figures
