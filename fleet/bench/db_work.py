@@ -30,6 +30,9 @@ def snapshot(settle_s: float = STATS_DELAY_S) -> dict[str, float]:
         )
         wal_bytes, records, fpi = cursor.fetchone()
         counters = {"wal_bytes": float(wal_bytes), "wal_records": records, "wal_fpi": fpi}
+        # New backends (a fork, an authentication and cold caches each), in every database.
+        cursor.execute("SELECT sum(sessions) FROM pg_stat_database")
+        counters["sessions"] = cursor.fetchone()[0] or 0
         cursor.execute(
             "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del "
             "FROM pg_stat_user_tables WHERE relname = ANY(%s)",
@@ -52,6 +55,7 @@ def per_task(before: dict[str, float], after: dict[str, float], tasks: int) -> d
         "wal_bytes/task": f"{diff('wal_bytes') / tasks:.0f}",
         "wal_records/task": f"{diff('wal_records') / tasks:.1f}",
         "wal_fpi/task": f"{diff('wal_fpi') / tasks:.2f}",
+        "db_sessions": f"{diff('sessions'):.0f}",
     }
     for table in HOT_TABLES:
         updates = diff(f"{table}.upd")
