@@ -12,8 +12,13 @@ import time
 
 from django.db import connection
 
+from agents.models import Agent
+from fleet.models import DeliveryOutbox, TaskExecution, WorkflowExecution
+
 # The tables a task's path writes on every placement, confirmation and result.
-HOT_TABLES = ("fleet_taskexecution", "delivery_outbox", "fleet_workflowexecution", "agents_agent")
+HOT_TABLES = tuple(
+    model._meta.db_table for model in (TaskExecution, DeliveryOutbox, WorkflowExecution, Agent)
+)
 # Backends publish their statistics at most once a second (PGSTAT_MIN_INTERVAL).
 STATS_DELAY_S = 1.1
 
