@@ -17,8 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
-import time
 import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,8 +36,6 @@ CAPACITY_POLL_S = 0.05  # re-check capacity this often even when no run finished
 TICK_LIMIT = 2000  # most events the tick keeps queued at once
 MIN_WORKERS = 4
 FLEET_WORKERS = 512  # the fleet executor awaits remote results: many runs in flight per process
-# How long a thread that hands the idle loop its work steps aside (submit_threadsafe).
-HANDOFF_YIELD_S = 0.0002
 
 
 def dispatch_concurrency(dispatcher: Dispatcher) -> int:
@@ -51,20 +47,6 @@ def dispatch_concurrency(dispatcher: Dispatcher) -> int:
     if executor.key == "fleet":
         return FLEET_WORKERS
     return max(MIN_WORKERS, 4 * int(executor.metrics().max_concurrent or 1))
-
-
-def step_aside() -> None:
-    """Let the event loop's thread have the GIL now (see HANDOFF_YIELD_S).
-
-    The post woke the loop's thread, but that thread needs the GIL, and the thread that
-    posted keeps it until it blocks: an API start's pool thread goes on to build its
-    response and run the middleware (~0.25 ms), and the dispatch of the task it just made
-    Ready started only after that (fleetbench --pickup-hops: the event reached the loop
-    0.07 ms after the response was built, 0.25 ms after the submit).  Asleep, this thread
-    lets the loop offer the task and send its placement; the response is built while the
-    database works on it.  Only when the loop was idle (an idle pickup): a busy loop would
-    not take the event at once anyway, and the pause would only slow this thread."""
-    time.sleep(HANDOFF_YIELD_S)
 
 
 class EngineLoop:
@@ -80,7 +62,6 @@ class EngineLoop:
         self._concurrency = concurrency or dispatch_concurrency(dispatcher)
         self._tick_limit = tick_limit
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
         self._queue = FairQueue()
         # Dedupe by task id: an id is either queued (waiting for a worker) or running
         # (being dispatched).  A new event for a running id is kept in _again and
@@ -101,7 +82,6 @@ class EngineLoop:
     # -- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
         self._accepting = True
         ready_queue.register(self.submit_threadsafe)
         # Woken the moment the executor frees a slot; CAPACITY_POLL_S is only the safety net.
@@ -151,10 +131,7 @@ class EngineLoop:
         # Through the loop's inbox: a result batch's ready events, its waiters' outcomes
         # and its answer reach the loop in one wake-up (fleet/engine/loop_inbox.py).  A
         # closing loop drops them: the tick of a live server finds the rows.
-        idle = not self._queued and not self._running
         loop_inbox.inbox(loop).post(self.offer, events)
-        if idle and threading.get_ident() != self._loop_thread:
-            step_aside()
 
     def offer(self, events: Iterable[TaskReadyEvent]) -> int:
         """Queue events not already queued or running (call on the event loop); return how many."""
