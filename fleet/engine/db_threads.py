@@ -120,24 +120,26 @@ class DbThreadPool:
 
     def _work(self) -> None:
         try:
-            while True:
-                job = self._jobs.get()
-                if job is None:
-                    return
-                future, fn, args = job
-                if not future.set_running_or_notify_cancel():
-                    continue
-                try:
-                    if self._hot_path:
-                        use_prepared_statements(self._hot_path)
-                    result = fn(*args)
-                except BaseException as exc:
-                    _drop_broken_connection()
-                    future.set_exception(exc)
-                else:
-                    future.set_result(result)
+            while (job := self._jobs.get()) is not None:
+                self._run(*job)
+                # Not held while the thread waits for its next job: the call's arguments
+                # (a request and everything it refers to, a batch) go as soon as it is done.
+                job = None
         finally:
             connections.close_all()
+
+    def _run(self, future, fn: Callable[..., Any], args: tuple) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            if self._hot_path:
+                use_prepared_statements(self._hot_path)
+            result = fn(*args)
+        except BaseException as exc:
+            _drop_broken_connection()
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
 
 
 class _Answer:

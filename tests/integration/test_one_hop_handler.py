@@ -6,9 +6,11 @@ real ASGI application, every middleware still in place."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
 import uuid
+import weakref
 
 import pytest
 from channels.testing import HttpCommunicator
@@ -364,3 +366,42 @@ def test_a_pool_thread_drops_a_connection_a_database_error_broke():
         assert run_async(delivery_db.call(broken_then_dropped)) == (True, True)
     finally:
         delivery_db.close()
+
+
+def test_a_sync_requests_objects_go_with_its_response_not_at_a_collection(
+    monkeypatch, write_key, tenant
+):
+    """The middleware's lazy user, ``auser`` and message storages refer back to the request;
+    once the response is built those cycles are broken, so the request (and its session,
+    headers, key and tenant) is freed by reference counting, on the pooled route and the
+    one-hop route alike, and a stream of starts leaves the cyclic collector nothing to find
+    (its collections paused the server during idle pickups)."""
+    handler = asgi.django_asgi_app
+    requests: list[weakref.ref] = []
+    get_response = handler.sync_handler.get_response
+
+    def recording(request):
+        requests.append(weakref.ref(request))
+        response = get_response(request)
+        assert request.user.is_anonymous  # every middleware still ran and can read it
+        return response
+
+    monkeypatch.setattr(handler.sync_handler, "get_response", recording)
+    tasks = [{"id": "a", "function": "steps:noop"}]
+    files = {
+        "cloacina.toml": manifest_toml(tasks, name="freed", workflow="freed"),
+        "workflow/steps.py": "def noop(context):\n    return None\n",
+    }
+    assert upload(Client(), write_key, build_archive(files)).status_code == 201
+    gc.collect()
+    gc.disable()
+    try:
+        started = call("POST", "/api/v1/workflows/freed/executions", write_key, b"{}")
+        listed = call("GET", "/api/v1/executions", write_key)  # the one-hop route
+        alive = [ref for ref in requests if ref() is not None]
+    finally:
+        gc.enable()
+        delivery_db.close()
+    assert started["status"] == 201 and listed["status"] == 200
+    assert route_of("/api/v1/executions") is Route.ONE_HOP
+    assert len(requests) == 2 and alive == []
