@@ -26,6 +26,7 @@ from fleet.executors.fleet.routing import fairness
 from fleet.models import TaskExecution, Tenant, WorkflowExecution, WorkflowStatus
 from fleet.platform.auth import read_auth, write_auth
 from fleet.platform.config import get_config
+from fleet.platform.errors import ErrorKind
 
 router = Router(tags=["executions"])
 
@@ -195,7 +196,7 @@ def start_execution(request: HttpRequest, workflow: str, body: StartIn):
         # No limit to check: the package is read and the execution written in one statement.
         started = scheduler.start_active(tenant.pk, workflow, context, priority)
         if started is None:
-            raise HttpError(404, no_active_package(workflow))
+            raise scheduler.SchedulingError(ErrorKind.NOT_FOUND, no_active_package(workflow))
         execution_id, roots = started
         ready_queue.submit(roots)
         return Status(201, {"id": execution_id, "status": WorkflowStatus.PENDING})
