@@ -27,12 +27,21 @@ if TYPE_CHECKING:
 # (which matched columns to fields and looked up converters on every call).
 _PACKAGE_FIELDS = tuple(WorkflowPackage._meta.concrete_fields)
 _PACKAGE_ATTNAMES = tuple(field.attname for field in _PACKAGE_FIELDS)
-_ACTIVE_PACKAGE = f"""
-SELECT {", ".join(field.column for field in _PACKAGE_FIELDS)}
+
+
+def active_package_select(columns: str, tenant: str = "%s", workflow: str = "%s") -> str:
+    """SQL selecting ``columns`` of the active package (see :func:`active_package`) of the
+    tenant and workflow given as the placeholders ``tenant`` and ``workflow``: the one
+    definition of "active", for the statements that read it inside a larger one."""
+    return f"""
+SELECT {columns}
 FROM {WorkflowPackage._meta.db_table}
-WHERE tenant_id = %s AND workflow_name = %s AND NOT superseded
+WHERE tenant_id = {tenant} AND workflow_name = {workflow} AND NOT superseded
 ORDER BY built_at DESC, id DESC LIMIT 1
 """
+
+
+_ACTIVE_PACKAGE = active_package_select(", ".join(field.column for field in _PACKAGE_FIELDS))
 
 
 def active_package(tenant: Tenant | int, workflow_name: str) -> WorkflowPackage | None:

@@ -21,10 +21,12 @@ from fleet.api.execution_view import error_text, execution_view
 from fleet.api.reruns import RerunLinkOut, RetryLinkOut, links_of
 from fleet.engine import ready_queue, scheduler
 from fleet.engine.context import ContextError, validate_context
+from fleet.engine.scheduler import no_active_package
 from fleet.executors.fleet.routing import fairness
 from fleet.models import TaskExecution, Tenant, WorkflowExecution, WorkflowStatus
 from fleet.platform.auth import read_auth, write_auth
 from fleet.platform.config import get_config
+from fleet.platform.errors import ErrorKind
 
 router = Router(tags=["executions"])
 
@@ -189,11 +191,20 @@ def start_execution(request: HttpRequest, workflow: str, body: StartIn):
         context = validate_context(body.context, get_config().max_context_bytes)
     except ContextError as exc:
         raise HttpError(422, str(exc)) from None
+    priority = body.priority or 0
+    if not fairness.max_backlog(tenant)[0]:
+        # No limit to check: the package is read and the execution written in one statement.
+        started = scheduler.start_active(tenant.pk, workflow, context, priority)
+        if started is None:
+            raise scheduler.SchedulingError(ErrorKind.NOT_FOUND, no_active_package(workflow))
+        execution_id, roots = started
+        ready_queue.submit(roots)
+        return Status(201, {"id": execution_id, "status": WorkflowStatus.PENDING})
     # Looked up once for the backlog check and the start (None: the start answers 404).
     package = active_package(tenant, workflow)
     _check_backlog(tenant, workflow, package)
     execution, roots = scheduler.start_execution_with_roots(
-        tenant, workflow, context, priority=body.priority or 0, package=package
+        tenant, workflow, context, priority=priority, package=package
     )
     ready_queue.submit(roots)
     return Status(201, {"id": execution.id, "status": execution.status})

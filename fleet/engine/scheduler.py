@@ -15,7 +15,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from artifacts.models import WorkflowPackage
-from artifacts.store.queries import active_package
+from artifacts.store.queries import active_package, active_package_select
 from fleet.engine import hooks
 from fleet.engine.events import TaskReadyEvent
 from fleet.models import (
@@ -56,11 +56,13 @@ def start_execution_with_roots(
     if package is None:
         package = active_package(tenant, workflow_name)
     if package is None:
-        raise SchedulingError(
-            ErrorKind.NOT_FOUND,
-            f"no active package provides workflow {workflow_name!r} in this tenant",
-        )
+        raise SchedulingError(ErrorKind.NOT_FOUND, no_active_package(workflow_name))
     return start_executions([ExecutionStart(tenant, package, workflow_name, context, priority)])[0]
+
+
+def no_active_package(workflow_name: str) -> str:
+    """The 404's detail for a start of a workflow no active package provides."""
+    return f"no active package provides workflow {workflow_name!r} in this tenant"
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,90 @@ FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(
 """
 
 
+def start_active(
+    tenant_id: int, workflow_name: str, context: dict, priority: int = 0
+) -> tuple[uuid.UUID, list[TaskReadyEvent]] | None:
+    """Start ``workflow_name`` of the tenant's active package in ONE statement: the id of
+    the new (Pending) execution and its root tasks' events, or None when no active package
+    provides the workflow (nothing written).
+
+    The REST start's path (``POST /workflows/{w}/executions`` without a backlog limit):
+    the database reads the active package and expands its manifest's tasks itself, so a
+    start is one round trip and no manifest travels to Python to be parsed, turned into
+    rows and sent back as JSON (a third of the request's view, docs/performance.md,
+    "Round i17-burst4").  The rows are those :func:`start_executions` writes, column for
+    column (tests/integration/test_engine_scheduler.py compares the two)."""
+    execution_id = uuid.uuid4()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _START_ACTIVE,
+            {
+                "id": execution_id,
+                "tenant": tenant_id,
+                "workflow": workflow_name,
+                "input": json.dumps(context),
+                "priority": priority,
+                "now": timezone.now(),
+            },
+        )
+        rows = cursor.fetchall()
+    if not rows:
+        return None
+    roots = [
+        TaskReadyEvent(task_id, execution_id, task_name, 1, tenant_id, task_priority)
+        for task_id, task_name, task_priority, ready in rows
+        if ready
+    ]
+    return execution_id, roots
+
+
+ROUTING_KEYS = (
+    "agent", "tags", "capability", "min_free_memory_mb", "min_free_cpu_pct",
+    "gpu", "min_free_vram_pct", "group", "affinity",
+)  # fmt: skip
+
+
+# _task_values in SQL, over the manifest's task list (validated at upload: artifacts/store/
+# manifest.py).  Python's ``spec.get(k) or default`` is NULLIF/COALESCE here: a missing
+# key and JSON null read as NULL; a timeout of 0, like a missing one, is the default.
+_ROUTING_KEYS_SQL = "ARRAY[" + ", ".join(f"'{key}'" for key in ROUTING_KEYS) + "]::text[]"
+_START_ACTIVE = f"""
+WITH package AS ({active_package_select("id, manifest -> 'tasks' AS tasks", "%(tenant)s", "%(workflow)s")}),
+specs AS (
+    SELECT s.spec, s.n - 1 AS position,
+        CASE WHEN jsonb_typeof(s.spec -> 'dependencies') = 'array'
+            THEN s.spec -> 'dependencies' ELSE '[]'::jsonb END AS dependencies
+    FROM package p, jsonb_array_elements(p.tasks) WITH ORDINALITY AS s(spec, n)
+),
+execution AS (
+    INSERT INTO fleet_workflowexecution ({", ".join(WORKFLOW_INSERT_COLUMNS)})
+    SELECT %(id)s, %(tenant)s, p.id, %(workflow)s, 'Pending', %(input)s::jsonb, NULL, '',
+        %(priority)s, jsonb_array_length(p.tasks), %(now)s, NULL, NULL
+    FROM package p
+    RETURNING id
+),
+tasks AS (
+    INSERT INTO fleet_taskexecution ({", ".join(TASK_INSERT_COLUMNS)})
+    SELECT gen_random_uuid(), e.id, %(tenant)s, s.spec ->> 'id', s.spec ->> 'function',
+        s.dependencies, COALESCE(NULLIF(s.spec ->> 'trigger_rule', ''), 'all_success'),
+        s.position,
+        CASE WHEN jsonb_array_length(s.dependencies) = 0 THEN 'Ready' ELSE 'NotStarted' END, 0,
+        COALESCE((s.spec ->> 'retries')::int, 0),
+        COALESCE((s.spec ->> 'retry_backoff_s')::float8, 0),
+        COALESCE(NULLIF((s.spec ->> 'timeout_s')::float8, 0), 300),
+        (SELECT COALESCE(jsonb_object_agg(k, s.spec -> k), '{{}}'::jsonb)
+            FROM unnest({_ROUTING_KEYS_SQL}) AS k
+            WHERE s.spec -> k NOT IN ('null'::jsonb, '[]'::jsonb, '""'::jsonb)),
+        COALESCE((s.spec ->> 'priority')::int, 0) + %(priority)s,
+        CASE WHEN jsonb_array_length(s.dependencies) = 0 THEN %(now)s::timestamptz END,
+        0, '', NULL, NULL, NULL, NULL, NULL, 0, '', NULL, '', '', ''
+    FROM specs s, execution e
+    RETURNING id, task_name, priority, status = 'Ready'
+)
+SELECT t.* FROM execution e LEFT JOIN tasks t ON true
+"""
+
+
 def _insert_executions(executions: list[WorkflowExecution], rows: list[dict], now) -> None:
     """Write ``executions`` (built, unsaved) and their task rows (each naming its ``workflow``
     and, filled in here, its ``tenant``); the executions are then saved instances."""
@@ -211,12 +297,6 @@ def unsaved_task_row(execution: WorkflowExecution, spec: dict, position: int, no
         ready_at=now if root else None,
         **values,
     )
-
-
-ROUTING_KEYS = (
-    "agent", "tags", "capability", "min_free_memory_mb", "min_free_cpu_pct",
-    "gpu", "min_free_vram_pct", "group", "affinity",
-)  # fmt: skip
 
 
 def rule_outcome(rule: str, dependency_states: list[str]) -> str | None:

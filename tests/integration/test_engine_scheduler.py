@@ -7,7 +7,7 @@ import pytest
 from fleet.api.error_status import http_status
 from fleet.engine.events import ExecutionStatus
 from fleet.engine.scheduler import SchedulingError, cancel_execution, rule_outcome
-from fleet.models import TaskOutcome, TaskStatus, WorkflowExecution, WorkflowStatus
+from fleet.models import TaskExecution, TaskOutcome, TaskStatus, WorkflowExecution, WorkflowStatus
 from tests.support.factories import finish, make_package, start, tasks_of
 
 SOURCE = "def f(ctx):\n    return {}\n"
@@ -268,3 +268,78 @@ def test_a_failed_workflow_names_its_failed_tasks_in_code_point_order(tenant):
     assert execution.status == WorkflowStatus.FAILED
     assert execution.error == "task(s) failed: B, Z-1, b"
     assert execution.final_context == {"in": 2, "ok": 1}
+
+
+# Every column a start writes, but the ones that differ between two starts by nature.
+_ROW_FIELDS = [
+    f.attname
+    for f in TaskExecution._meta.concrete_fields
+    if f.attname not in ("id", "workflow_execution_id", "ready_at")
+]
+
+
+def _rows_of(execution_id) -> list[tuple]:
+    rows = TaskExecution.objects.filter(workflow_execution_id=execution_id).order_by("position")
+    return [(*(getattr(t, f) for f in _ROW_FIELDS), t.ready_at is not None) for t in rows]
+
+
+RICH = [
+    task("a", retries=2, retry_backoff_s=1.5, timeout_s=7, priority=3, tags=["gpu", "x"]),
+    task("b", ["a"], rule="all_done", agent="bench-1", capability="cuda"),
+    task("c", ["a", "b"], rule="one_failed", min_free_memory_mb=512, min_free_cpu_pct=20),
+    task("d", gpu=True, min_free_vram_pct=50.5, group="g", affinity="definition", priority=-4),
+]
+# A stored manifest from before normalisation: keys missing, null, empty, a zero timeout.
+RAW = [
+    {"id": "a", "function": "demo.steps:f", "retries": None, "timeout_s": 0, "tags": []},
+    {"id": "b", "function": "demo.steps:f", "dependencies": None, "trigger_rule": "",
+     "agent": "", "group": None, "priority": None, "retry_backoff_s": None},
+    {"id": "c", "function": "demo.steps:f", "dependencies": ["a"], "gpu": False, "priority": 0},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("specs", [RICH, RAW], ids=["normalised", "raw"])
+def test_the_one_statement_start_writes_what_the_python_start_writes(tenant, specs):
+    from fleet.engine.scheduler import start_active, start_execution_with_roots
+
+    package = make_package(tenant, RICH, SOURCE)
+    if specs is RAW:
+        package.manifest = {**package.manifest, "tasks": RAW}
+        package.save(update_fields=["manifest"])
+    execution, roots = start_execution_with_roots(tenant, "demo", {"k": [1]}, priority=10)
+    execution_id, active_roots = start_active(tenant.pk, "demo", {"k": [1]}, priority=10)
+    assert _rows_of(execution_id) == _rows_of(execution.id) and len(_rows_of(execution_id)) == len(specs)  # fmt: skip
+    key = lambda r: (r.task_name, r.attempt, r.tenant_id, r.priority)  # noqa: E731
+    assert sorted(map(key, active_roots)) == sorted(map(key, roots)) and active_roots
+    assert {r.workflow_execution_id for r in active_roots} == {execution_id}
+    ids = set(
+        TaskExecution.objects.filter(
+            workflow_execution_id=execution_id, status=TaskStatus.READY
+        ).values_list("id", flat=True)
+    )
+    assert {r.task_execution_id for r in active_roots} == ids
+    stored, python = reload_by_id(execution_id), reload(execution)
+    fields = ("tenant_id", "package_id", "workflow_name", "status", "input_context",
+              "final_context", "error", "priority", "open_tasks", "started_at", "finished_at")  # fmt: skip
+    assert [getattr(stored, f) for f in fields] == [getattr(python, f) for f in fields]
+
+
+def reload_by_id(execution_id) -> WorkflowExecution:
+    return WorkflowExecution.objects.get(pk=execution_id)
+
+
+def test_the_one_statement_start_takes_the_active_package_or_writes_nothing(tenant, other_tenant):
+    from artifacts.store.queries import active_package
+    from fleet.engine.scheduler import start_active
+
+    make_package(tenant, [task("a")], SOURCE, version="1.0.0")
+    newer = make_package(tenant, [task("a"), task("b")], SOURCE, version="2.0.0")
+    execution_id, roots = start_active(tenant.pk, "demo", {})
+    assert reload_by_id(execution_id).package_id == newer.pk and len(roots) == 2
+    before = WorkflowExecution.objects.count()
+    assert start_active(tenant.pk, "no_such_workflow", {}) is None
+    assert start_active(other_tenant.pk, "demo", {}) is None  # another tenant's package
+    newer.superseded = True  # as active_package decides: none of the tenant's is active now
+    newer.save(update_fields=["superseded"])
+    assert active_package(tenant, "demo") is None and start_active(tenant.pk, "demo", {}) is None
+    assert WorkflowExecution.objects.count() == before
