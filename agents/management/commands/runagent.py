@@ -17,6 +17,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from agents.protocol.event_loop import EventLoopChoiceError, install_event_loop_policy
 from agents.protocol.heap import freeze_startup_heap
 from agents.protocol.triples import TripleError, host_triple, parse_triple
 from agents.protocol.wire import ACCEPT_ANY, DEFAULT_AGENT_FORMAT, SUPPORTED_FORMATS
@@ -112,6 +113,10 @@ class Command(BaseCommand):
         install_db_guard()
         _configure_logging()
         config = self._config(options)
+        try:  # uvloop unless CLOACINA_EVENT_LOOP=asyncio (agents/protocol/event_loop.py)
+            install_event_loop_policy()
+        except EventLoopChoiceError as exc:
+            raise CommandError(str(exc), returncode=2) from None
         # A local import, after the guard: nothing the agent loads may sneak a connection.
         from agents.runtime.agent import Agent
 
