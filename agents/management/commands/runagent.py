@@ -17,7 +17,11 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agents.protocol.event_loop import EventLoopChoiceError, install_event_loop_policy
+from agents.protocol.event_loop import (
+    EventLoopChoiceError,
+    install_event_loop_policy,
+    running_loop_kind,
+)
 from agents.protocol.heap import freeze_startup_heap
 from agents.protocol.triples import TripleError, host_triple, parse_triple
 from agents.protocol.wire import ACCEPT_ANY, DEFAULT_AGENT_FORMAT, SUPPORTED_FORMATS
@@ -217,6 +221,7 @@ def _protocol_version() -> int:
 
 async def _run(agent) -> int:
     loop = asyncio.get_running_loop()
+    log.info("event loop: %s", running_loop_kind(loop))  # chosen by manage.py, or above
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, agent.on_signal, sig.name)
     return await agent.run()
