@@ -6,9 +6,10 @@ import sys
 
 # Commands that must never touch (or start) a database: the agent is DB-less.
 DB_LESS_COMMANDS = {"runagent"}
-# Commands that run an event loop of their own: uvloop or the standard one, chosen before
-# Django loads, because the "daphne" app creates the server's loop while it is imported.
-EVENT_LOOP_COMMANDS = {"serve", "runagent"}
+# Commands whose event loop is made as Django loads (the "daphne" app creates the server's
+# loop while it is imported): uvloop or the standard one is chosen before that.  runagent
+# makes its own loop (agents/protocol/event_loop.py: loop_factory).
+EVENT_LOOP_COMMANDS = {"serve"}
 
 
 def main() -> None:
@@ -21,21 +22,20 @@ def main() -> None:
 
     try:
         if len(sys.argv) > 1 and sys.argv[1] in EVENT_LOOP_COMMANDS:
-            _choose_event_loop(sys.argv[1])
+            _choose_event_loop()
         execute_from_command_line(sys.argv)
     except ConfigError as exc:  # a bad setting read while loading settings: one line, exit 2
         sys.stderr.write(f"configuration error: {exc}\n")
         sys.exit(2)
 
 
-def _choose_event_loop(command: str) -> None:
-    """uvloop unless the configuration says ``asyncio`` (agents/protocol/event_loop.py): the
-    server reads config.toml too, the DB-less agent only its environment."""
+def _choose_event_loop() -> None:
+    """uvloop unless the configuration (env > config.toml) says ``asyncio``."""
     from agents.protocol.event_loop import EventLoopChoiceError, install_event_loop_policy
     from fleet.platform.config import ConfigError, load_config
 
     try:
-        install_event_loop_policy(load_config().event_loop if command == "serve" else None)
+        install_event_loop_policy(load_config().event_loop)
     except EventLoopChoiceError as exc:
         raise ConfigError(str(exc)) from None
 

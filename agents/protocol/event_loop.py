@@ -8,16 +8,19 @@ task.  uvloop (libuv, written in Cython) does that machinery in C.
 ``CLOACINA_EVENT_LOOP`` chooses: ``uvloop`` (the default) or ``asyncio`` (the standard
 library's loop, the fall-back).  Where uvloop cannot be imported (a platform it does not
 build on) the standard loop runs whatever the setting says.  The choice is made by
-installing an event loop *policy*, because daphne creates the server's loop itself, with
-``asyncio.new_event_loop()``, when ``daphne.server`` is imported; so the policy must be in
-place before that import.  Both ``serve`` and ``runagent`` use this, so it lives with
-the Django-free libraries the two share.
+installing an event loop *policy* for ``serve``, because daphne creates the server's loop
+itself, with ``asyncio.new_event_loop()``, when ``daphne.server`` is imported (by the
+``daphne`` app, as Django loads): manage.py installs it first.  ``runagent`` makes its own
+loop and passes :func:`loop_factory` to ``asyncio.Runner``, leaving the process's policy
+alone.  Both use this, so it lives with the Django-free libraries the two share.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
+from types import ModuleType
 
 ENV_EVENT_LOOP = "CLOACINA_EVENT_LOOP"
 UVLOOP = "uvloop"
@@ -45,18 +48,34 @@ def install_event_loop_policy(choice: str | None = None) -> str:
     use (``asyncio`` when uvloop was asked for but cannot be imported).
 
     ``choice`` defaults to ``$CLOACINA_EVENT_LOOP``.  Call before any loop is created.
+    For ``serve``, whose loop daphne creates; a process that makes its own loop should
+    pass :func:`loop_factory` to ``asyncio.Runner`` instead (no process-wide state).
     """
-    wanted = parse_choice(os.environ.get(ENV_EVENT_LOOP) if choice is None else choice)
-    if wanted == STANDARD:
+    uvloop = _uvloop_if_wanted(choice)
+    if uvloop is None:
         asyncio.set_event_loop_policy(None)  # the standard library's default policy
-        return STANDARD
-    try:
-        import uvloop
-    except ImportError:  # no wheel for this platform: the standard loop does the same work
-        asyncio.set_event_loop_policy(None)
         return STANDARD
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     return UVLOOP
+
+
+def loop_factory(choice: str | None = None) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The function that makes the chosen kind of loop (``asyncio.Runner(loop_factory=…)``);
+    ``choice`` defaults to ``$CLOACINA_EVENT_LOOP``."""
+    uvloop = _uvloop_if_wanted(choice)
+    return asyncio.new_event_loop if uvloop is None else uvloop.new_event_loop
+
+
+def _uvloop_if_wanted(choice: str | None) -> ModuleType | None:
+    """The uvloop module when it is chosen and importable, else None (the standard loop)."""
+    wanted = parse_choice(os.environ.get(ENV_EVENT_LOOP) if choice is None else choice)
+    if wanted == STANDARD:
+        return None
+    try:
+        import uvloop
+    except ImportError:  # no wheel for this platform: the standard loop does the same work
+        return None
+    return uvloop
 
 
 def running_loop_kind(loop: asyncio.AbstractEventLoop) -> str:

@@ -67,3 +67,39 @@ def test_the_server_reads_the_setting_from_env_and_config_toml(tmp_path):
     assert load_config(env).event_loop == "asyncio"
     with pytest.raises(ConfigError, match="CLOACINA_EVENT_LOOP must be one of"):
         load_config({**env, "CLOACINA_EVENT_LOOP": "tokio"})
+
+
+@pytest.mark.parametrize("choice, expected", [("uvloop", "uvloop"), ("asyncio", "asyncio")])
+def test_loop_factory_makes_the_chosen_loop_and_leaves_the_policy_alone(choice, expected):
+    policy = asyncio.get_event_loop_policy()
+    loop = event_loop.loop_factory(choice)()
+    try:
+        assert running_loop_kind(loop) == expected
+    finally:
+        loop.close()
+    assert asyncio.get_event_loop_policy() is policy
+
+
+def test_runagent_runs_on_uvloop_without_changing_the_process_policy(monkeypatch, tmp_path):
+    """A policy installed by runagent leaked into every later test's loops in its process
+    (uvloop's millisecond clock then failed a timing test): it passes a loop factory."""
+    from django.core.management import call_command
+
+    from agents.management.commands import runagent
+
+    kinds: list[str] = []
+
+    async def capture(agent) -> int:
+        kinds.append(running_loop_kind(asyncio.get_running_loop()))
+        return 0
+
+    monkeypatch.setattr(runagent, "install_db_guard", lambda: None)
+    monkeypatch.setattr(runagent, "_configure_logging", lambda: None)
+    monkeypatch.setattr(runagent, "_run", capture)
+    monkeypatch.delenv(event_loop.ENV_EVENT_LOOP, raising=False)
+    policy = asyncio.get_event_loop_policy()
+    call_command(
+        "runagent", "--api-key", "k", "--server", "http://a:1", "--cache-dir", str(tmp_path)
+    )
+    assert kinds == ["uvloop"]
+    assert asyncio.get_event_loop_policy() is policy

@@ -19,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agents.protocol.event_loop import (
     EventLoopChoiceError,
-    install_event_loop_policy,
+    loop_factory,
     running_loop_kind,
 )
 from agents.protocol.heap import freeze_startup_heap
@@ -118,7 +118,7 @@ class Command(BaseCommand):
         _configure_logging()
         config = self._config(options)
         try:  # uvloop unless CLOACINA_EVENT_LOOP=asyncio (agents/protocol/event_loop.py)
-            install_event_loop_policy()
+            new_loop = loop_factory()
         except EventLoopChoiceError as exc:
             raise CommandError(str(exc), returncode=2) from None
         # A local import, after the guard: nothing the agent loads may sneak a connection.
@@ -128,7 +128,8 @@ class Command(BaseCommand):
         # Django and the agent's libraries are loaded and live as long as the process: no
         # full collection walks them again (agents/protocol/heap.py says why).
         freeze_startup_heap()
-        code = asyncio.run(_run(agent))
+        with asyncio.Runner(loop_factory=new_loop) as runner:
+            code = runner.run(_run(agent))
         if code:
             sys.exit(code)
 
@@ -221,7 +222,7 @@ def _protocol_version() -> int:
 
 async def _run(agent) -> int:
     loop = asyncio.get_running_loop()
-    log.info("event loop: %s", running_loop_kind(loop))  # chosen by manage.py, or above
+    log.info("event loop: %s", running_loop_kind(loop))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, agent.on_signal, sig.name)
     return await agent.run()
