@@ -95,6 +95,7 @@ def test_runagent_runs_on_uvloop_without_changing_the_process_policy(monkeypatch
 
     monkeypatch.setattr(runagent, "install_db_guard", lambda: None)
     monkeypatch.setattr(runagent, "_configure_logging", lambda: None)
+    monkeypatch.setattr(runagent, "freeze_startup_heap", lambda: 0)  # not this test process
     monkeypatch.setattr(runagent, "_run", capture)
     monkeypatch.delenv(event_loop.ENV_EVENT_LOOP, raising=False)
     policy = asyncio.get_event_loop_policy()
