@@ -16,6 +16,10 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from agents.protocol.event_loop import DEFAULT as DEFAULT_EVENT_LOOP
+from agents.protocol.event_loop import ENV_EVENT_LOOP, EventLoopChoiceError
+from agents.protocol.event_loop import parse_choice as parse_event_loop
+
 
 class ConfigError(ValueError):
     """A configuration value is missing, malformed or out of range."""
@@ -159,6 +163,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("db_pool_max", "CLOACINA_DB_POOL_MAX", "db_pool_max", int, 0),
     Setting("scheduler_poll_s", "CLOACINA_SCHEDULER_POLL_S", "scheduler_poll_s", float, 1.0, 0.01),
     Setting("wire_format", "CLOACINA_WIRE_FORMAT", "wire_format", str, "auto"),
+    # The server's asyncio loop: uvloop where it imports, or the standard library's
+    # (agents/protocol/event_loop.py; runagent reads the same environment variable).
+    Setting("event_loop", ENV_EVENT_LOOP, "event_loop", str, DEFAULT_EVENT_LOOP),
     Setting(
         "outbox_redeliver_s", "CLOACINA_OUTBOX_REDELIVER_S", "outbox_redeliver_s", float, 10.0, 0.1
     ),
@@ -376,6 +383,7 @@ class Config:
     db_pool_max: int = 0
     scheduler_poll_s: float = 1.0
     wire_format: str = "auto"  # accept json and msgpack agents (agents/protocol/wire.py)
+    event_loop: str = DEFAULT_EVENT_LOOP  # uvloop | asyncio (agents/protocol/event_loop.py)
     outbox_redeliver_s: float = 10.0
     outbox_max_pushes: int = 5
     breaker_failures: int = 5
@@ -642,6 +650,10 @@ def _validate(config: Config) -> None:
         raise ConfigError(
             f"CLOACINA_WIRE_FORMAT must be auto, json or msgpack, got {config.wire_format!r}"
         )
+    try:
+        parse_event_loop(config.event_loop)
+    except EventLoopChoiceError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 _config: Config | None = None

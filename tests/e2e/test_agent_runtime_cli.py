@@ -74,6 +74,18 @@ def test_env_fallbacks_keep_the_key_off_the_command_line_and_out_of_the_log(tmp_
                 process.kill()
     text = log_path.read_text()
     assert "drained (not registered: nothing to deregister)" in text
+    # uvloop by default; its signal handlers (loop.add_signal_handler) took the SIGTERM above.
+    assert "event loop: uvloop" in text
     assert SECRET not in text and "this-is-the-secret" not in text
     # Its default cache directory lives under CLOACINA_HOME.
     assert (tmp_path / "home" / "agent-cache").is_dir()
+
+
+def test_an_unknown_event_loop_exits_2_with_one_line_on_stderr(tmp_path):
+    done = _runagent(
+        tmp_path, "--server", "http://127.0.0.1:9", "--api-key", SECRET, CLOACINA_EVENT_LOOP="tokio"
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "CLOACINA_EVENT_LOOP must be one of uvloop, asyncio, got 'tokio'" in lines[0]

@@ -40,6 +40,11 @@ def procs(transactional_db, tmp_path):
         ([], {"CLOACINA_LOGIN_LOCKOUT_S": "soon"}, "CLOACINA_LOGIN_LOCKOUT_S must be an integer"),
         (
             [],
+            {"CLOACINA_EVENT_LOOP": "tokio"},
+            "CLOACINA_EVENT_LOOP must be one of uvloop, asyncio, got 'tokio'",
+        ),
+        (
+            [],
             {"CLOACINA_EXECUTORS": '{"gpu": {"class": "no_such_pkg.executors:Gpu"}}'},
             "executor 'gpu' (CLOACINA_EXECUTORS[gpu]): cannot import module 'no_such_pkg.executors'",
         ),

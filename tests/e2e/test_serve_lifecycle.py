@@ -23,11 +23,20 @@ def procs(transactional_db, tmp_path):
         yield procs
 
 
-def test_sigterm_stops_cleanly_and_marks_the_instance_stopped(procs):
-    server = procs.serve()
+@pytest.mark.parametrize(
+    "loop, sig",
+    [
+        ("", signal.SIGTERM),  # the default: uvloop (Twisted's asyncio reactor on it)
+        ("", signal.SIGINT),
+        ("asyncio", signal.SIGTERM),  # the fall-back: the standard library's loop
+    ],
+)
+def test_sigterm_stops_cleanly_and_marks_the_instance_stopped(procs, loop, sig):
+    server = procs.serve(env=procs.env(CLOACINA_EVENT_LOOP=loop))
     instance = ServerInstance.objects.get(pid=server.process.pid)
     assert instance.stopped_at is None and str(instance.port) in server.url
-    server.process.signal(signal.SIGTERM)
+    assert f"event loop: {loop or 'uvloop'}" in server.process.output()
+    server.process.signal(sig)
     assert server.process.popen.wait(20) == 0, server.process.tail()
     instance.refresh_from_db()
     assert instance.stopped_at is not None

@@ -17,6 +17,11 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from agents.protocol.event_loop import (
+    EventLoopChoiceError,
+    loop_factory,
+    running_loop_kind,
+)
 from agents.protocol.heap import freeze_startup_heap
 from agents.protocol.triples import TripleError, host_triple, parse_triple
 from agents.protocol.wire import ACCEPT_ANY, DEFAULT_AGENT_FORMAT, SUPPORTED_FORMATS
@@ -112,6 +117,10 @@ class Command(BaseCommand):
         install_db_guard()
         _configure_logging()
         config = self._config(options)
+        try:  # uvloop unless CLOACINA_EVENT_LOOP=asyncio (agents/protocol/event_loop.py)
+            new_loop = loop_factory()
+        except EventLoopChoiceError as exc:
+            raise CommandError(str(exc), returncode=2) from None
         # A local import, after the guard: nothing the agent loads may sneak a connection.
         from agents.runtime.agent import Agent
 
@@ -119,7 +128,8 @@ class Command(BaseCommand):
         # Django and the agent's libraries are loaded and live as long as the process: no
         # full collection walks them again (agents/protocol/heap.py says why).
         freeze_startup_heap()
-        code = asyncio.run(_run(agent))
+        with asyncio.Runner(loop_factory=new_loop) as runner:
+            code = runner.run(_run(agent))
         if code:
             sys.exit(code)
 
@@ -212,6 +222,7 @@ def _protocol_version() -> int:
 
 async def _run(agent) -> int:
     loop = asyncio.get_running_loop()
+    log.info("event loop: %s", running_loop_kind(loop))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, agent.on_signal, sig.name)
     return await agent.run()

@@ -21,6 +21,7 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connection
 
+from agents.protocol.event_loop import running_loop_kind
 from agents.protocol.heap import SurvivorFreezer, freeze_startup_heap
 from agents.sandbox.task_isolation import TaskUserError
 from artifacts.builds.runner import BuildRunner
@@ -248,6 +249,8 @@ class ServeProcess:
 
     async def _start_async(self) -> None:
         executor = self.dispatcher.executor
+        # Chosen by manage.py before Django loaded (the "daphne" app makes the loop on import).
+        log.info("event loop: %s", running_loop_kind(asyncio.get_running_loop()))
         await executor.start()
         self._executor_started = True
         self.engine = EngineLoop(self.dispatcher, self.config.scheduler_poll_s)
