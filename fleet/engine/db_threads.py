@@ -12,7 +12,12 @@ whose they are) and binds parameters on the server, letting psycopg prepare a
 statement once it has run ``PREPARE_THRESHOLD`` times: the hot paths run the
 same few statements thousands of times a second, and planning them each time
 was most of the database's CPU per task (a claim: 0.5 ms planned, 0.1 ms
-prepared).  Such a connection also sends list parameters (the hot statements' ``unnest``
+prepared).  Its prepared statements take their generic plan at once
+(``plan_cache_mode = force_generic_plan``): PostgreSQL's default plans a prepared
+statement's first five executions for their parameters before it settles on the generic
+plan every hot statement ends on, and with twelve threads each planning each hot statement
+that way, a fresh server's first thousands of tasks paid ~0.1 ms of database CPU per task
+for it (docs/performance.md, "Round i17-burst5").  Such a connection also sends list parameters (the hot statements' ``unnest``
 and ``ANY`` arrays) in PostgreSQL's binary array format: psycopg's text format quotes
 and escapes every element in Python, a regular-expression call per ``"`` or ``\\`` of
 a packet's JSON, which made a placement's arrays ~0.08 ms of server CPU per task under
@@ -50,11 +55,15 @@ T = TypeVar("T")
 
 THREAD_JOIN_TIMEOUT_S = 10.0
 PREPARE_THRESHOLD = 2  # executions of one statement before psycopg prepares it
+# The hot statements' generic plans are what PostgreSQL's default settles on after five
+# custom plans anyway (their binds take ~0.03 ms once it has); skip the five.
+PLAN_CACHE_MODE = "force_generic_plan"
 
 
 def use_prepared_statements(application_name: str) -> None:
-    """Switch this thread's connection to server-side binding with prepared statements,
-    named ``application_name`` (opening it if needed); a new connection is switched again."""
+    """Switch this thread's connection to server-side binding with prepared statements on
+    their generic plans, named ``application_name`` (opening it if needed); a new
+    connection is switched again."""
     connection.ensure_connection()
     raw = connection.connection
     if raw.cursor_factory is not ServerBindingCursor:
@@ -62,7 +71,11 @@ def use_prepared_statements(application_name: str) -> None:
         raw.prepare_threshold = PREPARE_THRESHOLD
         binary_lists(raw, True)
         with raw.cursor() as cursor:
-            cursor.execute("SELECT set_config('application_name', %s, false)", [application_name])
+            cursor.execute(
+                "SELECT set_config('application_name', %s, false), "
+                "set_config('plan_cache_mode', %s, false)",
+                [application_name, PLAN_CACHE_MODE],
+            )
 
 
 def _drop_broken_connection() -> None:

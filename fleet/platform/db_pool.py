@@ -97,7 +97,7 @@ def reset_session(conn) -> None:
         conn.cursor_factory = Cursor
         conn.prepare_threshold = None
         binary_lists(conn, False)
-        conn.execute("RESET application_name")
+        conn.execute("RESET application_name; RESET plan_cache_mode")
 
 
 def binary_lists(conn: Any, binary: bool) -> None:

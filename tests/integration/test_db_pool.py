@@ -12,6 +12,7 @@ from django.db.backends.postgresql.base import Cursor, ServerBindingCursor
 from psycopg.adapt import PyFormat
 from psycopg.types.array import ListBinaryDumper, ListDumper
 
+from fleet.engine import db_threads
 from fleet.engine.db_threads import DbThreadPool
 from fleet.platform import db_pool
 from fleet.platform.config import ConfigError
@@ -88,6 +89,40 @@ def test_hot_path_threads_prepare_statements_under_their_own_name():
     assert factory is Cursor and name != "cloacina-pool-test" and threshold is None
 
 
+PLANNED = "SELECT count(*) FROM fleet_tenant WHERE id = ANY(%s) AND name <> %s"
+
+
+def plans_of_a_repeated_statement(times: int) -> tuple[str, int, int]:
+    """On this thread's connection: run one statement ``times`` times with new parameters,
+    then the session's plan_cache_mode and the statement's generic and custom plans."""
+    with connection.cursor() as cursor:
+        for i in range(times):
+            cursor.execute(PLANNED, [[i, i + 1], f"tenant-{i}"])
+            cursor.fetchone()
+        cursor.execute("SELECT current_setting('plan_cache_mode')")
+        (mode,) = cursor.fetchone()
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE 'SELECT count(*) FROM fleet_tenant WHERE id = ANY%%'"
+        )
+        generic, custom = cursor.fetchone()
+    return mode, generic, custom
+
+
+def test_hot_path_threads_plan_a_prepared_statement_generically_from_its_first_run():
+    # PostgreSQL's default plans a prepared statement's first five executions for their
+    # parameters (five plannings per statement and thread on a fresh server) before it
+    # takes the generic plan; a hot-path connection takes the generic plan at once.
+    pool = DbThreadPool(1, "pool-test", hot_path="cloacina-pool-test")
+    try:
+        mode, generic, custom = pool.submit(plans_of_a_repeated_statement, 9).result(10)
+    finally:
+        pool.close()
+    prepared_runs = 9 - db_threads.PREPARE_THRESHOLD
+    assert mode == "force_generic_plan"
+    assert (generic, custom) == (prepared_runs, 0)
+
+
 def test_reset_gives_a_hot_path_connection_back_with_djangos_defaults():
     raw = connection.pool.getconn()
     try:
@@ -95,10 +130,12 @@ def test_reset_gives_a_hot_path_connection_back_with_djangos_defaults():
         raw.prepare_threshold = 2
         db_pool.binary_lists(raw, True)
         raw.execute("SET application_name = 'cloacina-pool-test'")
+        raw.execute("SET plan_cache_mode = force_generic_plan")
         db_pool.reset_session(raw)
         assert raw.cursor_factory is Cursor and raw.prepare_threshold is None
         assert raw.adapters.get_dumper(list, PyFormat.AUTO) is ListDumper
         assert raw.execute("SHOW application_name").fetchone()[0] != "cloacina-pool-test"
+        assert raw.execute("SHOW plan_cache_mode").fetchone()[0] == "auto"
     finally:
         connection.pool.putconn(raw)
 
