@@ -54,7 +54,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 THREAD_JOIN_TIMEOUT_S = 10.0
-PREPARE_THRESHOLD = 2  # executions of one statement before psycopg prepares it
+# Executions of one statement before psycopg prepares it: one unprepared run (planned),
+# then prepared at the second, so a statement run once is not kept on the server.
+PREPARE_THRESHOLD = 1
 # The hot statements' generic plans are what PostgreSQL's default settles on after five
 # custom plans anyway (their binds take ~0.03 ms once it has); skip the five.
 PLAN_CACHE_MODE = "force_generic_plan"
