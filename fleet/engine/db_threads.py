@@ -16,12 +16,13 @@ prepared).  Its prepared statements take their generic plan at once
 (``plan_cache_mode = force_generic_plan``): PostgreSQL's default plans a prepared
 statement's first five executions for their parameters before it settles on the generic
 plan every hot statement ends on, and with twelve threads each planning each hot statement
-that way, a fresh server's first thousands of tasks paid ~0.1 ms of database CPU per task
-for it (docs/performance.md, "Round i17-burst5").  Such a connection also sends list parameters (the hot statements' ``unnest``
-and ``ANY`` arrays) in PostgreSQL's binary array format: psycopg's text format quotes
-and escapes every element in Python, a regular-expression call per ``"`` or ``\\`` of
-a packet's JSON, which made a placement's arrays ~0.08 ms of server CPU per task under
-load (docs/performance.md, "Round i17-cpu2").  Everything else in the process keeps
+that way, a fresh server's first 2,000 tasks (fleetbench's burst) paid ~0.09 ms of
+database CPU per task for it (docs/performance.md, "Round i17-burst5").  Such a
+connection also sends list parameters (the hot statements' ``unnest`` and ``ANY``
+arrays) in PostgreSQL's binary array format: psycopg's text format quotes and escapes
+every element in Python, a regular-expression call per ``"`` or ``\\`` of a packet's JSON,
+which made a placement's arrays ~0.08 ms of server CPU per task under load
+(docs/performance.md, "Round i17-cpu2").  Everything else in the process keeps
 Django's default (client-side binding, no prepared statements, text arrays);
 :func:`fleet.platform.db_pool.reset_session` undoes the switches when such a connection goes
 back to the connection pool.
