@@ -122,6 +122,7 @@ class FleetExecutor(TaskExecutor):
         self._probe_task: asyncio.Task | None = None
         self._placer: Batcher[uuid.UUID, Placed | NoAgent | NotClaimed] | None = None
         self._loop_placer: LoopPlacer | None = None
+        self._warming: asyncio.Task | None = None
         self._tenant_of: dict[uuid.UUID, int] = {}  # tasks being placed → their tenant
         self._probe_wake = asyncio.Event()
         self._started_at = time.monotonic()
@@ -146,6 +147,7 @@ class FleetExecutor(TaskExecutor):
         # and is made on this loop in one statement when it can be
         # (fleet/executors/fleet/delivery/one_trip.py), else on a delivery thread.
         self._loop_placer = LoopPlacer(self.claimer)
+        self._warming = asyncio.create_task(self._loop_placer.warm(), name="fleet-placer-warm")
         self._placer = Batcher(
             self._place_batch, PLACE_BATCH, "fleet-placement", delivery_db.call,
             lone_at_once=True, alone=self._place_alone,
@@ -167,6 +169,11 @@ class FleetExecutor(TaskExecutor):
         if self._placer is not None:
             await self._placer.close()
             self._placer = None
+        if self._warming is not None:
+            self._warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._warming
+            self._warming = None
         if self._loop_placer is not None:
             await self._loop_placer.close()
             self._loop_placer = None
