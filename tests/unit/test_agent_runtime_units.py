@@ -614,3 +614,15 @@ def test_a_refused_socket_registration_raises_what_the_same_rest_answer_raises(s
     assert type(raised) is error and "why" in str(raised)
     if error is RateLimited:
         assert raised.retry_after_s == 7.0
+
+
+def test_each_beat_lets_go_of_the_package_pins_kept_after_the_last_tasks(tmp_path):
+    """An agent keeps a package's pin a second after a task (no flock per task); an agent
+    whose tasks stopped must not keep other processes sharing its cache from evicting."""
+    agent = _agent(tmp_path, ScriptedServer())
+    released: list[bool] = []
+    agent.cache.release_idle_pins = lambda: released.append(True)  # type: ignore[method-assign]
+    agent._beat_body()
+    agent._beat_body()
+    assert released == [True, True]
+    assert agent.cache.pin_linger_s > 0
