@@ -501,7 +501,10 @@ class TaskRunner:
                     if not future.done():
                         loop.call_soon_threadsafe(self._hand_over, future, slot)
                         return
-                self._free.append(slot)
+                if slot.fresh:  # a replacement still booting: last in line, not next
+                    self._free.appendleft(slot)
+                else:
+                    self._free.append(slot)
                 return
         slot.stop()  # closed meanwhile
 

@@ -139,6 +139,20 @@ async def test_tasks_one_after_another_run_in_the_child_freed_last(runner, packa
 
 
 @in_own_loop
+async def test_a_replaced_child_still_booting_is_taken_last(package):
+    runner = TaskRunner(2, fresh_child_per_task=True)
+    runner.start()
+    try:
+        booted = set(runner.child_pids())
+        first = (await run(runner, package, "echo")).output["pid"]
+        # Its child was retired; the other one, booted at start, takes the next task.
+        second = (await run(runner, package, "echo")).output["pid"]
+        assert first in booted and second in booted and first != second
+    finally:
+        runner.close()
+
+
+@in_own_loop
 async def test_it_turns_none_into_an_empty_output(runner, package):
     outcome = await run(runner, package, "noop")
     assert (outcome.status, outcome.output) == ("success", {})
