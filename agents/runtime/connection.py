@@ -129,8 +129,8 @@ class Session:
 
     The queued frames are written by a plain callback, straight through the WebSocket
     protocol, not by a task awaiting ``ws.send`` per frame: a task, an async context
-    manager and a drain per turn were a tenth of the agent's Python per task when frames
-    go one at a time (docs/performance.md, "Round i17-agent (session 14)").  When the
+    manager and a drain per turn were 14 % of the agent's Python time in a cProfile of tasks
+    coming one at a time (docs/performance.md, "Round i17-agent … (session 14)").  When the
     socket pushes back (its write buffer is full), is closing, or is in the middle of a
     fragmented message, the frames go the awaited way instead, in order.
     """
