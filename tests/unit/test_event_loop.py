@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from types import SimpleNamespace
 
 import pytest
 
@@ -97,9 +96,6 @@ def test_runagent_runs_on_uvloop_without_changing_the_process_policy(monkeypatch
     monkeypatch.setattr(runagent, "install_db_guard", lambda: None)
     monkeypatch.setattr(runagent, "_configure_logging", lambda: None)
     monkeypatch.setattr(runagent, "freeze_startup_heap", lambda: 0)  # not this test process
-    monkeypatch.setattr(
-        runagent, "_survivor_freezer", lambda: SimpleNamespace(uninstall=lambda: None)
-    )
     monkeypatch.setattr(runagent, "_run", capture)
     monkeypatch.delenv(event_loop.ENV_EVENT_LOOP, raising=False)
     policy = asyncio.get_event_loop_policy()
@@ -108,36 +104,3 @@ def test_runagent_runs_on_uvloop_without_changing_the_process_policy(monkeypatch
     )
     assert kinds == ["uvloop"]
     assert asyncio.get_event_loop_policy() is policy
-
-
-def test_runagent_freezes_each_full_collections_survivors_while_the_agent_runs(
-    monkeypatch, tmp_path
-):
-    """Like serve (agents/protocol/heap.py, SurvivorFreezer): what the first session and tasks
-    leave for good is walked by one full collection, not by each."""
-    from django.core.management import call_command
-
-    from agents.management.commands import runagent
-
-    events: list[str] = []
-
-    class Freezer:
-        def install(self) -> None:
-            events.append("install")
-
-        def uninstall(self) -> None:
-            events.append("uninstall")
-
-    async def agent_runs(agent) -> int:
-        events.append("run")
-        return 0
-
-    monkeypatch.setattr(runagent, "install_db_guard", lambda: None)
-    monkeypatch.setattr(runagent, "_configure_logging", lambda: None)
-    monkeypatch.setattr(runagent, "freeze_startup_heap", lambda: 0)  # not this test process
-    monkeypatch.setattr(runagent, "SurvivorFreezer", Freezer)
-    monkeypatch.setattr(runagent, "_run", agent_runs)
-    call_command(
-        "runagent", "--api-key", "k", "--server", "http://a:1", "--cache-dir", str(tmp_path)
-    )
-    assert events == ["install", "run", "uninstall"]

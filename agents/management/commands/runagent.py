@@ -22,7 +22,7 @@ from agents.protocol.event_loop import (
     loop_factory,
     running_loop_kind,
 )
-from agents.protocol.heap import SurvivorFreezer, freeze_startup_heap
+from agents.protocol.heap import freeze_startup_heap
 from agents.protocol.triples import TripleError, host_triple, parse_triple
 from agents.protocol.wire import ACCEPT_ANY, DEFAULT_AGENT_FORMAT, SUPPORTED_FORMATS
 from agents.runtime.agent_config import (
@@ -74,13 +74,6 @@ def _configure_logging() -> None:
     root.setLevel(os.environ.get("CLOACINA_LOG_LEVEL", "INFO"))
     for noisy in ("httpx", "httpcore", "websockets", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
-def _survivor_freezer() -> SurvivorFreezer:
-    """The agent's :class:`SurvivorFreezer`, installed (tests replace this)."""
-    freezer = SurvivorFreezer()
-    freezer.install()
-    return freezer
 
 
 class Command(BaseCommand):
@@ -135,16 +128,8 @@ class Command(BaseCommand):
         # Django and the agent's libraries are loaded and live as long as the process: no
         # full collection walks them again (agents/protocol/heap.py says why).
         freeze_startup_heap()
-        # And what the first session and tasks leave for good (the HTTP client and its TLS
-        # context, the socket, the children's handles): each full collection's survivors
-        # are frozen, as serve does.  A full collection of an agent took 1.3 ms in the idle
-        # pickup (fleetbench --pickup-hops), a stop in the middle of a pickup.
-        freezer = _survivor_freezer()
-        try:
-            with asyncio.Runner(loop_factory=new_loop) as runner:
-                code = runner.run(_run(agent))
-        finally:
-            freezer.uninstall()
+        with asyncio.Runner(loop_factory=new_loop) as runner:
+            code = runner.run(_run(agent))
         if code:
             sys.exit(code)
 
