@@ -130,11 +130,21 @@ def _walk(value: Any, depth: int) -> None:
         _check_other(value, depth)
 
 
+# Values checked where they stand, without a call to _walk: most of a frame's values are
+# strings, small integers, booleans and nulls, and a call per value was most of the check.
+_LEAF_TYPES = frozenset({str, bool, type(None)})
+
+
 def _walk_object(value: dict, depth: int) -> None:
+    inline = depth < MAX_DEPTH  # a leaf one level down is within the depth limit
     for key, item in value.items():
         if type(key) is not str and not isinstance(key, str):
             # JSON would silently turn 1 into "1": a different object on the other side.
             raise _Refused(f"object key {key!r} is {type(key).__name__}, keys must be strings")
+        if inline:
+            kind = type(item)
+            if kind in _LEAF_TYPES or (kind is int and MIN_INT <= item <= MAX_INT):
+                continue
         try:
             _walk(item, depth + 1)
         except _Refused as exc:
@@ -143,7 +153,12 @@ def _walk_object(value: dict, depth: int) -> None:
 
 
 def _walk_array(value: list | tuple, depth: int) -> None:
+    inline = depth < MAX_DEPTH
     for index, item in enumerate(value):
+        if inline:
+            kind = type(item)
+            if kind in _LEAF_TYPES or (kind is int and MIN_INT <= item <= MAX_INT):
+                continue
         try:
             _walk(item, depth + 1)
         except _Refused as exc:

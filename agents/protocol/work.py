@@ -16,6 +16,8 @@ OUTCOME_FAILURE = "failure"
 OUTCOME_REFUSED = "refused"
 
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
+# The form the server writes a UUID in (str(uuid.UUID)): taken without building a UUID.
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 # field -> accepted types (bool is an int in Python; it is never a valid id or timeout).
 _REQUIRED: dict[str, tuple[type, ...]] = {
@@ -70,6 +72,8 @@ class WorkPacket:
 
 
 def _is_uuid(value: object) -> bool:
+    if type(value) is str and _CANONICAL_UUID.fullmatch(value):
+        return True  # once per packet: a regex is a fraction of uuid.UUID()
     try:
         uuid.UUID(str(value))
     except ValueError:

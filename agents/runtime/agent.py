@@ -48,7 +48,7 @@ from agents.runtime.connection import Action, Session, SessionEnd, ping_interval
 from agents.runtime.heartbeat import BeatBody, BeatTarget, HeartbeatLoop
 from agents.runtime.socket_registration import NotOnSocket, register_on_socket
 from agents.runtime.work_intake import WorkIntake
-from agents.sandbox.package_cache import PackageCache
+from agents.sandbox.package_cache import TOUCH_INTERVAL_S, PackageCache
 from agents.sandbox.task_runner import TaskRunner
 
 log = logging.getLogger("cloacina.agent")
@@ -81,7 +81,11 @@ class Agent:
         # What registrations and beats say about the host; the bench's simulated agents,
         # thousands in one process, pass one reading instead of sampling the host each beat.
         self.metrics = metrics or host_metrics.sample
-        self.cache = cache or PackageCache(config.cache_dir, config.cache_max_bytes)
+        # Pins kept a second after a task (one flock per package, not per task); each beat
+        # lets go of those kept longer (_beat_body).
+        self.cache = cache or PackageCache(
+            config.cache_dir, config.cache_max_bytes, pin_linger_s=TOUCH_INTERVAL_S
+        )
         self.runner = runner or TaskRunner(config.max_concurrency)
         self.registration: Registration | None = None
         # This process's id, the same in every registration it makes: an outcome it owes
@@ -485,6 +489,9 @@ class Agent:
         return BeatTarget(registration.agent_id, self.session, registration.heartbeat_interval_s)
 
     def _beat_body(self) -> BeatBody:
+        # Once per beat: an agent with no more tasks lets other processes sharing its
+        # cache evict the packages it used (the pins it kept after its last tasks).
+        self.cache.release_idle_pins()
         holding = self.intake.holding()
         return BeatBody(
             in_flight=len(holding),

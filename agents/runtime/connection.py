@@ -21,6 +21,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.protocol import State
 from websockets.proxy import get_proxy
 from websockets.uri import WebSocketURI, parse_uri
 
@@ -125,6 +126,13 @@ class Session:
     takes them (``batch_frames``, from the registration), else one frame each.  Under load
     several confirmations and outcomes are ready in the same turn; a lone one waits no
     longer than the turn.
+
+    The queued frames are written by a plain callback, straight through the WebSocket
+    protocol, not by a task awaiting ``ws.send`` per frame: a task, an async context
+    manager and a drain per turn were 14 % of the agent's Python time in a cProfile of tasks
+    coming one at a time (docs/performance.md, "Round i17-agent … (session 14)").  When the
+    socket pushes back (its write buffer is full), is closing, or is in the middle of a
+    fragmented message, the frames go the awaited way instead, in order.
     """
 
     def __init__(self, ws: ClientConnection, wire_format: str, batch_frames: bool = False) -> None:
@@ -134,6 +142,7 @@ class Session:
         self.closing_by_us = False
         self.closed = False  # the session ended: queue nothing more on it
         self._queued: list[batching.Encoded] = []
+        self._write_scheduled = False
         self._flushing: asyncio.Task | None = None
 
     async def send(self, frame: dict[str, Any]) -> None:
@@ -146,9 +155,37 @@ class Session:
         if self.closed:
             return False
         self._queued.append(data)
-        if self._flushing is None:
-            self._flushing = asyncio.get_running_loop().create_task(self._flush())
+        # While an awaited flush runs, it takes what is queued meanwhile (order kept).
+        if self._flushing is None and not self._write_scheduled:
+            self._write_scheduled = True
+            asyncio.get_running_loop().call_soon(self._write_queued)
         return True
+
+    def _write_queued(self) -> None:
+        self._write_scheduled = False
+        if self._flushing is not None or not self._queued:
+            return
+        if self.closed:
+            self._queued.clear()
+            return
+        ws = self.ws
+        if not _writable_now(ws):
+            # Back-pressure, a fragmented message, or a closing socket: ws.send waits or
+            # raises ConnectionClosed as it should.
+            self._flushing = asyncio.get_running_loop().create_task(self._flush())
+            return
+        queued, self._queued = self._queued, []
+        try:
+            for data in batching.pack(queued, self.wire_format, self.batch_frames):
+                if isinstance(data, str):
+                    ws.protocol.send_text(data.encode())
+                else:
+                    ws.protocol.send_binary(data)
+            ws.send_data()
+        except Exception:  # noqa: BLE001 - whatever broke the write, the session is over
+            log.debug("writing to the delivery socket failed", exc_info=True)
+            self.closed = True  # the session loop notices the close and reports it
+            ws.transport.abort()
 
     async def _flush(self) -> None:
         try:
@@ -165,6 +202,16 @@ class Session:
     async def close(self, reason: str = "agent stopping") -> None:
         self.closing_by_us = True
         await self.ws.close(1000, reason)
+
+
+def _writable_now(ws: ClientConnection) -> bool:
+    """Whether frames may be handed to ``ws``'s protocol and written without waiting: open,
+    not pushing back, no fragmented message under way.  (Attributes of websockets' asyncio
+    connection, pinned in requirements.txt; should one go, frames take the awaited path.)"""
+    try:
+        return ws.protocol.state is State.OPEN and not ws.paused and ws.send_in_progress is None
+    except AttributeError:
+        return False
 
 
 def batched_frames(frame: dict[str, Any]) -> list[dict[str, Any]]:

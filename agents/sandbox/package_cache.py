@@ -67,9 +67,15 @@ def _tree_bytes(path: Path) -> int:
 
 
 class PackageCache:
-    def __init__(self, root: Path, max_bytes: int) -> None:
+    def __init__(self, root: Path, max_bytes: int, pin_linger_s: float = 0.0) -> None:
+        """``pin_linger_s``: keep a package's pin (its shared ``flock``) this long after its
+        last :meth:`unpin`, so that one task after another on the same package does not
+        open, lock and close the pin file each time (the agent: its tasks mostly come one
+        or a few at a time).  Other processes sharing the root cannot evict the package
+        meanwhile; :meth:`release_idle_pins` lets go of the pins kept past it."""
         self.root = Path(root)
         self.max_bytes = max_bytes
+        self.pin_linger_s = pin_linger_s
         if not self.root.is_dir():
             self.root.mkdir(parents=True, exist_ok=True)
             # Task children (another user when the parent is root) may enter the root to
@@ -81,6 +87,8 @@ class PackageCache:
         self._digest_locks: dict[str, threading.Lock] = {}
         self._pins: dict[str, int] = {}
         self._pin_fds: dict[str, int] = {}  # digest -> fd holding the shared pin flock
+        # digest -> monotonic time its last pin ended, for pins kept (pin_linger_s).
+        self._lingering: dict[str, float] = {}
         self._sizes: dict[str, int] = {}  # digest -> unpacked bytes, learnt lazily
         # digest -> (its directory, monotonic time of our last touch): the hit path.
         self._seen: dict[str, tuple[Path, float]] = {}
@@ -155,7 +163,8 @@ class PackageCache:
         with self._guard:
             count = self._pins.get(digest, 0) + 1
             self._pins[digest] = count
-            if count == 1:
+            # A kept pin was held all along: nothing can have removed the package since.
+            if count == 1 and self._lingering.pop(digest, None) is None:
                 self._hold_pin_lock(digest)
 
     def unpin(self, digest: str) -> None:
@@ -165,9 +174,34 @@ class PackageCache:
                 self._pins[digest] = left
                 return
             self._pins.pop(digest, None)
-            fd = self._pin_fds.pop(digest, None)
-        if fd is not None:
+            if self.pin_linger_s > 0 and digest in self._pin_fds:
+                now = time.monotonic()
+                released = self._take_lingering(now)
+                self._lingering[digest] = now
+            else:
+                fd = self._pin_fds.pop(digest, None)
+                released = [] if fd is None else [fd]
+        for fd in released:
             os.close(fd)  # releases the shared flock
+
+    def release_idle_pins(self, everything: bool = False) -> None:
+        """Let go of the pins kept longer than ``pin_linger_s`` after their last use
+        (``everything``: of every kept pin).  Pins in use stay."""
+        with self._guard:
+            released = self._take_lingering(time.monotonic(), everything)
+        for fd in released:
+            os.close(fd)
+
+    def _take_lingering(self, now: float, everything: bool = False) -> list[int]:
+        """The fds of kept pins due for release, forgotten (under ``_guard``)."""
+        due = [
+            digest
+            for digest, since in self._lingering.items()
+            if everything or now - since >= self.pin_linger_s
+        ]
+        for digest in due:
+            del self._lingering[digest]
+        return [self._pin_fds.pop(digest) for digest in due]
 
     def _hold_pin_lock(self, digest: str) -> None:
         # Blocks only while another process renames this package away (see evict).  Once
@@ -192,6 +226,7 @@ class PackageCache:
     def evict(self, keep: str | None = None) -> list[str]:
         """Remove least recently used packages until the cache fits ``max_bytes``."""
         removed: list[str] = []
+        self.release_idle_pins(everything=True)  # our own kept pins must not block us
         with self._file_lock("evict"):
             ages = []
             for digest in self.entries():

@@ -135,6 +135,9 @@ class NoFetchCache:
     def unpin(self, digest: str) -> None:
         """Nothing is ever evicted."""
 
+    def release_idle_pins(self) -> None:
+        """Nothing is ever pinned."""
+
     async def aget(self, digest: str, fetch: Any) -> Path:
         return self.root
 

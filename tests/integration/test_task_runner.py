@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -122,6 +123,33 @@ async def test_it_runs_a_task_with_the_decoded_context(runner, package):
     assert outcome.output["seen"] == {"a": 1, "nested": {"b": [1, 2]}}
     assert outcome.output["pid"] in runner.child_pids()
     assert outcome.output["pid"] != os.getpid()
+
+
+@in_own_loop
+async def test_tasks_one_after_another_run_in_the_child_freed_last(runner, package):
+    """The child freed last takes the next task (its memory still in the CPU's caches),
+    not each child in turn; tasks at once still get a child each."""
+    assert len(runner.child_pids()) > 1
+    pids = {(await run(runner, package, "echo")).output["pid"] for _ in range(4)}
+    assert len(pids) == 1
+    together = await asyncio.gather(
+        *(run(runner, package, "sleepy", {"sleep_s": 0.2}) for _ in range(2))
+    )
+    assert all(o.status == "success" for o in together)
+
+
+@in_own_loop
+async def test_a_replaced_child_still_booting_is_taken_last(package):
+    runner = TaskRunner(2, fresh_child_per_task=True)
+    runner.start()
+    try:
+        booted = set(runner.child_pids())
+        first = (await run(runner, package, "echo")).output["pid"]
+        # Its child was retired; the other one, booted at start, takes the next task.
+        second = (await run(runner, package, "echo")).output["pid"]
+        assert first in booted and second in booted and first != second
+    finally:
+        runner.close()
 
 
 @in_own_loop

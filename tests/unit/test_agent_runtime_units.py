@@ -614,3 +614,32 @@ def test_a_refused_socket_registration_raises_what_the_same_rest_answer_raises(s
     assert type(raised) is error and "why" in str(raised)
     if error is RateLimited:
         assert raised.retry_after_s == 7.0
+
+
+def test_each_beat_lets_go_of_the_package_pins_kept_after_the_last_tasks(tmp_path):
+    """An agent keeps a package's pin a second after a task (no flock per task); an agent
+    whose tasks stopped must not keep other processes sharing its cache from evicting."""
+    agent = _agent(tmp_path, ScriptedServer())
+    released: list[bool] = []
+    agent.cache.release_idle_pins = lambda: released.append(True)  # type: ignore[method-assign]
+    agent._beat_body()
+    agent._beat_body()
+    assert released == [True, True]
+    assert agent.cache.pin_linger_s > 0
+
+
+@pytest.mark.parametrize(
+    "teid, valid",
+    [
+        ("7f9c2b1e-8a40-4f5e-9a53-2b0f7f7c1d11", True),  # the server's form: by regex
+        ("7F9C2B1E-8A40-4F5E-9A53-2B0F7F7C1D11", True),  # other spellings: as uuid.UUID has it
+        ("{7f9c2b1e-8a40-4f5e-9a53-2b0f7f7c1d11}", True),
+        ("7f9c2b1e8a404f5e9a532b0f7f7c1d11", True),
+        ("7f9c2b1e-8a40-4f5e-9a53-2b0f7f7c1d1", False),
+        ("7f9c2b1e-8a40-4f5e-9a53-2b0f7f7c1d11\n", False),  # no trailing newline, as before
+        ("7g9c2b1e-8a40-4f5e-9a53-2b0f7f7c1d11", False),
+    ],
+)
+def test_a_packets_task_id_is_taken_exactly_when_uuid_takes_it(teid, valid):
+    assert work._is_uuid(teid) is valid
+    assert (work._ids({**PACKET, "task_execution_id": teid}) is not None) is valid

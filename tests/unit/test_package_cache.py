@@ -221,3 +221,62 @@ def test_a_package_deleted_from_under_the_cache_is_noticed_at_the_next_touch(tmp
     fetch = Fetcher(data)
     assert cache.get(digest, fetch) == path
     assert fetch.calls == 1 and (path / "workflow" / "blob.txt").exists()
+
+
+# -- pins kept after their last use (the agent: pin_linger_s) ---------------------------
+
+
+def test_a_kept_pin_is_taken_again_without_the_lock_file_and_still_holds_off_evictions(
+    tmp_path, monkeypatch
+):
+    from agents.sandbox import package_cache  # local: the module whose os calls are patched
+
+    cache = PackageCache(tmp_path, max_bytes=1500, pin_linger_s=3600.0)
+    (a, da), (b, db) = archive("a", 1000), archive("b", 1000)
+    with cache.use(a, Fetcher(da)):
+        pass
+
+    def no_open(*args, **kwargs):
+        raise AssertionError("the pin file was opened again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(package_cache.os, "open", no_open)
+        for _ in range(3):  # the next tasks on the package: no open, flock or close
+            cache.pin(a)
+            cache.unpin(a)
+    other = PackageCache(tmp_path, max_bytes=1500)  # another process sharing the root
+    other.get(b, Fetcher(db))  # over the limit: it would evict a, but a is still pinned
+    assert other.entries() == sorted([a, b])
+    cache.release_idle_pins()  # not yet due
+    assert a not in other.evict()
+    assert a in other.entries()
+
+
+def test_a_kept_pin_is_let_go_once_due_and_never_blocks_its_own_eviction(tmp_path):
+    cache = PackageCache(tmp_path, max_bytes=1500, pin_linger_s=3600.0)
+    (a, da), (b, db), (c, dc) = archive("a", 1000), archive("b", 1000), archive("c", 1000)
+    with cache.use(a, Fetcher(da)):
+        pass
+    other = PackageCache(tmp_path, max_bytes=1500)
+    other.get(b, Fetcher(db))
+    cache.pin_linger_s = 0.0  # its time has come (no clock in the test)
+    cache.release_idle_pins()
+    assert other.evict() == [a]
+
+    with cache.use(b, Fetcher(db)):
+        pass
+    cache.pin_linger_s = 3600.0
+    cache.get(c, Fetcher(dc))  # this cache's own eviction: its kept pin on b is let go
+    assert cache.entries() == [c]
+
+
+def test_a_pin_still_in_use_is_never_let_go(tmp_path):
+    cache = PackageCache(tmp_path, max_bytes=1500, pin_linger_s=0.0001)
+    (a, da), (b, db) = archive("a", 1000), archive("b", 1000)
+    cache.pin(a)
+    cache.get(a, Fetcher(da))
+    cache.release_idle_pins(everything=True)
+    other = PackageCache(tmp_path, max_bytes=1500)
+    other.get(b, Fetcher(db))
+    assert other.entries() == sorted([a, b])
+    cache.unpin(a)

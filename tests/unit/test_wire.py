@@ -162,3 +162,33 @@ def test_an_extension_type_is_never_encoded():
     for fmt in wire.SUPPORTED_FORMATS:
         with pytest.raises(WireFormatError, match="ExtType"):
             wire.encode({"x": msgpack.ExtType(1, b"\x00")}, fmt)
+
+
+@pytest.mark.parametrize("leaf", ["text", 7, True, None, 1.5, [], {}])
+def test_the_depth_limit_counts_a_value_checked_in_place_as_one_level(leaf):
+    """Strings, integers, booleans and nulls are checked where they stand (no call each):
+    a value one level past the limit is still refused, one at the limit still passes."""
+
+    def nested(levels: int) -> dict:
+        top: dict = {}
+        node = top
+        for _ in range(levels - 1):
+            node["x"] = {}
+            node = node["x"]
+        node["x"] = leaf
+        return top
+
+    for fmt in wire.SUPPORTED_FORMATS:
+        wire.encode(nested(wire.MAX_DEPTH), fmt)  # the leaf at depth MAX_DEPTH
+        with pytest.raises(WireFormatError, match="nested more than"):
+            wire.encode(nested(wire.MAX_DEPTH + 1), fmt)
+        with pytest.raises(WireFormatError, match="nested more than"):
+            wire.encode({"a": [nested(wire.MAX_DEPTH)]}, fmt)
+
+
+def test_an_integer_checked_in_place_is_still_held_to_64_bits():
+    for fmt in wire.SUPPORTED_FORMATS:
+        with pytest.raises(WireFormatError, match=r"\$\.a\[1\]: integer"):
+            wire.encode({"a": [1, 2**64]}, fmt)
+        with pytest.raises(WireFormatError, match=r"\$\.b: integer"):
+            wire.encode({"b": -(2**63) - 1}, fmt)
