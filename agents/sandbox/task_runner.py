@@ -47,7 +47,9 @@ from agents.sandbox.task_isolation import (
 from agents.sandbox.task_limits import ChildLimits
 from agents.sandbox.task_log import LogRing, TaskLog, task_log_bytes
 
-log = logging.getLogger(__name__)
+# Not `log`: TaskRunner.run has a parameter of that name (the run's LogRing), which hid the
+# module logger there and turned a dead child's broken socket into an AttributeError.
+logger = logging.getLogger(__name__)
 
 # The child runs this file as a script: nothing of the server is importable in it.
 CHILD_SCRIPT = str(Path(__file__).with_name("task_child.py"))
@@ -141,6 +143,13 @@ class _Slot:
         self._watching: asyncio.AbstractEventLoop | None = None
         self._inbox = bytearray()  # bytes read from the child past the last whole frame
         self.fresh = False  # started but not yet known to answer
+        # The socket's reader, registered once per child on the loop that runs its tasks
+        # (and the thread that runs that loop), not once per reply: uvloop's sock_recv makes
+        # and drops a libuv poll handle per call (6 epoll_ctl and an ioctl per task).
+        self._reader: asyncio.AbstractEventLoop | None = None
+        self._reader_thread: int | None = None
+        self._waiter: asyncio.Future | None = None  # a recv() waiting for a whole frame
+        self._broken: BaseException | None = None  # EOF or the error that ended the socket
 
     def spawn(self) -> None:
         parent_sock, child_sock = socket.socketpair()
@@ -181,6 +190,7 @@ class _Slot:
         parent_sock.setblocking(False)
         self.sock, self.output = parent_sock, output
         self._inbox = bytearray()
+        self._broken = None
         self.fresh = True
 
     def read_output(self, ring: LogRing | None, reads: int = OUTPUT_DRAIN_READS) -> None:
@@ -252,18 +262,79 @@ class _Slot:
         """One frame from the child; EOFError when its end is closed (it died).
 
         The child writes a small reply as one write (header and body together), so one
-        read takes it whole: no second wait on the socket for the body.
+        read takes it whole.  The read is done by the slot's reader (:meth:`_on_readable`),
+        registered on this loop at the first reply and kept until the child goes.
         """
+        frame = take_frame(self._inbox)
+        if frame is not None:
+            return frame
+        if self._broken is not None:
+            raise self._broken
         loop = asyncio.get_running_loop()
-        inbox = self._inbox
-        while True:
-            frame = take_frame(inbox)
+        if self._reader is not loop:
+            self._unregister_reader()  # a runner driven from another loop before
+            loop.add_reader(self.sock, self._on_readable)
+            self._reader, self._reader_thread = loop, threading.get_ident()
+        self._waiter = loop.create_future()
+        try:
+            return await self._waiter
+        finally:
+            self._waiter = None
+
+    def _on_readable(self) -> None:
+        """The reader: what the child wrote goes into the inbox; a whole frame to recv()."""
+        try:
+            chunk = self.sock.recv(RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._break(exc)
+            return
+        if not chunk:
+            self._break(EOFError("the task worker closed its end"))
+            return
+        self._inbox += chunk
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            frame = take_frame(self._inbox)
             if frame is not None:
-                return frame
-            chunk = await loop.sock_recv(self.sock, RECV_BYTES)
-            if not chunk:
-                raise EOFError("the task worker closed its end")
-            inbox += chunk
+                waiter.set_result(frame)
+
+    def _break(self, exc: BaseException) -> None:
+        # Unregistered at once: a closed end stays readable, and the reader would spin.
+        self._broken = exc
+        self._unregister_reader()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+    def _unregister_reader(self) -> None:
+        """Take the socket's reader off its loop, on that loop's thread: closing the socket
+        under a live registration is not safe (uvloop holds the socket open while it is
+        registered, and the fd's number is reused by the next child's socket).
+        ``TaskRunner.close()`` stops idle children from another thread (``to_thread``), so
+        from there the removal is handed to the loop and waited for."""
+        loop, self._reader = self._reader, None
+        if loop is None or loop.is_closed():
+            return  # a closed loop dropped its handles with it
+        if self._reader_thread == threading.get_ident() or not loop.is_running():
+            loop.remove_reader(self.sock)
+            return
+        done = threading.Event()
+        sock = self.sock
+
+        def remove() -> None:
+            try:
+                loop.remove_reader(sock)
+            finally:
+                done.set()
+
+        try:
+            loop.call_soon_threadsafe(remove)
+        except RuntimeError:
+            return  # the loop closed meanwhile
+        if not done.wait(CHILD_EXIT_GRACE_S):
+            logger.warning("task worker %s: its event loop did not release the socket", self.index)
 
     def kill(self) -> int | None:
         """SIGKILL the child (if still alive), reap it and return its exit status."""
@@ -275,6 +346,7 @@ class _Slot:
             except ProcessLookupError:
                 pass
         code = self.process.wait()
+        self._unregister_reader()
         self.sock.close()
         self.close_output()
         self.process = self.sock = None
@@ -284,6 +356,7 @@ class _Slot:
         """Let an idle child exit on EOF; kill it if it does not."""
         if self.process is None:
             return
+        self._unregister_reader()
         self.sock.close()
         try:
             self.process.wait(CHILD_EXIT_GRACE_S)
@@ -472,7 +545,7 @@ class TaskRunner:
                 self._replace(slot)  # mid-exchange: its answer would land on the next task
                 raise
             except Exception as exc:  # a broken socket, a child that never booted
-                log.exception("task worker %s failed; replacing it", slot.index)
+                logger.exception("task worker %s failed; replacing it", slot.index)
                 self._replace(slot)
                 return RunOutcome("failure", None, "WorkerCrashed", f"task worker failed: {exc}")
             finally:
