@@ -461,7 +461,7 @@ class Agent:
         except (ConnectionClosed, OSError):
             pass  # the hello of the next session tells the server what we hold
 
-    async def _send_soon(self, frame: dict[str, Any]) -> None:
+    def _send_soon(self, frame: dict[str, Any]) -> None:
         """A ``received`` confirmation: with the other frames of this loop turn (in one
         ``batch`` frame when the server takes them).  Lost with the socket, like one sent
         at once: the hello of the next session tells the server what we hold."""
@@ -469,10 +469,11 @@ class Agent:
         if session is not None:
             session.send_soon(wire.encode(frame, session.wire_format))
 
-    async def _on_frame(self, frame: dict[str, Any], agent_id: str) -> None:
+    def _on_frame(self, frame: dict[str, Any], agent_id: str) -> None:
+        """One frame from the server, as the socket parses it (run_session): never blocks."""
         kind = frame["type"]
         if kind == "work":
-            await self.intake.on_work(frame.get("packet"), agent_id)
+            self.intake.on_work(frame.get("packet"), agent_id)
         elif kind == "result_ack":
             self.intake.reporter.on_result_ack(frame)
         elif kind == "drain":

@@ -21,7 +21,8 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
-from websockets.protocol import State
+from websockets.frames import Frame, Opcode
+from websockets.protocol import Event, State
 from websockets.proxy import get_proxy
 from websockets.uri import WebSocketURI, parse_uri
 
@@ -214,6 +215,62 @@ def _writable_now(ws: ClientConnection) -> bool:
         return False
 
 
+class FrameConnection(ClientConnection):
+    """The delivery socket's connection: a whole data message is handed to ``on_message``
+    (once the session sets it) in ``data_received`` itself, as the protocol parses it.
+
+    websockets' own path puts each frame into an ``Assembler`` and wakes the task awaiting
+    ``recv()``, which takes it in the next loop iteration: a future, a task step and a loop
+    iteration per message, on the idle pickup's path ("the agent decoded it") and in every
+    result_ack (docs/performance.md, "Round i17-recv").  What is not a whole message in
+    one frame (a fragmented one, text that is not UTF-8), and every message while one is
+    still queued for ``recv()``, takes websockets' path, so messages keep their order and
+    bad data is refused exactly as before.  ``on_message`` must not block; what it raises
+    ends the session (``handler_error``, raised by :func:`run_session`).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_message: Callable[[str | bytes], None] | None = None
+        self.handler_error: Exception | None = None
+        self._queued_messages = 0  # messages (whole or begun) put into the assembler
+
+    def process_event(self, event: Event) -> None:
+        if self.response is None or not self._handled_here(event):
+            super().process_event(event)
+
+    def _handled_here(self, frame: Event) -> bool:
+        if not isinstance(frame, Frame):
+            return False
+        opcode = frame.opcode
+        if opcode is not Opcode.BINARY and opcode is not Opcode.TEXT:
+            return False  # continuations and control frames: websockets' own handling
+        handler = self.on_message
+        if handler is None or self._queued_messages or not frame.fin or self.handler_error:
+            self._queued_messages += 1
+            return False
+        data = frame.data
+        if opcode is Opcode.TEXT:
+            try:
+                message: str | bytes = bytes(data).decode()
+            except UnicodeDecodeError:
+                self._queued_messages += 1  # recv() fails the connection as it always did
+                return False
+        else:
+            message = data if type(data) is bytes else bytes(data)
+        try:
+            handler(message)
+        except Exception as exc:  # noqa: BLE001 - raised again by run_session
+            self.handler_error = exc
+            self.transport.abort()
+        return True
+
+    async def recv(self, decode: bool | None = None) -> str | bytes:
+        message = await super().recv(decode)
+        self._queued_messages -= 1
+        return message
+
+
 def batched_frames(frame: dict[str, Any]) -> list[dict[str, Any]]:
     """The frames of a server's ``batch`` frame that an agent takes (``work``,
     ``result_ack``), in order; a batch over the bounds, and anything else in one, is
@@ -253,6 +310,7 @@ async def open_socket(
         user_agent_header="cloacina-agent",
         ping_interval=ping_every_s,
         ping_timeout=PING_TIMEOUT_S,
+        create_connection=FrameConnection,
         **tls,
     )
 
@@ -277,7 +335,7 @@ async def run_session(
     api_key: str,
     wire_format: str,
     on_open: Callable[[Session], Awaitable[None]],
-    on_frame: Callable[[dict[str, Any]], Awaitable[None]],
+    on_frame: Callable[[dict[str, Any]], None],
     on_close: Callable[[], None],
     ssl_context: ssl.SSLContext | None = None,
     batch_frames: bool = False,
@@ -286,6 +344,8 @@ async def run_session(
 ) -> SessionEnd:
     """Connect to ``url``, call ``on_open`` (send hello), feed frames until the socket ends.
 
+    ``on_frame`` takes each decoded frame synchronously, mostly from the socket's
+    ``data_received`` (:class:`FrameConnection`): it must not block.
     ``ssl_context`` verifies a ``wss://`` server (the REST client's, so both trust the same CA);
     ``batch_frames``: the server takes ``batch`` frames (its registration answer said so);
     ``ping_every_s``: seconds between keepalive pings (:func:`ping_interval_s`);
@@ -303,32 +363,48 @@ async def run_session(
     except (OSError, TimeoutError, InvalidHandshake, EOFError) as exc:
         return SessionEnd(Action.RECONNECT, f"cannot connect: {type(exc).__name__}: {exc}", False)
     session = Session(ws, wire_format, batch_frames)
+    dispatch = functools.partial(_dispatch, wire_format, on_frame)
     try:
         await on_open(session)
-        async for message in ws:
-            try:
-                frame = wire.decode(message, wire_format)
-                if not isinstance(frame.get("type"), str):
-                    raise wire.WireFormatError("frame has no string 'type'")
-            except wire.WireFormatError as exc:
-                log.warning("ignoring a frame from the server: %s", exc)
-                continue
-            if frame["type"] == wire.BATCH:
-                for inner in batched_frames(frame):
-                    await on_frame(inner)
-            else:
-                await on_frame(frame)
+        if isinstance(ws, FrameConnection):
+            ws.on_message = dispatch  # from now on, whole messages as they are parsed
+        async for message in ws:  # the rest: fragmented, queued before, or not UTF-8
+            dispatch(message)
     except ConnectionClosed:
         pass  # the close code below says what happened
     except OSError as exc:
         return SessionEnd(Action.RECONNECT, f"socket error: {exc}", True)
     finally:
         session.closed = True
+        if isinstance(ws, FrameConnection):
+            ws.on_message = None
         on_close()
         if ws.state.name != "CLOSED":
             await ws.close()
+    handler_error = getattr(ws, "handler_error", None)
+    if handler_error is not None:
+        raise handler_error  # as if raised by on_frame in this task
     if session.closing_by_us:
         return SessionEnd(Action.CLOSED_BY_US, "closed by the agent", True)
     code, reason = ws.close_code, ws.close_reason or ""
     detail = f"closed by the server ({code}: {reason})" if reason else f"lost ({code})"
     return SessionEnd(action_for_close(code), detail, True, retry_after_in_reason(reason))
+
+
+def _dispatch(
+    wire_format: str, on_frame: Callable[[dict[str, Any]], None], message: str | bytes
+) -> None:
+    """Decode one message and hand its frame (a batch's frames, in order) to ``on_frame``;
+    a frame the wire format refuses is logged and ignored."""
+    try:
+        frame = wire.decode(message, wire_format)
+        if not isinstance(frame.get("type"), str):
+            raise wire.WireFormatError("frame has no string 'type'")
+    except wire.WireFormatError as exc:
+        log.warning("ignoring a frame from the server: %s", exc)
+        return
+    if frame["type"] == wire.BATCH:
+        for inner in batched_frames(frame):
+            on_frame(inner)
+    else:
+        on_frame(frame)

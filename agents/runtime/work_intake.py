@@ -62,12 +62,13 @@ class WorkIntake:
         runner: TaskRunner,
         target_triple: str,
         max_concurrency: int,
-        send: Callable[[dict[str, Any]], Awaitable[None]],
+        send: Callable[[dict[str, Any]], None],
         on_auth_rejected: Callable[[AuthRejected], None],
         result_socket: Callable[[str], ResultSocket | None] | None = None,
         send_log: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None,
     ) -> None:
-        """``send_log(agent_id, frame)``: ship a running task's ``log`` frame (live tail)."""
+        """``send(frame)``: queue a ``received`` confirmation (never blocks);
+        ``send_log(agent_id, frame)``: ship a running task's ``log`` frame (live tail)."""
         self.client = client
         self.cache = cache
         self.runner = runner
@@ -94,8 +95,11 @@ class WorkIntake:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.reporter.cancel_all()
 
-    async def on_work(self, raw: object, via_agent_id: str) -> None:
-        """A ``work`` frame's packet, pushed through the socket of agent id ``via_agent_id``."""
+    def on_work(self, raw: object, via_agent_id: str) -> None:
+        """A ``work`` frame's packet, pushed through the socket of agent id ``via_agent_id``.
+
+        Synchronous: it runs as the socket parses the frame (agents/runtime/connection.py,
+        ``FrameConnection``); the run itself is a task of its own."""
         if hop_trace.enabled() and isinstance(raw, dict):
             hop_trace.mark("agent_read", outbox=raw.get("outbox_id"))
         try:
@@ -104,7 +108,7 @@ class WorkIntake:
             log.error("%s", exc)
             if exc.ids is not None and (exc.ids[1], exc.ids[2]) not in self.held:
                 held = self._hold((exc.ids[1], exc.ids[2]), via_agent_id, f"task {exc.ids[1]}")
-                await self._send(frames.received(exc.ids[0]))
+                self._send(frames.received(exc.ids[0]))
                 self._report(held, refusal_for_ids(exc.ids, str(exc)))
             return
         existing = self.held.get(packet.key)
@@ -112,15 +116,15 @@ class WorkIntake:
             # A re-push (e.g. after a reconnect) is not run twice; but it says through
             # which agent id the server now expects the outcome.
             existing.agent_id = via_agent_id
-            await self._send(frames.received(packet.outbox_id))
+            self._send(frames.received(packet.outbox_id))
             log.info("ignoring a repeated push of %s (already in hand)", packet.describe())
             return
         known, kept, size = self.recent.take(packet.key)
         if known:
-            await self._answer_repeat(packet, via_agent_id, kept, size)
+            self._answer_repeat(packet, via_agent_id, kept, size)
             return
         held = self._hold(packet.key, via_agent_id, packet.describe())
-        await self._send(frames.received(packet.outbox_id))
+        self._send(frames.received(packet.outbox_id))
         hop_trace.mark("agent_sent", outbox=packet.outbox_id)
         if self.draining:
             self._report(held, refusal(packet, "agent draining"))
@@ -147,7 +151,7 @@ class WorkIntake:
         self.idle.clear()
         return held
 
-    async def _answer_repeat(
+    def _answer_repeat(
         self, packet: WorkPacket, via_agent_id: str, kept: dict[str, Any] | None, size: int
     ) -> None:
         """A push of a packet this agent already ran and reported.  It is not run again,
@@ -157,7 +161,7 @@ class WorkIntake:
         it once, or records it as a duplicate.  Without a kept outcome the packet is
         refused, and the server runs the task again."""
         held = self._hold(packet.key, via_agent_id, packet.describe())
-        await self._send(frames.received(packet.outbox_id))
+        self._send(frames.received(packet.outbox_id))
         if kept is None:
             log.warning(
                 "refusing a repeated push of %s: its outcome is no longer kept", packet.describe()

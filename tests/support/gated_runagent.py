@@ -64,14 +64,14 @@ def _install_gates() -> None:
     on_frame = agent_module.Agent._on_frame
     first: list[str] = []
 
-    async def gated_on_frame(self, frame, agent_id):
+    def gated_on_frame(self, frame, agent_id):  # synchronous, as the agent's own
         first[:] = first or [agent_id]  # the first registration's agent id
         if frame.get("type") != "work" or agent_id == first[0]:
-            return await on_frame(self, frame, agent_id)
+            return on_frame(self, frame, agent_id)
 
         async def later() -> None:  # the session goes on reading frames meanwhile
             await _wait_gate("work")
-            await on_frame(self, frame, agent_id)
+            on_frame(self, frame, agent_id)
 
         task = asyncio.create_task(later())
         self._gated = [*getattr(self, "_gated", []), task]  # keep a reference

@@ -78,10 +78,7 @@ class Runner:
 
 
 def _intake(client: Client, runner: Runner, sent: list[dict]) -> WorkIntake:
-    async def send(frame: dict) -> None:
-        sent.append(frame)
-
-    return WorkIntake(client, Cache(), runner, TRIPLE, 2, send, lambda exc: None)
+    return WorkIntake(client, Cache(), runner, TRIPLE, 2, sent.append, lambda exc: None)
 
 
 async def _settle(intake: WorkIntake) -> None:
@@ -97,10 +94,10 @@ def _scenario(runner: Runner) -> tuple[Client, Runner, list[dict], WorkIntake]:
 
     async def scenario() -> WorkIntake:
         intake = _intake(client, runner, sent)
-        await intake.on_work(dict(PACKET), "agent-old")
+        intake.on_work(dict(PACKET), "agent-old")
         await _settle(intake)
         # The server reclaimed the packet onto this process's new registration.
-        await intake.on_work(dict(PACKET, outbox_id=41), "agent-new")
+        intake.on_work(dict(PACKET, outbox_id=41), "agent-new")
         await _settle(intake)
         return intake
 
@@ -125,9 +122,9 @@ def test_a_repeated_push_names_the_outbox_row_it_came_as():
 
     async def scenario() -> None:
         intake = _intake(client, Runner(), sent)
-        await intake.on_work(dict(PACKET), "agent-1")
+        intake.on_work(dict(PACKET), "agent-1")
         await _settle(intake)
-        await intake.on_work(dict(PACKET, outbox_id=99), "agent-1")
+        intake.on_work(dict(PACKET, outbox_id=99), "agent-1")
         await _settle(intake)
 
     run_async(scenario())
@@ -165,12 +162,12 @@ def test_a_push_while_the_outcome_waits_for_the_server_moves_it_to_the_new_id():
 
     async def scenario() -> None:
         intake = _intake(client, runner, sent)
-        await intake.on_work(dict(PACKET), "agent-old")
+        intake.on_work(dict(PACKET), "agent-old")
         for _ in range(200):  # until its report was tried and refused
             if client.tries:
                 break
             await asyncio.sleep(0.01)
-        await intake.on_work(dict(PACKET), "agent-new")
+        intake.on_work(dict(PACKET), "agent-new")
         client.away = False
         intake.reporter.server_is_back()
         await _settle(intake)
