@@ -255,10 +255,11 @@ class _Slot:
             raise RuntimeError(f"task worker {self.index} answered {reply!r} to a ping")
         self.fresh = False
 
-    async def send(self, data: bytes) -> None:
-        await asyncio.get_running_loop().sock_sendall(self.sock, encode_frame(data))
+    async def send(self, data: bytes, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """``loop``: the running loop, when the caller has it (each look-up is a getpid)."""
+        await (loop or asyncio.get_running_loop()).sock_sendall(self.sock, encode_frame(data))
 
-    async def recv(self) -> bytes:
+    async def recv(self, loop: asyncio.AbstractEventLoop | None = None) -> bytes:
         """One frame from the child; EOFError when its end is closed (it died).
 
         The child writes a small reply as one write (header and body together), so one
@@ -270,7 +271,7 @@ class _Slot:
             return frame
         if self._broken is not None:
             raise self._broken
-        loop = asyncio.get_running_loop()
+        loop = loop or asyncio.get_running_loop()
         if self._reader is not loop:
             self._unregister_reader()  # a runner driven from another loop before
             loop.add_reader(self.sock, self._on_readable)
@@ -280,6 +281,12 @@ class _Slot:
             return await self._waiter
         finally:
             self._waiter = None
+
+    def expire(self) -> None:
+        """The run's timeout (:class:`_RunClock`): the waiting recv() raises TimeoutError."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(TimeoutError())
 
     def _on_readable(self) -> None:
         """The reader: what the child wrote goes into the inbox; a whole frame to recv()."""
@@ -592,14 +599,9 @@ class TaskRunner:
     ) -> RunOutcome:
         """:meth:`_exchange` with the child's output read into ``ring`` while it runs."""
         slot.read_output(None)  # left over from between runs: nobody's log
-        # Most tasks answer before this and never pay for a reader (two epoll_ctl calls):
-        # their output waits in the pipe and is read after the reply.  A task that fills
-        # the pipe sooner waits that long once, then is read as it writes.
-        watch = asyncio.get_running_loop().call_later(OUTPUT_WATCH_AFTER_S, slot.watch_output, ring)
         try:
             outcome = await self._exchange(slot, request, timeout_s, ring)
         finally:
-            watch.cancel()
             slot.unwatch_output()
         outcome.log = ring.snapshot()
         return outcome
@@ -608,10 +610,14 @@ class TaskRunner:
         self, slot: _Slot, request: bytes, timeout_s: float, ring: LogRing
     ) -> RunOutcome:
         started = time.monotonic()
-        await slot.send(request)
+        loop = asyncio.get_running_loop()
+        await slot.send(request, loop)
+        clock = _RunClock(loop, slot, ring, max(timeout_s, 0.0))
         try:
-            async with asyncio.timeout(max(timeout_s, 0.0)):
-                raw = await slot.recv()
+            try:
+                raw = await slot.recv(loop)
+            finally:
+                clock.stop()
         except TimeoutError:
             slot.read_output(ring)  # up to the kill: where it hung
             self._replace(slot)
@@ -676,6 +682,35 @@ class TaskRunner:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _RunClock:
+    """A run's two deadlines on one timer at a time: reading the child's output as it comes
+    (after ``OUTPUT_WATCH_AFTER_S``), then the task's timeout.
+
+    Most tasks answer before the first and never pay for a reader (two epoll_ctl calls):
+    their output waits in the pipe and is read after the reply; a task that fills the pipe
+    sooner waits that long once, then is read as it writes.  The timeout fails the
+    waiting ``recv()`` itself: ``asyncio.timeout()`` (the current task, its cancellation
+    bookkeeping, three loop look-ups) and a second timer were a tenth of the agent's
+    Python per task (docs/performance.md, "Round i17-recv")."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, slot: _Slot, ring: LogRing, timeout_s: float
+    ) -> None:
+        self._loop, self._slot, self._ring = loop, slot, ring
+        self._deadline = loop.time() + timeout_s
+        if timeout_s > OUTPUT_WATCH_AFTER_S:
+            self._timer = loop.call_later(OUTPUT_WATCH_AFTER_S, self._watch)
+        else:
+            self._timer = loop.call_later(timeout_s, slot.expire)
+
+    def _watch(self) -> None:
+        self._slot.watch_output(self._ring)
+        self._timer = self._loop.call_at(self._deadline, self._slot.expire)
+
+    def stop(self) -> None:
+        self._timer.cancel()
 
 
 def _resolve(future: asyncio.Future, value: object) -> None:

@@ -1,6 +1,7 @@
 """The task runner's child sockets on both event loops the agent runs on: one reader per
 child for all its replies (not a ``sock_recv`` per reply), released on the loop's own
-thread when ``close()`` runs in another (docs/performance.md, "Round i17-recv")."""
+thread when ``close()`` runs in another; one timer per run for the output watch and the
+timeout (docs/performance.md, "Round i17-recv")."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ uvloop = pytest.importorskip("uvloop")
 
 
 def _counting(base: type) -> type:
-    """``base`` (an event loop class) counting its ``add_reader`` / ``sock_recv`` calls."""
+    """``base`` (an event loop class) counting its readers, ``sock_recv``s and timers."""
 
     class Counting(base):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -31,6 +32,21 @@ def _counting(base: type) -> type:
         def add_reader(self, fd: Any, callback: Callable[..., Any], *args: Any) -> None:
             self.calls["add_reader"] += 1
             super().add_reader(fd, callback, *args)
+
+        def call_later(
+            self, delay: float, callback: Callable[..., Any], *args: Any, **kw: Any
+        ) -> Any:
+            self.calls["timers"] += 1
+            self._in_call_later = True  # asyncio's call_later goes through call_at
+            try:
+                return super().call_later(delay, callback, *args, **kw)
+            finally:
+                self._in_call_later = False
+
+        def call_at(self, when: float, callback: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+            if not getattr(self, "_in_call_later", False):
+                self.calls["timers"] += 1
+            return super().call_at(when, callback, *args, **kw)
 
         async def sock_recv(self, sock: Any, n: int) -> bytes:
             self.calls["sock_recv"] += 1
@@ -86,7 +102,8 @@ async def _echo(runner: TaskRunner, package: Path, n: int) -> dict:
 @pytest.mark.parametrize("loop_name", sorted(LOOPS))
 def test_a_child_s_replies_come_through_one_reader(loop_name: str, package: Path) -> None:
     """Ten tasks on one child register one reader on its socket and no ``sock_recv``
-    (which on uvloop makes and drops a poll handle per reply)."""
+    (which on uvloop makes and drops a poll handle per reply), and a timer each: a task
+    that answers before the output watch is due never has its timeout's timer."""
 
     async def main() -> Counter:
         loop = asyncio.get_running_loop()
@@ -102,6 +119,29 @@ def test_a_child_s_replies_come_through_one_reader(loop_name: str, package: Path
     calls = _run_on(LOOPS[loop_name], main)
     assert calls["sock_recv"] == 0
     assert calls["add_reader"] == 1
+    assert calls["timers"] == 10
+
+
+@pytest.mark.parametrize("loop_name", sorted(LOOPS))
+@pytest.mark.parametrize("timeout_s", [0.0, 0.02, 0.3])
+def test_a_timeout_before_or_after_the_output_watch_ends_the_run(
+    loop_name: str, timeout_s: float, package: Path
+) -> None:
+    """The one timer serves a timeout shorter than the output watch (0.05 s), and one
+    longer (the watch first, then the deadline); the child is replaced either way."""
+
+    async def main() -> tuple[str, str, dict]:
+        runner = TaskRunner(1)
+        await asyncio.to_thread(runner.start)
+        try:
+            context = json.dumps({"sleep_s": 30})
+            hung = await runner.run(package, "demo.steps:sleepy", context, timeout_s)
+            after = await _echo(runner, package, 1)
+        finally:
+            await asyncio.to_thread(runner.close)
+        return hung.status, hung.error_type, after["seen"]
+
+    assert _run_on(LOOPS[loop_name], main) == ("timeout", "TaskTimeout", {"n": 1})
 
 
 @pytest.mark.parametrize("loop_name", sorted(LOOPS))
