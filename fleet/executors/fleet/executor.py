@@ -90,6 +90,18 @@ class CapacityEstimate:
 
     ``probed`` is the last database figure; ``delta`` the slots this process took
     (-1) or saw freed (+1) since; ``claiming`` the placements in progress.
+
+    A run's slot is free in the database from its outcome's commit, but this process
+    counts it free only when the waiter wakes (:meth:`give_back`), which is later — tens
+    of milliseconds when the loop is busy.  A probe reading in between counted the slot
+    free once in its figure and once more in ``delta``: in fleetbench's drain a probe
+    overshot by 9–18 slots at a time, and 30–240 placements of 2,000 were claimed and
+    released again for want of the slot (a miss costs a claim, a release and the census
+    of its wait reason, and the task waits 50 ms or, missing twice, a scheduler tick).
+    So each outcome handed to a local waiter is numbered when handed over
+    (:attr:`~fleet.executors.fleet.delivery.rendezvous.Rendezvous.posted`, after its
+    commit), a probe notes that number before its query (``mark``), and a slot whose
+    outcome was numbered no later than that is not added again.
     """
 
     def __init__(self) -> None:
@@ -97,11 +109,41 @@ class CapacityEstimate:
         self.delta = 0
         self.claiming = 0
         self.total = 0  # slots in all on those agents, at the last probe (for metrics)
+        self.seen_upto = 0  # outcomes numbered up to this were free in the last probe's figure
+        self._mark: int | None = None  # the probe in progress: its number, its start's delta
+        self._before = 0
+        self._counted_twice = 0  # given back while it ran, yet numbered before it
 
     def available(self) -> int:
         if self.probed is None:
             return 1  # unknown (no probe yet, or the database is away): let dispatch find out
         return self.probed + self.delta - self.claiming
+
+    def give_back(self, posted: int = 0) -> bool:
+        """A run's slot is free again; ``posted`` its outcome's number (0: not known).
+        False when the last probe's figure counted it free already."""
+        if posted and posted <= self.seen_upto:
+            return False
+        self.delta += 1
+        if posted and self._mark is not None and posted <= self._mark:
+            self._counted_twice += 1  # the running probe's figure will count it too
+        return True
+
+    def probe_started(self, mark: int) -> None:
+        """Before the probe's query: ``mark`` is the last outcome number handed over."""
+        self._mark, self._before, self._counted_twice = mark, self.delta, 0
+
+    def probe_read(self, free: int, total: int) -> None:
+        """The probe's figures: what this process took or gave back since its start, and
+        did not count already, stays on top of them."""
+        self.probed, self.total = free, total
+        self.delta -= self._before + self._counted_twice
+        if self._mark is not None:
+            self.seen_upto = max(self.seen_upto, self._mark)
+        self._mark = None
+
+    def probe_failed(self) -> None:
+        self.probed, self._mark = None, None
 
 
 class FleetExecutor(TaskExecutor):
@@ -198,7 +240,7 @@ class FleetExecutor(TaskExecutor):
                     await self._probe_once(conn)
                 except (psycopg.Error, OSError) as exc:
                     log.debug("capacity probe failed: %s", exc)
-                    self.capacity.probed = None
+                    self.capacity.probe_failed()
                     if conn is not None:
                         with contextlib.suppress(Exception):
                             await conn.close()
@@ -211,13 +253,11 @@ class FleetExecutor(TaskExecutor):
                     await conn.close()
 
     async def _probe_once(self, conn: psycopg.AsyncConnection) -> None:
-        before = self.capacity.delta
         was_available = self.capacity.available()
+        self.capacity.probe_started(rendezvous.posted)
         cursor = await conn.execute(_FREE_SLOTS, [self.config.liveness_window_s])
         free, total = await cursor.fetchone()
-        self.capacity.probed = int(free)
-        self.capacity.total = int(total)
-        self.capacity.delta -= before
+        self.capacity.probe_read(int(free), int(total))
         if self.capacity.available() > max(was_available, 0):
             self.capacity_freed()  # new agents, or slots freed by another process
 
@@ -279,6 +319,7 @@ class FleetExecutor(TaskExecutor):
         self.capacity.delta -= 1
         self._active += 1
         rendezvous.set_assignment(task_execution_id, placement.assignment)
+        posted = 0
         try:
             if isinstance(placement, Delivered):
                 await self._push(placement)
@@ -286,11 +327,13 @@ class FleetExecutor(TaskExecutor):
                 # Committed as pending (selectors, bindings, a lone placement): if the
                 # agent's socket is here, the relay takes it now, not after the NOTIFY.
                 self.relay.wake_for(placement.agent_id)
-            status = await self._await_outcome(task_execution_id, placement.assignment, future)
+            status, posted = await self._await_outcome(
+                task_execution_id, placement.assignment, future
+            )
         finally:
             self._active -= 1
-            self.capacity.delta += 1
-            self.capacity_freed()
+            if self.capacity.give_back(posted):
+                self.capacity_freed()
         duration_s = time.monotonic() - started
         if status == ExecutionStatus.COMPLETED:
             self._stats["completed"] += 1
@@ -351,17 +394,18 @@ class FleetExecutor(TaskExecutor):
 
     async def _await_outcome(
         self, task_execution_id: uuid.UUID, assignment: int, future: asyncio.Future
-    ) -> ExecutionStatus:
+    ) -> tuple[ExecutionStatus, int]:
+        """The run's status and its outcome's wake-up number (0: read from the database)."""
         try:
             while True:
                 # Jitter spreads the re-checks of many long-running waiters.
                 timeout = OUTCOME_RECHECK_S * random.uniform(0.8, 1.2)
                 outcome = await wait_or_none(future, timeout)
                 if outcome is not None and outcome.assignment == assignment:
-                    return outcome.status
+                    return outcome.status, outcome.posted
                 status = await delivery_db.call(run_status, task_execution_id, assignment)
                 if status is not None:
-                    return status
+                    return status, 0
                 if future.done():  # woken to re-check: wait on a fresh future
                     rendezvous.unregister(task_execution_id, future)
                     future = rendezvous.register(task_execution_id, assignment)

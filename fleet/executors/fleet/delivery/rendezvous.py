@@ -32,12 +32,20 @@ class Outcome:
     assignment: int
     status: ExecutionStatus
     reason: str = ""
+    # Its place in this process's wake-ups (:attr:`Rendezvous.posted`), set when it is
+    # handed to the waiter's loop, after it was committed; 0: not known.
+    posted: int = 0
 
 
 class Rendezvous:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiters: dict[uuid.UUID, tuple[int, asyncio.Future, asyncio.AbstractEventLoop]] = {}
+        # Outcomes handed to a local waiter so far.  Each is numbered when handed over,
+        # after its commit: a capacity probe that notes this figure before its query knows
+        # the slots of outcomes numbered up to it are free in what it reads
+        # (fleet/executors/fleet/executor.py, CapacityEstimate).
+        self.posted = 0
 
     def register(self, task_execution_id: uuid.UUID, assignment: int = 0) -> asyncio.Future:
         """A future resolved with an :class:`Outcome` for ``task_execution_id`` (call on the event loop).
@@ -75,6 +83,9 @@ class Rendezvous:
         assignment, future, loop = entry
         if assignment and assignment != outcome.assignment:
             return False
+        with self._lock:
+            self.posted += 1
+            outcome = _numbered(outcome, self.posted)
         return loop_inbox.inbox(loop).post(_resolve, future, outcome)  # False: loop closed
 
     def wake_all_to_recheck(self) -> None:
@@ -112,12 +123,17 @@ class Rendezvous:
                 if entry is None or (entry[0] and entry[0] != outcome.assignment):
                     elsewhere.append((task_execution_id, outcome))
                     continue
-                by_loop.setdefault(entry[2], []).append((entry[1], outcome))
+                self.posted += 1
+                by_loop.setdefault(entry[2], []).append((entry[1], _numbered(outcome, self.posted)))
         for loop, resolutions in by_loop.items():
             # Through the loop's inbox: with the batch's own answer and its ready events,
             # one wake-up of the loop (fleet/engine/loop_inbox.py).  A closed loop drops it.
             loop_inbox.inbox(loop).post(_resolve_all, resolutions)
         return elsewhere
+
+
+def _numbered(outcome: Outcome, posted: int) -> Outcome:
+    return Outcome(outcome.assignment, outcome.status, outcome.reason, posted)
 
 
 def _resolve(future: asyncio.Future, outcome: Outcome | None) -> None:
