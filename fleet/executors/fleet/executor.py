@@ -70,7 +70,10 @@ CAPACITY_PROBE_S = 0.1  # how stale has_capacity's view of free agent slots may 
 PRUNE_INTERVAL_S = 60.0
 PLACE_BATCH = 128  # most tasks placed in one transaction
 REOFFER_AFTER_S = 0.05  # a task placement found no slot for is offered again this much later
+# … and, when its tenant's agents were all busy (not absent), once more this much later.
+REOFFER_BUSY_AFTER_S = 0.25
 REOFFERED_MAX = 10_000  # tasks remembered as re-offered (a bound: see _reoffer_once)
+BUSY = "at capacity"  # in the wait reason of a tenant whose live agents are all busy
 
 # Free slots, and slots in all (the executor's capacity on /metrics), on the agents that
 # can take work now: one probe answers both.  An agent whose circuit breaker is open offers
@@ -172,7 +175,7 @@ class FleetExecutor(TaskExecutor):
         self._grace_until = 0.0
         self._active = 0
         self._stats = {"completed": 0, "failed": 0, "requeued": 0, "dispatched": 0}
-        self._reoffered: set[uuid.UUID] = set()  # requeued and offered again once (_reoffer_once)
+        self._reoffered: dict[uuid.UUID, int] = {}  # requeued: offered again how often in a row
         self._run_seconds = 0.0  # placement to outcome, summed over the finished runs
 
     # -- lifecycle ------------------------------------------------------------------
@@ -304,17 +307,17 @@ class FleetExecutor(TaskExecutor):
         if isinstance(placement, NotClaimed | NoAgent):
             rendezvous.unregister(task_execution_id, future)
             if isinstance(placement, NotClaimed):
-                self._reoffered.discard(task_execution_id)
+                self._reoffered.pop(task_execution_id, None)
                 # SUPERSEDED, or FAILED for a task no agent could ever run (Unroutable).
                 return ExecutionResult(task_execution_id, placement.status, placement.reason)
             self._stats["requeued"] += 1
             # What we believed free was not: look again now rather than at the next probe.
             self.capacity.probed = 0 if self.capacity.probed is not None else None
             self._probe_wake.set()
-            self._reoffer_once(event)
+            self._reoffer(event, busy=BUSY in placement.reason)
             log.debug("task %s waits: %s", task_execution_id, placement.reason)
             return ExecutionResult(task_execution_id, ExecutionStatus.REQUEUED, placement.reason)
-        self._reoffered.discard(task_execution_id)
+        self._reoffered.pop(task_execution_id, None)
         self._stats["dispatched"] += 1
         self.capacity.delta -= 1
         self._active += 1
@@ -343,25 +346,32 @@ class FleetExecutor(TaskExecutor):
             self._run_seconds += duration_s
         return ExecutionResult(task_execution_id, status, duration_s=duration_s)
 
-    def _reoffer_once(self, event: TaskReadyEvent) -> None:
-        """Offer a task its placement found no free slot for again, shortly, once in a row.
+    def _reoffer(self, event: TaskReadyEvent, busy: bool) -> None:
+        """Offer a task its placement found no free slot for again, shortly, once in a row —
+        twice when its tenant's agents were all busy (``busy``) rather than absent.
 
         The capacity estimate is a hint: under load another placement often took the slot
         this one was counted on, and one is free again a moment later (the dispatch loop
         waits for it: the estimate was just reset).  Left to the loop's tick (every
         ``CLOACINA_SCHEDULER_POLL_S``, 1 s by default, and skipped while a deep queue
         drains) such a task waited up to a second or more: in fleetbench's drain a dozen of
-        them made a phase of two seconds last three.  Only once in a row, so a task no agent
-        can take (none live in its tenant) is claimed and released twice per tick, not every
-        few milliseconds; its second miss leaves it to the tick, as before."""
+        them made a phase of two seconds last three.  A second miss in a row came from
+        that tick still in round i17-relay (a drain's last tasks started at the tick, a
+        second after the others); when the agents are there but busy, a slot frees
+        within a run's time, so the task is offered once more after
+        ``REOFFER_BUSY_AFTER_S``.  A task no agent can take (none live in its tenant, none
+        can load it, breakers open) is left to the tick after its first re-offer, so it
+        is claimed and released twice per tick, not every few milliseconds; a busy tenant's
+        task at most three times."""
         task_execution_id = event.task_execution_id
-        if task_execution_id in self._reoffered:
-            self._reoffered.discard(task_execution_id)
-            return
+        offered = self._reoffered.pop(task_execution_id, 0)
+        delays = (REOFFER_AFTER_S, REOFFER_BUSY_AFTER_S) if busy else (REOFFER_AFTER_S,)
+        if offered >= len(delays):
+            return  # the tick takes it from here
         if len(self._reoffered) >= REOFFERED_MAX:  # tasks cancelled while they waited
             self._reoffered.clear()
-        self._reoffered.add(task_execution_id)
-        asyncio.get_running_loop().call_later(REOFFER_AFTER_S, ready_queue.submit, [event])
+        self._reoffered[task_execution_id] = offered + 1
+        asyncio.get_running_loop().call_later(delays[offered], ready_queue.submit, [event])
 
     async def _place(self, task_execution_id: uuid.UUID) -> Placed | NoAgent | NotClaimed:
         if self._placer is None:  # not started (tests driving execute directly)
