@@ -81,3 +81,25 @@ def test_outcomes_handed_to_local_waiters_are_numbered_in_order():
         return [o.posted for o in outcomes], len(elsewhere), rendezvous.posted
 
     assert asyncio.run(scenario()) == ([1, 2, 3], 1, 3)
+
+
+def test_outcomes_whose_commit_went_out_before_the_probe_are_not_added_again():
+    # The result batch sent its COMMIT, the probe's query read the slots free, and only
+    # then did the batch hand its outcomes to their waiters (a busy database thread).
+    rendezvous = Rendezvous()
+    estimate = _busy_fleet(64)
+
+    async def scenario():
+        ids = [uuid.uuid4() for _ in range(2)]
+        futures = [rendezvous.register(task_id) for task_id in ids]
+        coming = rendezvous.commit_coming(2)
+        estimate.probe_started(rendezvous.mark())
+        estimate.probe_read(2, 64)
+        done = Outcome(1, ExecutionStatus.COMPLETED)
+        rendezvous.wake_many([(task_id, done) for task_id in ids])
+        rendezvous.commit_done(coming)
+        outcomes = [await asyncio.wait_for(future, 1) for future in futures]
+        return [estimate.give_back(o.posted) for o in outcomes], rendezvous.mark()
+
+    assert asyncio.run(scenario()) == ([False, False], 2)
+    assert estimate.available() == 2

@@ -257,7 +257,7 @@ class FleetExecutor(TaskExecutor):
 
     async def _probe_once(self, conn: psycopg.AsyncConnection) -> None:
         was_available = self.capacity.available()
-        self.capacity.probe_started(rendezvous.posted)
+        self.capacity.probe_started(rendezvous.mark())
         cursor = await conn.execute(_FREE_SLOTS, [self.config.liveness_window_s])
         free, total = await cursor.fetchone()
         self.capacity.probe_read(int(free), int(total))

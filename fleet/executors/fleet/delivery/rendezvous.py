@@ -46,6 +46,30 @@ class Rendezvous:
         # the slots of outcomes numbered up to it are free in what it reads
         # (fleet/executors/fleet/executor.py, CapacityEstimate).
         self.posted = 0
+        # Outcomes whose COMMIT is on its way and which are not handed over yet: a probe
+        # that starts meanwhile may read their slots free (see :meth:`mark`).
+        self.committing = 0
+
+    def commit_coming(self, outcomes: int) -> int:
+        """A batch of ``outcomes`` sends its COMMIT now; :meth:`commit_done` when they
+        were handed over (or failed).  Returns ``outcomes``."""
+        with self._lock:
+            self.committing += outcomes
+        return outcomes
+
+    def commit_done(self, outcomes: int) -> None:
+        with self._lock:
+            self.committing -= outcomes
+
+    def mark(self) -> int:
+        """For a capacity probe, before its query: outcomes numbered up to this may be free
+        in what it reads.  Those handed over already were committed before; those of a
+        batch whose COMMIT went out before it most likely were, and a batch hands its own
+        over in a row, so they take the next numbers.  A slot counted as seen that the
+        probe did not read is seen by the next probe (0.1 s); one counted twice sent
+        placements to a slot that was not there."""
+        with self._lock:
+            return self.posted + self.committing
 
     def register(self, task_execution_id: uuid.UUID, assignment: int = 0) -> asyncio.Future:
         """A future resolved with an :class:`Outcome` for ``task_execution_id`` (call on the event loop).
