@@ -179,11 +179,12 @@ _LOCK_THESE_WITH_INPUTS = _LOCK_SQL.format(due=_THESE_DUE, select=_CLAIMED_WITH_
 
 # The deferred claims of rows this transaction locked (:func:`lock_work`), written: for the
 # tasks that are placed one by one, or failed, rather than by the batch's reservation.  The
-# guard makes a second call a no-op.
+# assignment fence makes a second call a no-op (the rows are locked Ready, so no ``status``
+# test, which would lead the planner to read every Ready task through task_ready_idx).
 _WRITE_DEFERRED = f"""
 UPDATE fleet_taskexecution t SET {CLAIM_SET}, result_deadline = NULL
 FROM unnest(%(tasks)s::uuid[], %(assignments)s::int[]) AS c(id, assignment)
-WHERE t.id = c.id AND t.assignment = c.assignment - 1 AND t.status = 'Ready'
+WHERE t.id = c.id AND t.assignment = c.assignment - 1
 """
 
 

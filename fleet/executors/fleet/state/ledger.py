@@ -230,7 +230,10 @@ WITH locked AS (
         result_deadline = CASE WHEN w.local
                                THEN now() + make_interval(secs => t.timeout_s + %(grace)s) END
     FROM work w
-    WHERE t.id = w.task_execution_id AND t.assignment = w.assignment - 1 AND t.status = 'Ready'
+    -- No ``status`` test: the rows are this transaction's, locked Ready (the assignment
+    -- is the fence), and with one the planner read every Ready task through
+    -- task_ready_idx to find the batch's (2.0 → 4.2 ms a statement of 16 with 1,000 Ready).
+    WHERE t.id = w.task_execution_id AND t.assignment = w.assignment - 1
     RETURNING t.id, extract(epoch FROM now() - t.ready_at) AS waited_s
 ), relax AS (
     -- As for a single dispatch: a lost one leaves the tasks Ready (they run again), and
