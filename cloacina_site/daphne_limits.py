@@ -327,31 +327,57 @@ def one_lean_frame(
     LEAN_MAX_BYTES bytes within ``max_frame``/``max_message``, 0: no limit, as autobahn reads
     them) or a ping (:data:`PING`, 1 to 125 bytes), each length in its minimal encoding;
     None for anything else, which autobahn's parser then reads (RFC 6455 section 5.2)."""
-    if len(data) < 7:
+    frame = _lean_frame_at(data, 0, max_frame, max_message)
+    if frame is None or frame[2] != len(data):
         return None
-    first, second = data[0], data[1]
+    return frame[0], frame[1]
+
+
+def lean_frames(
+    data: bytes, max_frame: int = 0, max_message: int = 0
+) -> list[tuple[int, bytes, int]] | None:
+    """(opcode, unmasked payload, end offset) of each frame when ``data`` is one or more
+    complete frames that :func:`one_lean_frame` would read, back to back; None for anything
+    else.  Under load an agent's ``received`` and its result (and a beat) arrive in one
+    read: round i17-relay counted 60 % of fleetbench's frames in reads of 2–5 frames, all
+    complete, which autobahn's parser read."""
+    frames = []
+    offset = 0
+    while offset < len(data):
+        frame = _lean_frame_at(data, offset, max_frame, max_message)
+        if frame is None:
+            return None
+        frames.append(frame)
+        offset = frame[2]
+    return frames or None
+
+
+def _lean_frame_at(
+    data: bytes, offset: int, max_frame: int, max_message: int
+) -> tuple[int, bytes, int] | None:
+    """The frame :func:`one_lean_frame` reads, starting at ``offset`` and complete within
+    ``data``: (opcode, payload, its end offset); None for anything else."""
+    if len(data) - offset < 7:
+        return None
+    first, second = data[offset], data[offset + 1]
     if not second & _MASKED or (first != _FINAL | BINARY and first != _FINAL | PING):
         return None
     size = second & 0x7F
     if size < 126:
-        start = 6
+        start = offset + 6
     elif size == 126 and first == _FINAL | BINARY:  # a control frame never has 126
-        size = int.from_bytes(data[2:4], "big")
+        size = int.from_bytes(data[offset + 2 : offset + 4], "big")
         if size < 126:  # not the minimal encoding: autobahn fails it
             return None
-        start = 8
+        start = offset + 8
     else:  # 8-byte lengths: over LEAN_MAX_BYTES
         return None
-    if (
-        len(data) != start + size
-        or size > LEAN_MAX_BYTES
-        or 0 < max_frame < size
-        or 0 < max_message < size
-    ):
+    end = start + size
+    if end > len(data) or size > LEAN_MAX_BYTES or 0 < max_frame < size or 0 < max_message < size:
         return None
     key = (data[start - 4 : start] * ((size + 3) // 4))[:size]
-    masked = int.from_bytes(data[start:], "little") ^ int.from_bytes(key, "little")
-    return first & 0x0F, masked.to_bytes(size, "little")
+    masked = int.from_bytes(data[start:end], "little") ^ int.from_bytes(key, "little")
+    return first & 0x0F, masked.to_bytes(size, "little"), end
 
 
 def _lean_frames(protocol_class) -> None:
@@ -359,8 +385,9 @@ def _lean_frames(protocol_class) -> None:
         return
     original_data_received = protocol_class.dataReceived
 
-    def dataReceived(self, data):
-        if (
+    def lean_ready(self) -> bool:
+        """Autobahn's parser holds nothing and would only hand this socket's frames on."""
+        return (
             self.frame_shortcut is not None  # a delivery socket past its connect
             and self.state == self.STATE_OPEN
             and not self.data  # nothing of an earlier read waits to be parsed
@@ -372,24 +399,36 @@ def _lean_frames(protocol_class) -> None:
             and not self.logOctets
             and self._listeners is None  # nobody to fire "message" to
             and self._parent is None
-        ):
-            frame = one_lean_frame(data, self.maxFramePayloadSize, self.maxMessagePayloadSize)
-            if frame is not None:
-                # What autobahn counts for such a frame, then what it calls: onMessage (the
-                # shortcut, or daphne's queue with the back-pressure above) or _onPing.
-                opcode, payload = frame
-                stats = self.trafficStats
-                stats.incomingOctetsWireLevel += len(data)
-                if opcode == PING:
-                    self._onPing(payload)
-                    return
-                stats.incomingOctetsWebSocketLevel += len(payload)
-                stats.incomingOctetsAppLevel += len(payload)
-                stats.incomingWebSocketFrames += 1
-                stats.incomingWebSocketMessages += 1
-                self.onMessage(payload, True)
+        )
+
+    def dataReceived(self, data):
+        frames = None
+        if lean_ready(self):
+            frames = lean_frames(data, self.maxFramePayloadSize, self.maxMessagePayloadSize)
+        if frames is None:
+            original_data_received(self, data)
+            return
+        # What autobahn counts for such frames, then what it calls for each: onMessage (the
+        # shortcut, or daphne's queue with the back-pressure above) or _onPing.
+        stats = self.trafficStats
+        stats.incomingOctetsWireLevel += len(data)  # per read, as autobahn counts it
+        offset = 0
+        for opcode, payload, end in frames:
+            if offset and not lean_ready(self):  # the frame before closed it, say
+                rest = data[offset:]
+                if self.state == self.STATE_OPEN:
+                    stats.incomingOctetsWireLevel -= len(rest)  # autobahn counts it again
+                original_data_received(self, rest)  # autobahn, from a frame's start
                 return
-        original_data_received(self, data)
+            offset = end
+            if opcode == PING:
+                self._onPing(payload)
+                continue
+            stats.incomingOctetsWebSocketLevel += len(payload)
+            stats.incomingOctetsAppLevel += len(payload)
+            stats.incomingWebSocketFrames += 1
+            stats.incomingWebSocketMessages += 1
+            self.onMessage(payload, True)
 
     protocol_class.dataReceived = dataReceived
     protocol_class._cloacina_lean_frames = True

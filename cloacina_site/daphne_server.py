@@ -27,6 +27,11 @@ installs a synchronous handler that daphne's reader calls with each frame before
 (cloacina_site/daphne_limits.py).  The agents' delivery socket takes its heartbeats there:
 thousands of agents beat every 15 s, and each beat through the application's queue cost a
 queue round, a wake-up of the consumer's task and Channels' dispatch (docs/scaling.md).
+
+And it writes no access-log line that nobody reads: at daphne's verbosity 1 (``serve``'s)
+Twisted's log goes to a null observer, yet Twisted's HTTP factory still formatted a
+combined-log line for every request and sent it through the log machinery to be dropped
+(docs/performance.md, "Round i17-start").
 """
 
 from __future__ import annotations
@@ -56,7 +61,15 @@ class FleetServer(Server):
         # Connections to look at on the next application check: disconnected, or their
         # application done.  Filled by the hooks below, emptied by the check.
         self.unsettled: set[Any] = set()
+        reactor.callWhenRunning(self.quiet_access_log)  # after run() made and started the factory
         super().run()
+
+    def quiet_access_log(self) -> None:
+        """No access-log line per HTTP request when Twisted's log goes nowhere (daphne's
+        verbosity 1 or less): the factory without a log file skips the line (Twisted's own
+        "no access log" state); at a higher verbosity the lines still go to Python's log."""
+        if self.verbosity <= 1:
+            self.http_factory.logFile = None
 
     # -- hooks that note what changed ----------------------------------------------------
     def protocol_disconnected(self, protocol: Any) -> None:

@@ -10,7 +10,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Literal
 
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from ninja import Field, Query, Router, Schema, Status
 from ninja.errors import HttpError
 
@@ -117,6 +117,21 @@ class ListFilter(Schema):
 
 ERRORS = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut}
 
+# What ninja's renderer sends for StartOut (json.dumps' default separators, its media type).
+_STARTED_BODY = '{"id": "%s", "status": "%s"}'
+_JSON = "application/json; charset=utf-8"
+
+
+def started_response(execution_id: uuid.UUID) -> HttpResponse:
+    """The 201 of a start, byte for byte what ninja renders from ``StartOut``, without
+    its validation round (a response model built, dumped and JSON-encoded per request): a
+    UUID and a constant need none.  It runs on the pool thread after the roots were
+    handed to the dispatch loop, whose thread waits for the GIL until the response is
+    done (docs/performance.md, "Round i17-start");
+    tests/integration/test_rest_path.py compares the bytes with ninja's."""
+    body = _STARTED_BODY % (execution_id, WorkflowStatus.PENDING)
+    return HttpResponse(body, status=201, content_type=_JSON)
+
 
 def _execution_for(tenant: Tenant, execution_id: uuid.UUID | str) -> WorkflowExecution:
     """The tenant's execution, or 404; ids that are not UUIDs are 422."""
@@ -199,7 +214,7 @@ def start_execution(request: HttpRequest, workflow: str, body: StartIn):
             raise scheduler.SchedulingError(ErrorKind.NOT_FOUND, no_active_package(workflow))
         execution_id, roots = started
         ready_queue.submit(roots)
-        return Status(201, {"id": execution_id, "status": WorkflowStatus.PENDING})
+        return started_response(execution_id)
     # Looked up once for the backlog check and the start (None: the start answers 404).
     package = active_package(tenant, workflow)
     _check_backlog(tenant, workflow, package)

@@ -45,12 +45,21 @@ class Claim:
     timeout_s: float
     routing: dict
     priority: int
+    # Non-empty: the task row is only LOCKED by this transaction, still Ready, and this
+    # claim (``assignment``, ``attempt``: the values it will have) is written by the
+    # statement that places it, as this claimer (:func:`lock_work`, :func:`write_deferred`).
+    deferred_claimer: str = ""
 
 
-def _claims(rows) -> list[Claim]:
+def _claims(rows, deferred_claimer: str = "") -> list[Claim]:
     # Raw cursors hand jsonb back as text (Django decodes JSONField itself).
     return [
-        Claim(*row[:8], json.loads(row[8]) if isinstance(row[8], str) else row[8], row[9])
+        Claim(
+            *row[:8],
+            json.loads(row[8]) if isinstance(row[8], str) else row[8],
+            row[9],
+            deferred_claimer,
+        )
         for row in rows
     ]
 
@@ -142,6 +151,43 @@ def _claim_sql(due: str, columns: str, select: str) -> str:
     return _CLAIM_SQL.format(due=due, columns=columns, select=select, claim_set=CLAIM_SET)
 
 
+# The claim's statement without its write: the due rows LOCKED (as the claim locks them),
+# read as the claim would return them (``assignment`` and ``attempt`` one up), and their
+# executions started all the same.  For a placement that writes the claim in the statement
+# that names the agent (fleet/executors/fleet/state/ledger.py, RESERVE_AND_ENQUEUE): the
+# task row gets ONE new version per placement instead of two (claim, then agent), and a
+# task that finds no slot none at all (it was claimed and released: two).
+_LOCK_SQL = """
+WITH due AS MATERIALIZED (
+    {due}
+), claimed AS MATERIALIZED (
+    SELECT t.id, t.workflow_execution_id, t.tenant_id, t.task_name, t.function,
+           t.assignment + 1 AS assignment, t.attempt + 1 AS attempt, t.timeout_s, t.routing,
+           t.priority, t.dependencies
+    FROM fleet_taskexecution t WHERE t.id IN (SELECT id FROM due)
+), starting AS (
+    SELECT w.id FROM fleet_workflowexecution w
+    WHERE w.id IN (SELECT workflow_execution_id FROM claimed) AND w.status = 'Pending'
+    ORDER BY w.id FOR NO KEY UPDATE
+), running AS (
+    UPDATE fleet_workflowexecution w SET status = 'Running', started_at = now()
+    FROM starting s WHERE w.id = s.id AND w.status = 'Pending'
+)
+{select}
+"""
+_LOCK_THESE_WITH_INPUTS = _LOCK_SQL.format(due=_THESE_DUE, select=_CLAIMED_WITH_INPUTS)
+
+# The deferred claims of rows this transaction locked (:func:`lock_work`), written: for the
+# tasks that are placed one by one, or failed, rather than by the batch's reservation.  The
+# assignment fence makes a second call a no-op (the rows are locked Ready, so no ``status``
+# test, which would lead the planner to read every Ready task through task_ready_idx).
+_WRITE_DEFERRED = f"""
+UPDATE fleet_taskexecution t SET {CLAIM_SET}, result_deadline = NULL
+FROM unnest(%(tasks)s::uuid[], %(assignments)s::int[]) AS c(id, assignment)
+WHERE t.id = c.id AND t.assignment = c.assignment - 1
+"""
+
+
 _CLAIM_ONE = _claim_sql(_ONE_DUE, _CLAIM_COLUMNS, _CLAIMED)
 _CLAIM_MANY = _claim_sql(_MANY_DUE, _CLAIM_COLUMNS, _CLAIMED)
 _CLAIM_THESE = _claim_sql(_THESE_DUE, _CLAIM_COLUMNS, _CLAIMED)
@@ -170,8 +216,8 @@ class ClaimedWork:
 _PACKAGE_FIELDS = ("id", "tenant_id", "kind", "digest", "host_triple")
 
 
-def _claimed_work(row: tuple) -> ClaimedWork:
-    claim = _claims([row[:10]])[0]
+def _claimed_work(row: tuple, deferred_claimer: str = "") -> ClaimedWork:
+    claim = _claims([row[:10]], deferred_claimer)[0]
     # row[10] is the task's dependencies, again with the context's parts.
     input_context, dependencies, tasks = row[11], row[10], row[12]
     package_id, package_tenant, kind, digest, host_triple, tenant_name, workflow = row[13:20]
@@ -242,6 +288,45 @@ def claim_work(
     return [_claimed_work(row) for row in rows]
 
 
+def lock_work(
+    task_execution_ids: list[uuid.UUID],
+    claimer: str,
+    before_read: Callable[[], None] | None = None,
+) -> list[ClaimedWork]:
+    """:func:`claim_work` without writing the claims: the tasks still Ready and due are
+    locked (until the caller's transaction ends) and returned as claimed, each Claim's
+    ``deferred_claimer`` set.  The caller writes each claim in the statement that places
+    the task, or with :func:`write_deferred` before anything else writes the task."""
+    if not claimer:
+        raise ValueError("a deferred claim needs its claimer")
+    params = {"task_execution_ids": list(task_execution_ids)}
+    with connection.cursor() as cursor:
+        cursor.execute(_LOCK_THESE_WITH_INPUTS, params)
+        if before_read is not None:
+            before_read()
+        rows = cursor.fetchall()
+    return [_claimed_work(row, claimer) for row in rows]
+
+
+def write_deferred(claims: list[Claim]) -> None:
+    """Write the deferred ones of these claims (:func:`lock_work`) as their claimers, in the
+    caller's transaction (which holds their rows); the others are already written."""
+    by_claimer: dict[str, list[Claim]] = {}
+    for claim in claims:
+        if claim.deferred_claimer:
+            by_claimer.setdefault(claim.deferred_claimer, []).append(claim)
+    with connection.cursor() as cursor:
+        for claimer, deferred in by_claimer.items():
+            cursor.execute(
+                _WRITE_DEFERRED,
+                {
+                    "claimer": claimer,
+                    "tasks": [c.task_execution_id for c in deferred],
+                    "assignments": [c.assignment for c in deferred],
+                },
+            )
+
+
 def claim_ready_tasks(claimer: str, limit: int, deadline: bool = True) -> list[Claim]:
     """Claim up to ``limit`` due Ready tasks, highest priority then oldest first (SKIP LOCKED)."""
     return _claims(
@@ -301,13 +386,16 @@ def release_claim(
 
 
 def note_wait_reason(released: list[tuple[uuid.UUID, int]], reason: str) -> None:
-    """Say why these released (task id, assignment) runs wait, unless they moved on since."""
+    """Say why these Ready (task id, assignment) tasks wait, unless they moved on since; a
+    row that already says so is not written again (a task waiting through many placement
+    rounds for the same reason gets no new row version per round)."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
             UPDATE fleet_taskexecution t SET wait_reason = %s
             FROM unnest(%s::uuid[], %s::int[]) AS r(id, assignment)
             WHERE t.id = r.id AND t.assignment = r.assignment AND t.status = 'Ready'
+              AND t.wait_reason <> %s
             """,
-            [reason, [r[0] for r in released], [r[1] for r in released]],
+            [reason, [r[0] for r in released], [r[1] for r in released], reason],
         )

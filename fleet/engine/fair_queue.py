@@ -12,11 +12,19 @@ starve the small ones queued after it.
 
 Events without a tenant (``tenant_id`` 0: built by code that does not know it) share
 one turn of their own.
+
+Idle getters (the dispatch loop's workers, ~1,000 of them) wait in a FIFO of futures, and
+a put wakes the first by popping it, as ``asyncio.Queue`` does.  ``asyncio.Semaphore``
+(Python 3.11) leaves a woken waiter's future at the head of its deque until that waiter
+runs, and each release scans from the head for one not yet woken: a tick offering 2,000
+events to 1,000 idle workers made ~1.5 million such steps on the event loop (40 ms of CPU
+in isolation, 15 % of a py-spy profile of the drain).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import uuid
 from collections import deque
@@ -83,7 +91,7 @@ class FairQueue:
     def __init__(self) -> None:
         self._tenants: dict[int, _Tenant] = {}
         self._turns: deque[int] = deque()  # tenants with queued events, in turn order
-        self._items = asyncio.Semaphore(0)
+        self._getters: deque[asyncio.Future] = deque()  # idle getters, oldest first
         self._size = 0
 
     def __len__(self) -> int:
@@ -96,10 +104,32 @@ class FairQueue:
             self._turns.append(event.tenant_id)
         tenant.put(event)
         self._size += 1
-        self._items.release()
+        self._wake_next()
+
+    def _wake_next(self) -> None:
+        """Wake the oldest getter still waiting; it leaves the FIFO now, not when it runs."""
+        while self._getters:
+            getter = self._getters.popleft()
+            if not getter.done():
+                getter.set_result(None)
+                return
 
     async def get(self) -> TaskReadyEvent:
-        await self._items.acquire()
+        while not self._size:  # a getter that did not wait may have taken the event first
+            getter = asyncio.get_running_loop().create_future()
+            self._getters.append(getter)
+            try:
+                await getter
+            except BaseException:
+                getter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._getters.remove(getter)
+                if self._size and not getter.cancelled():
+                    self._wake_next()  # woken, then cancelled: pass the event on
+                raise
+        return self._take()
+
+    def _take(self) -> TaskReadyEvent:
         key = self._turns.popleft()
         tenant = self._tenants[key]
         event = tenant.take()

@@ -9,7 +9,7 @@ import asyncio
 import time
 
 import pytest
-from daphne.http_protocol import WebRequest
+from daphne.http_protocol import HTTPFactory, WebRequest
 
 from agents.surface.consumers import FRAME_SHORTCUT
 from cloacina_site import daphne_limits, daphne_server
@@ -70,6 +70,21 @@ def connect(made: FleetServer, loop, app: asyncio.Future | None = None) -> Conne
         made.connections[connection]["application_instance"] = app
         app.add_done_callback(lambda _: made.unsettled.add(connection))
     return connection
+
+
+@pytest.mark.parametrize("verbosity, logged", [(1, 0), (2, 1)])
+def test_no_access_log_line_is_formatted_when_twisteds_log_goes_nowhere(verbosity, logged):
+    made = FleetServer(application=None, endpoints=["tcp:port=0"], verbosity=verbosity)
+    made.http_factory = HTTPFactory(made)  # what run() makes and starts before the reactor runs
+    made.http_factory.startFactory()
+    lines: list[object] = []
+    made.http_factory._logFormatter = lambda when, request: lines.append(request) or "line"
+    try:
+        made.quiet_access_log()
+        made.http_factory.log(object())
+    finally:
+        made.http_factory.stopFactory()
+    assert len(lines) == logged
 
 
 def test_open_connections_are_not_visited_and_the_check_runs_every_second(reactor, loop):

@@ -345,9 +345,10 @@ def test_placing_a_plain_task_costs_two_round_trips(tenant):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_tasks_without_a_slot_are_released_by_the_reservation_and_told_why(tenant):
-    """The reservation statement itself puts the tasks it found no slot for back to Ready (no
-    attempt used), so it can travel with the COMMIT; their wait reason follows it."""
+def test_tasks_without_a_slot_are_never_claimed_and_told_why(tenant):
+    """The batch only locks its tasks; the reservation statement writes the claim of each
+    task it places, so a task it found no slot for stays Ready untouched (no attempt used,
+    its assignment not bumped), and only its wait reason is written."""
     wide_package(tenant, 5)
     agent = make_agent(tenant, "a", max_concurrency=2)
     ids = ready_tasks(tenant)
@@ -359,16 +360,51 @@ def test_tasks_without_a_slot_are_released_by_the_reservation_and_told_why(tenan
     rows = TaskExecution.objects.filter(pk__in=list(waiting)).values_list(
         "status", "attempt", "assignment", "wait_reason", "agent_id", "claimed_by"
     )
-    assert set(rows) == {("Ready", 0, 1, "the 1 live agent is at capacity", None, "")}
+    assert set(rows) == {("Ready", 0, 0, "the 1 live agent is at capacity", None, "")}
+    placed_rows = TaskExecution.objects.filter(pk__in=got).values_list(
+        "status", "attempt", "assignment", "agent_id", "claimed_by"
+    )
+    assert set(placed_rows) == {("Running", 1, 1, agent.id, "server-1")}
     assert Agent.objects.get(pk=agent.pk).in_flight == 2
     assert not DeliveryOutbox.objects.filter(task_execution_id__in=list(waiting)).exists()
-    # Released, they are claimed again like any Ready task once a slot is free.
+    # Still Ready, they are claimed like any Ready task once a slot is free.
     make_agent(tenant, "b", max_concurrency=4)
     again = place_tasks(list(waiting), "server-1")
     assert all(isinstance(p, Placed) for p in again.values())
     assert set(
         TaskExecution.objects.filter(pk__in=list(waiting)).values_list("attempt", "assignment")
-    ) == {(1, 2)}
+    ) == {(1, 1)}
+    assert {
+        (r.assignment, r.payload["assignment"], r.payload["attempt"])
+        for r in DeliveryOutbox.objects.filter(task_execution_id__in=list(waiting))
+    } == {(1, 1, 1)}
+
+
+def _task_updates() -> int:
+    """Row versions written on the task table in this test's transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relname = 'fleet_taskexecution'"
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db
+def test_a_placed_task_row_is_written_once_and_a_waiting_one_not_at_all(tenant):
+    """The claim and the agent it names are one row version (they were two: the claim, then
+    the reservation's agent); a task without a slot gets none (it got two: claim, release),
+    and its wait reason is written once, not again while it keeps waiting for it."""
+    wide_package(tenant, 6)
+    make_agent(tenant, "a", max_concurrency=4)
+    ids = ready_tasks(tenant)
+    before = _task_updates()
+    placed = place_tasks(ids, "server-1")
+    assert sum(isinstance(p, Placed) for p in placed.values()) == 4
+    assert _task_updates() - before == 4 + 2  # four claims with their agent, two wait reasons
+    waiting = [i for i, p in placed.items() if isinstance(p, NoAgent)]
+    before = _task_updates()
+    assert all(isinstance(p, NoAgent) for p in place_tasks(waiting, "server-1").values())
+    assert _task_updates() - before == 0  # same reason: nothing written
 
 
 @pytest.mark.django_db(transaction=True)

@@ -100,6 +100,37 @@ def test_a_task_no_slot_was_found_for_is_offered_again_once_in_a_row(tenant, mon
     assert after_second == [event(task)]  # not again: the tick takes it from here
 
 
+def test_a_task_whose_tenants_agents_are_busy_is_offered_again_twice_in_a_row(tenant, monkeypatch):
+    """Its agents are there but every slot is taken: one frees within a run's time, so a
+    second miss is offered again too (not left to the tick, a second later); a third is
+    left to the tick."""
+    two_task_package(tenant)
+    make_agent(tenant, max_concurrency=1, in_flight=1)
+    _, task = ready_root(tenant)
+    offered: list = []
+    monkeypatch.setattr(fleet_executor_module.ready_queue, "submit", offered.extend)
+    wait_s = fleet_executor_module.REOFFER_BUSY_AFTER_S * 2
+
+    async def scenario():
+        executor = await started_executor()
+        try:
+            seen = []
+            for _ in range(3):  # the first placement, then its two re-offers
+                result = await executor.execute(event(task))
+                await asyncio.sleep(wait_s)
+                seen.append((result.status, result.error, len(offered)))
+            return seen
+        finally:
+            await executor.stop()
+
+    busy = "the 1 live agent is at capacity"
+    assert run_async(scenario()) == [
+        (ExecutionStatus.REQUEUED, busy, 1),
+        (ExecutionStatus.REQUEUED, busy, 2),
+        (ExecutionStatus.REQUEUED, busy, 2),  # not again: the tick takes it from here
+    ]
+
+
 def test_an_outcome_applied_by_another_process_wakes_the_waiter_by_notify(tenant):
     two_task_package(tenant)
     agent = make_agent(tenant)

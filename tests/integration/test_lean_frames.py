@@ -16,6 +16,7 @@ from twisted.internet.testing import StringTransport
 from cloacina_site import daphne_limits
 
 MAX_FRAME = 2000
+BYE = b"the application closes on this"
 
 
 class Transport(StringTransport):
@@ -30,6 +31,8 @@ class Recording(WebSocketServerProtocol):
 
     def onMessage(self, payload, isBinary):
         self.got.append((payload, isBinary))
+        if payload == BYE:  # the application closes the socket on this message
+            self.sendClose(code=1000)
 
 
 class Lean(Recording):
@@ -91,6 +94,15 @@ READS = {
     "over the frame limit": [frame(b"x" * (MAX_FRAME + 1))],
     "empty": [frame(b""), BEAT],
     "a close, then a beat": [frame(b"\x03\xe8bye", 0x88), BEAT],
+    "three beats in a read": [BEAT + frame(b"two") + frame(b"c" * 126)],
+    "a beat, a ping and a beat in a read": [BEAT + frame(b"ping", 0x89) + BEAT],
+    "beats in a read, then the start of the next": [BEAT + BEAT[:9], BEAT[9:]],
+    "a beat and a text frame in a read": [BEAT + frame(b'{"a": 1}', 0x81)],
+    "a beat and a close in a read": [BEAT + frame(b"\x03\xe8bye", 0x88), BEAT],
+    "a beat and an oversized frame in a read": [BEAT + frame(b"x" * (MAX_FRAME + 1))],
+    "a message the application closes on, then beats, in a read": [
+        frame(BYE) + BEAT + frame(b"ping", 0x89) + BEAT
+    ],
 }
 
 
@@ -112,6 +124,7 @@ def test_a_socket_without_the_frame_shortcut_is_read_by_autobahn(monkeypatch):
     lean, _ = opened(Lean)
     lean.frame_shortcut = None  # before its consumer took the shortcut (or not a delivery socket)
     monkeypatch.setattr(daphne_limits, "one_lean_frame", pytest.fail)
+    monkeypatch.setattr(daphne_limits, "lean_frames", pytest.fail)
     lean.dataReceived(BEAT)
     assert len(lean.got) == 1
 
@@ -123,3 +136,13 @@ def test_a_lone_binary_frame_or_ping_skips_autobahns_parser(monkeypatch):
     lean.dataReceived(frame(b"ping", 0x89))
     lean.dataReceived(BEAT)
     assert len(lean.got) == 2 and lean.got[0] == lean.got[1]
+
+
+def test_complete_frames_in_one_read_skip_autobahns_parser(monkeypatch):
+    # Under load an agent's `received`, its result and a beat arrive in one read.
+    lean, _ = opened(Lean)
+    monkeypatch.setattr(Lean, "processData", pytest.fail, raising=False)
+    lean.dataReceived(BEAT + frame(b"ping", 0x89) + frame(b"two") + BEAT)
+    beat = lean.got[0][0]
+    assert [payload for payload, _ in lean.got] == [beat, b"two", beat]
+    assert lean.trafficStats.incomingWebSocketMessages == 3

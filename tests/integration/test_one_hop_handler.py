@@ -308,6 +308,57 @@ def test_a_pooled_request_whose_client_left_while_it_waited_never_runs(monkeypat
     assert ran == []
 
 
+def _pooled_scope() -> dict:
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": "/api/v1/agents/register",
+        "headers": [],
+        "query_string": b"",
+    }
+
+
+@pytest.mark.parametrize("who", ["client", "server"])
+def test_a_pooled_request_stopped_while_it_runs(monkeypatch, who):
+    """The client leaves while its request runs on a pool thread: nothing is sent and the
+    application ends normally (the watcher's cancellation is answered, not left pending).
+    The server kills the application (daphne's cancel): the cancellation propagates."""
+    handler = one_hop.OneHopASGIHandler()
+
+    async def stopped() -> tuple[list[dict], bool, int]:
+        running = asyncio.Event()
+        finish = asyncio.get_running_loop().create_future()
+
+        async def on_pool_thread(fn, request):
+            running.set()
+            return await asyncio.shield(finish)  # runs to its end whatever happens
+
+        monkeypatch.setattr(delivery_db, "call", on_pool_thread)
+        sent: list[dict] = []
+        messages = asyncio.Queue()
+        await messages.put({"type": "http.request", "body": b"{}", "more_body": False})
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        request = asyncio.ensure_future(handler(_pooled_scope(), messages.get, send))
+        await running.wait()
+        if who == "client":
+            await messages.put({"type": "http.disconnect"})
+        else:
+            request.cancel()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        finish.set_result(None)
+        await asyncio.gather(request, return_exceptions=True)
+        return sent, request.cancelled(), request.cancelling()
+
+    sent, cancelled, cancelling = run_async(stopped())
+    assert sent == []
+    assert cancelled is (who == "server")
+    assert cancelling == (1 if who == "server" else 0)
+
+
 def test_a_users_start_and_poll_run_on_a_pool_thread(hops, pooled, write_key, tenant):
     """A burst's requests (start an execution, poll it) take the pooled route, middleware
     and all; the start is committed before its 201, and its refusals are answered there."""

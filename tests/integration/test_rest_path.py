@@ -130,6 +130,30 @@ def test_a_start_hands_its_roots_to_the_dispatch_loop_and_answers_pending(
     }
 
 
+def test_a_start_answers_what_ninja_renders_without_its_response_round(
+    client, write_key, monkeypatch
+):
+    from cloacina_site.api import api
+
+    wide_package(client, write_key, "wide", 2)
+    apply_overrides(max_backlog=1000)  # the backlog path: ninja validates and renders StartOut
+    rendered = start(client, write_key, "wide")
+    reset_config()
+
+    def no_ninja_rendering(*args, **kwargs):
+        raise AssertionError("the one-statement start went through ninja's response round")
+
+    monkeypatch.setattr(api, "create_response", no_ninja_rendering)
+    response = start(client, write_key, "wide")
+    assert response.status_code == rendered.status_code == 201
+    assert response["Content-Type"] == rendered["Content-Type"]
+    other_id = rendered.json()["id"]
+    assert response.content == rendered.content.replace(
+        other_id.encode(), response.json()["id"].encode()
+    )
+    assert TaskExecution.objects.filter(workflow_execution_id=response.json()["id"]).count() == 2
+
+
 def test_with_a_backlog_limit_a_start_reads_the_active_package_once(client, write_key):
     apply_overrides(max_backlog=1000)
     wide_package(client, write_key, "wide", 10)

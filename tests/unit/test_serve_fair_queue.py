@@ -40,3 +40,52 @@ def test_a_getter_waits_for_the_next_event():
         return await asyncio.wait_for(getter, 1)
 
     assert asyncio.run(scenario()).task_name == "z"
+
+
+class _CountingFuture(asyncio.Future):
+    """Counts how often anyone asks a waiting getter whether it was woken already."""
+
+    checks = 0
+
+    def done(self) -> bool:
+        _CountingFuture.checks += 1
+        return super().done()
+
+
+def test_a_put_looks_at_one_idle_getter_not_at_every_one_woken_before():
+    # The tick offers a backlog to ~1,000 idle dispatch workers at once: each put must
+    # wake the next getter without walking past the ones it woke already (O(n) a put,
+    # O(n²) the offer, with asyncio.Semaphore).
+    getters, offered = 200, 400
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        loop.create_future = lambda: _CountingFuture(loop=loop)
+        queue = FairQueue()
+        workers = [asyncio.create_task(queue.get()) for _ in range(getters)]
+        await asyncio.sleep(0)
+        _CountingFuture.checks = 0
+        for event in events(uuid.uuid4(), "x" * offered):
+            queue.put_nowait(event)
+        checks = _CountingFuture.checks
+        taken = await asyncio.gather(*workers)
+        return checks, len(taken), len(queue)
+
+    checks, taken, left = asyncio.run(scenario())
+    assert checks <= offered
+    assert (taken, left) == (getters, offered - getters)
+
+
+def test_a_getter_woken_then_cancelled_passes_its_event_on():
+    async def scenario():
+        queue = FairQueue()
+        first = asyncio.create_task(queue.get())
+        second = asyncio.create_task(queue.get())
+        await asyncio.sleep(0)
+        (event,) = events(uuid.uuid4(), "z")
+        queue.put_nowait(event)  # wakes `first`, which is cancelled before it runs
+        first.cancel()
+        got = await asyncio.wait_for(second, 1)
+        return got is event, first.cancelled(), len(queue)
+
+    assert asyncio.run(scenario()) == (True, True, 0)

@@ -70,7 +70,10 @@ CAPACITY_PROBE_S = 0.1  # how stale has_capacity's view of free agent slots may 
 PRUNE_INTERVAL_S = 60.0
 PLACE_BATCH = 128  # most tasks placed in one transaction
 REOFFER_AFTER_S = 0.05  # a task placement found no slot for is offered again this much later
+# … and, when its tenant's agents were all busy (not absent), once more this much later.
+REOFFER_BUSY_AFTER_S = 0.25
 REOFFERED_MAX = 10_000  # tasks remembered as re-offered (a bound: see _reoffer_once)
+BUSY = "at capacity"  # in the wait reason of a tenant whose live agents are all busy
 
 # Free slots, and slots in all (the executor's capacity on /metrics), on the agents that
 # can take work now: one probe answers both.  An agent whose circuit breaker is open offers
@@ -90,6 +93,18 @@ class CapacityEstimate:
 
     ``probed`` is the last database figure; ``delta`` the slots this process took
     (-1) or saw freed (+1) since; ``claiming`` the placements in progress.
+
+    A run's slot is free in the database from its outcome's commit, but this process
+    counts it free only when the waiter wakes (:meth:`give_back`), which is later — tens
+    of milliseconds when the loop is busy.  A probe reading in between counted the slot
+    free once in its figure and once more in ``delta``: in fleetbench's drain a probe
+    overshot by 9–18 slots at a time, and 30–240 placements of 2,000 were claimed and
+    released again for want of the slot (a miss costs a claim, a release and the census
+    of its wait reason, and the task waits 50 ms or, missing twice, a scheduler tick).
+    So each outcome handed to a local waiter is numbered when handed over
+    (:attr:`~fleet.executors.fleet.delivery.rendezvous.Rendezvous.posted`, after its
+    commit), a probe notes that number before its query (``mark``), and a slot whose
+    outcome was numbered no later than that is not added again.
     """
 
     def __init__(self) -> None:
@@ -97,11 +112,41 @@ class CapacityEstimate:
         self.delta = 0
         self.claiming = 0
         self.total = 0  # slots in all on those agents, at the last probe (for metrics)
+        self.seen_upto = 0  # outcomes numbered up to this were free in the last probe's figure
+        self._mark: int | None = None  # the probe in progress: its number, its start's delta
+        self._before = 0
+        self._counted_twice = 0  # given back while it ran, yet numbered before it
 
     def available(self) -> int:
         if self.probed is None:
             return 1  # unknown (no probe yet, or the database is away): let dispatch find out
         return self.probed + self.delta - self.claiming
+
+    def give_back(self, posted: int = 0) -> bool:
+        """A run's slot is free again; ``posted`` its outcome's number (0: not known).
+        False when the last probe's figure counted it free already."""
+        if posted and posted <= self.seen_upto:
+            return False
+        self.delta += 1
+        if posted and self._mark is not None and posted <= self._mark:
+            self._counted_twice += 1  # the running probe's figure will count it too
+        return True
+
+    def probe_started(self, mark: int) -> None:
+        """Before the probe's query: ``mark`` is the last outcome number handed over."""
+        self._mark, self._before, self._counted_twice = mark, self.delta, 0
+
+    def probe_read(self, free: int, total: int) -> None:
+        """The probe's figures: what this process took or gave back since its start, and
+        did not count already, stays on top of them."""
+        self.probed, self.total = free, total
+        self.delta -= self._before + self._counted_twice
+        if self._mark is not None:
+            self.seen_upto = max(self.seen_upto, self._mark)
+        self._mark = None
+
+    def probe_failed(self) -> None:
+        self.probed, self._mark = None, None
 
 
 class FleetExecutor(TaskExecutor):
@@ -130,7 +175,7 @@ class FleetExecutor(TaskExecutor):
         self._grace_until = 0.0
         self._active = 0
         self._stats = {"completed": 0, "failed": 0, "requeued": 0, "dispatched": 0}
-        self._reoffered: set[uuid.UUID] = set()  # requeued and offered again once (_reoffer_once)
+        self._reoffered: dict[uuid.UUID, int] = {}  # requeued: offered again how often in a row
         self._run_seconds = 0.0  # placement to outcome, summed over the finished runs
 
     # -- lifecycle ------------------------------------------------------------------
@@ -198,7 +243,7 @@ class FleetExecutor(TaskExecutor):
                     await self._probe_once(conn)
                 except (psycopg.Error, OSError) as exc:
                     log.debug("capacity probe failed: %s", exc)
-                    self.capacity.probed = None
+                    self.capacity.probe_failed()
                     if conn is not None:
                         with contextlib.suppress(Exception):
                             await conn.close()
@@ -211,13 +256,11 @@ class FleetExecutor(TaskExecutor):
                     await conn.close()
 
     async def _probe_once(self, conn: psycopg.AsyncConnection) -> None:
-        before = self.capacity.delta
         was_available = self.capacity.available()
+        self.capacity.probe_started(rendezvous.mark())
         cursor = await conn.execute(_FREE_SLOTS, [self.config.liveness_window_s])
         free, total = await cursor.fetchone()
-        self.capacity.probed = int(free)
-        self.capacity.total = int(total)
-        self.capacity.delta -= before
+        self.capacity.probe_read(int(free), int(total))
         if self.capacity.available() > max(was_available, 0):
             self.capacity_freed()  # new agents, or slots freed by another process
 
@@ -264,21 +307,22 @@ class FleetExecutor(TaskExecutor):
         if isinstance(placement, NotClaimed | NoAgent):
             rendezvous.unregister(task_execution_id, future)
             if isinstance(placement, NotClaimed):
-                self._reoffered.discard(task_execution_id)
+                self._reoffered.pop(task_execution_id, None)
                 # SUPERSEDED, or FAILED for a task no agent could ever run (Unroutable).
                 return ExecutionResult(task_execution_id, placement.status, placement.reason)
             self._stats["requeued"] += 1
             # What we believed free was not: look again now rather than at the next probe.
             self.capacity.probed = 0 if self.capacity.probed is not None else None
             self._probe_wake.set()
-            self._reoffer_once(event)
+            self._reoffer(event, busy=BUSY in placement.reason)
             log.debug("task %s waits: %s", task_execution_id, placement.reason)
             return ExecutionResult(task_execution_id, ExecutionStatus.REQUEUED, placement.reason)
-        self._reoffered.discard(task_execution_id)
+        self._reoffered.pop(task_execution_id, None)
         self._stats["dispatched"] += 1
         self.capacity.delta -= 1
         self._active += 1
         rendezvous.set_assignment(task_execution_id, placement.assignment)
+        posted = 0
         try:
             if isinstance(placement, Delivered):
                 await self._push(placement)
@@ -286,11 +330,13 @@ class FleetExecutor(TaskExecutor):
                 # Committed as pending (selectors, bindings, a lone placement): if the
                 # agent's socket is here, the relay takes it now, not after the NOTIFY.
                 self.relay.wake_for(placement.agent_id)
-            status = await self._await_outcome(task_execution_id, placement.assignment, future)
+            status, posted = await self._await_outcome(
+                task_execution_id, placement.assignment, future
+            )
         finally:
             self._active -= 1
-            self.capacity.delta += 1
-            self.capacity_freed()
+            if self.capacity.give_back(posted):
+                self.capacity_freed()
         duration_s = time.monotonic() - started
         if status == ExecutionStatus.COMPLETED:
             self._stats["completed"] += 1
@@ -300,25 +346,32 @@ class FleetExecutor(TaskExecutor):
             self._run_seconds += duration_s
         return ExecutionResult(task_execution_id, status, duration_s=duration_s)
 
-    def _reoffer_once(self, event: TaskReadyEvent) -> None:
-        """Offer a task its placement found no free slot for again, shortly, once in a row.
+    def _reoffer(self, event: TaskReadyEvent, busy: bool) -> None:
+        """Offer a task its placement found no free slot for again, shortly, once in a row —
+        twice when its tenant's agents were all busy (``busy``) rather than absent.
 
         The capacity estimate is a hint: under load another placement often took the slot
         this one was counted on, and one is free again a moment later (the dispatch loop
         waits for it: the estimate was just reset).  Left to the loop's tick (every
         ``CLOACINA_SCHEDULER_POLL_S``, 1 s by default, and skipped while a deep queue
         drains) such a task waited up to a second or more: in fleetbench's drain a dozen of
-        them made a phase of two seconds last three.  Only once in a row, so a task no agent
-        can take (none live in its tenant) is claimed and released twice per tick, not every
-        few milliseconds; its second miss leaves it to the tick, as before."""
+        them made a phase of two seconds last three.  A second miss in a row came from
+        that tick still in round i17-relay (a drain's last tasks started at the tick, a
+        second after the others); when the agents are there but busy, a slot frees
+        within a run's time, so the task is offered once more after
+        ``REOFFER_BUSY_AFTER_S``.  A task no agent can take (none live in its tenant, none
+        can load it, breakers open) is left to the tick after its first re-offer, so it
+        is claimed and released twice per tick, not every few milliseconds; a busy tenant's
+        task at most three times."""
         task_execution_id = event.task_execution_id
-        if task_execution_id in self._reoffered:
-            self._reoffered.discard(task_execution_id)
-            return
+        offered = self._reoffered.pop(task_execution_id, 0)
+        delays = (REOFFER_AFTER_S, REOFFER_BUSY_AFTER_S) if busy else (REOFFER_AFTER_S,)
+        if offered >= len(delays):
+            return  # the tick takes it from here
         if len(self._reoffered) >= REOFFERED_MAX:  # tasks cancelled while they waited
             self._reoffered.clear()
-        self._reoffered.add(task_execution_id)
-        asyncio.get_running_loop().call_later(REOFFER_AFTER_S, ready_queue.submit, [event])
+        self._reoffered[task_execution_id] = offered + 1
+        asyncio.get_running_loop().call_later(delays[offered], ready_queue.submit, [event])
 
     async def _place(self, task_execution_id: uuid.UUID) -> Placed | NoAgent | NotClaimed:
         if self._placer is None:  # not started (tests driving execute directly)
@@ -351,17 +404,18 @@ class FleetExecutor(TaskExecutor):
 
     async def _await_outcome(
         self, task_execution_id: uuid.UUID, assignment: int, future: asyncio.Future
-    ) -> ExecutionStatus:
+    ) -> tuple[ExecutionStatus, int]:
+        """The run's status and its outcome's wake-up number (0: read from the database)."""
         try:
             while True:
                 # Jitter spreads the re-checks of many long-running waiters.
                 timeout = OUTCOME_RECHECK_S * random.uniform(0.8, 1.2)
                 outcome = await wait_or_none(future, timeout)
                 if outcome is not None and outcome.assignment == assignment:
-                    return outcome.status
+                    return outcome.status, outcome.posted
                 status = await delivery_db.call(run_status, task_execution_id, assignment)
                 if status is not None:
-                    return status
+                    return status, 0
                 if future.done():  # woken to re-check: wait on a fresh future
                     rendezvous.unregister(task_execution_id, future)
                     future = rendezvous.register(task_execution_id, assignment)

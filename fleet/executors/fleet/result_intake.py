@@ -37,7 +37,7 @@ from fleet.engine.results import (
 )
 from fleet.executors.fleet.delivery.metrics import RESULTS
 from fleet.executors.fleet.delivery.rendezvous import Outcome as Wake
-from fleet.executors.fleet.delivery.rendezvous import announce_many
+from fleet.executors.fleet.delivery.rendezvous import announce_many, rendezvous
 from fleet.executors.fleet.state import breaker, ledger
 
 log = logging.getLogger(__name__)
@@ -269,30 +269,39 @@ def apply_results(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Answer]:
     away — nothing of it is committed, and each result is applied again in a
     transaction of its own.
     """
+    coming = 0
     try:
-        # BEGIN goes out with the intake check, COMMIT with the slot release: three round
-        # trips for a batch of successes (check, outcomes, release), not five.
-        with batch_transaction() as tx:
-            checks = _check(items, before_read=tx.sync)
-            # Workflow by workflow, task by task: every batch takes the task and workflow
-            # rows in one order, so two batches (two servers) cannot deadlock on them.
-            order = sorted(
-                range(len(items)),
-                key=lambda i: (
-                    str(checks[i].workflow_execution_id or ""),
-                    str(items[i][2].task_execution_id),
-                ),
+        try:
+            # BEGIN goes out with the intake check, COMMIT with the slot release: three round
+            # trips for a batch of successes (check, outcomes, release), not five.
+            with batch_transaction() as tx:
+                checks = _check(items, before_read=tx.sync)
+                # Workflow by workflow, task by task: every batch takes the task and workflow
+                # rows in one order, so two batches (two servers) cannot deadlock on them.
+                order = sorted(
+                    range(len(items)),
+                    key=lambda i: (
+                        str(checks[i].workflow_execution_id or ""),
+                        str(items[i][2].task_execution_id),
+                    ),
+                )
+                with deferred_slot_releases() as held:
+                    answers = _record_all([(items[i][1], items[i][2], checks[i]) for i in order])
+                    done = dict(zip(order, answers, strict=True))
+                _release_and_feed(
+                    held, [(items[i][1], items[i][2], checks[i]) for i in order], tx.pipeline_tail
+                )
+                # The COMMIT goes out as the block ends: a capacity probe from now on may read
+                # these slots free before their waiters wake (executor.CapacityEstimate).
+                coming = rendezvous.commit_coming(len(items))
+        except DatabaseError:
+            log.warning(
+                "a batch of %d results failed; applying them one by one",
+                len(items),
+                exc_info=True,
             )
-            with deferred_slot_releases() as held:
-                answers = _record_all([(items[i][1], items[i][2], checks[i]) for i in order])
-                done = dict(zip(order, answers, strict=True))
-            _release_and_feed(
-                held, [(items[i][1], items[i][2], checks[i]) for i in order], tx.pipeline_tail
-            )
-    except DatabaseError:
-        log.warning(
-            "a batch of %d results failed; applying them one by one", len(items), exc_info=True
-        )
-        return [apply_result(*item) for item in items]
-    _after_commit([(items[i][2], done[i][2]) for i in order if done[i][2] is not None])
+            return [apply_result(*item) for item in items]
+        _after_commit([(items[i][2], done[i][2]) for i in order if done[i][2] is not None])
+    finally:
+        rendezvous.commit_done(coming)
     return [done[i][:2] for i in range(len(items))]

@@ -5,8 +5,9 @@ task per transaction: four statements, each planned and committed for one task,
 which was most of the database's work per task.  :func:`place_tasks` does the
 same for a batch:
 
-* one claim statement for every task of the batch, which also reads their contexts and
-  their executions' packages (:func:`~fleet.engine.claims.claim_work`);
+* one statement locking every task of the batch (still Ready), which also reads their
+  contexts and their executions' packages (:func:`~fleet.engine.claims.lock_work`); the
+  claims are written later, each with the agent it names;
 * per claim the same :func:`~fleet.executors.fleet.delivery.placement.prepare` (the shared
   context builder, the packet, the oversize and selector checks);
 * *plain* tasks (no selector, no group or affinity binding — the common case) that
@@ -16,8 +17,9 @@ same for a batch:
   (:func:`~fleet.executors.fleet.delivery.placement.reserve_and_enqueue`): a batch
   spanning ten tenants costs what a batch of one does; every other task goes through
   :func:`~fleet.executors.fleet.delivery.placement.place_prepared` as if alone;
-  the reservation statement itself releases the tasks it found no slot for (back to
-  Ready, no attempt used), and their wait reason is written once its result is read;
+  the reservation statement writes each placed task's claim with its agent (one row
+  version per placement) and leaves the tasks it found no slot for Ready and unwritten;
+  their wait reason is written once its result is read (only where it changes);
 * one commit.  The transaction is pipelined (:mod:`fleet.platform.pipelined_tx`): BEGIN
   goes out with the claim, and when one reservation statement is all there is (one
   group: the idle pickup, most batches) it goes out with the COMMIT and its result is
@@ -48,7 +50,7 @@ from collections.abc import Callable
 from django.db import DatabaseError
 
 from agents.protocol import hop_trace
-from fleet.engine.claims import ClaimedWork, claim_work, note_wait_reason
+from fleet.engine.claims import ClaimedWork, lock_work, note_wait_reason
 from fleet.executors.fleet.delivery import placement
 from fleet.executors.fleet.delivery.placement import (
     NoAgent,
@@ -122,8 +124,9 @@ def _explain(tenant_id: int, released: list[Prepared]) -> str:
     the batch is placed whatever happens here: a database error leaves the placeholder."""
     try:
         reason = no_capacity_reason(tenant_id, released[0].triples)
+        # Never claimed: the rows still carry the assignment before the deferred claim's.
         note_wait_reason(
-            [(p.claim.task_execution_id, p.claim.assignment) for p in released], reason
+            [(p.claim.task_execution_id, p.claim.assignment - 1) for p in released], reason
         )
     except DatabaseError as exc:
         log.warning("could not say why %d task(s) wait: %s", len(released), exc)
@@ -140,9 +143,11 @@ def _place_batch(task_execution_ids: list[uuid.UUID], claimer: str) -> dict[uuid
     hop_trace.mark_many("placing", task_execution_ids)
     # BEGIN goes out with the claim, COMMIT with the last statement (pipeline mode).
     with pipelined_atomic() as tx:
-        # One statement: the claims, their contexts and their executions' packages; it goes
-        # out with the BEGIN, and the sync that reads it leaves pipeline mode.
-        claimed = claim_work(task_execution_ids, claimer, deadline=False, before_read=tx.sync)
+        # One statement: the tasks locked, with their contexts and their executions'
+        # packages; it goes out with the BEGIN, and the sync that reads it leaves pipeline
+        # mode.  Their claims are deferred: each is written with the agent it gets (one
+        # row version), or before anything else writes the task (placement.write_deferred).
+        claimed = lock_work(task_execution_ids, claimer, before_read=tx.sync)
         hop_trace.mark_many("claimed", task_execution_ids)
         claimed.sort(key=_claim_key)
         for work in claimed:

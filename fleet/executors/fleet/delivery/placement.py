@@ -40,12 +40,13 @@ from artifacts.models import WorkflowPackage
 from artifacts.store.queries import resolve_artifact, runnable_triples
 from fleet.engine import ready_queue
 from fleet.engine.claims import (
+    CLAIM_SET,
     RESULT_GRACE_S,
     Claim,
     ClaimedWork,
     claim_work,
     release_claim,
-    release_set,
+    write_deferred,
 )
 from fleet.engine.context import build_task_context, encode_context
 from fleet.engine.events import ExecutionStatus
@@ -165,6 +166,7 @@ def place_prepared(prepared: Prepared, wait: bool = True) -> Placed | NoAgent | 
     caller already locked its agent rows (:func:`lock_up_front`), so candidates locked by
     others are passed over, never waited for (see :func:`reserve_agent`)."""
     claim = prepared.claim
+    write_deferred([claim])  # a batch's claim only locked so far: written before the rest
     outcome = selection.select(
         prepared.request,
         prepared.triples,
@@ -304,12 +306,12 @@ def _reserve_many_sql(prelocked: bool) -> str:
         best=best_score_per_tenant(Selectors()),
         tiebreak=tiebreak(Selectors(), best="a.best_score"),
         lock="FOR NO KEY UPDATE OF a SKIP LOCKED" if prelocked else "FOR NO KEY UPDATE OF a",
-        release=release_set("t", "%(no_slot)s"),
+        claim_set=CLAIM_SET,
     )
 
 
-# The wait reason a task released for want of a slot carries until its caller has written
-# the real one (fleet/executors/fleet/routing/candidates.py, no_capacity_reason).
+# The wait reason reported for tasks that got no slot when the real one could not be
+# read (fleet/executors/fleet/routing/candidates.py, no_capacity_reason).
 NO_SLOT = "no free agent slot"
 
 
@@ -346,7 +348,7 @@ class Reservation:
             "tenants": sorted({p.claim.tenant_id for p in group}),
             "me": local_sockets.server_id(),
             "grace": RESULT_GRACE_S,
-            "no_slot": NO_SLOT,
+            "claimer": first.claim.deferred_claimer,
             "tasks": [p.claim.task_execution_id for p in group],
             "assignments": [p.claim.assignment for p in group],
             "payloads": [json.dumps(p.payload) for p in group],
@@ -364,7 +366,8 @@ class Reservation:
 
     def placed(self) -> dict[uuid.UUID, Placed]:
         """Task id → Placed (a :class:`Delivered` for a local agent) for the tasks that got
-        a slot; the others are Ready again (their wait reason :data:`NO_SLOT`)."""
+        a slot (their claims written with their agents); the others are still Ready, never
+        claimed."""
         try:
             rows = self._cursor.fetchall()
         finally:
@@ -391,8 +394,10 @@ class Reservation:
 def reserve_and_enqueue(group: list[Prepared], prelocked: bool = False) -> Reservation:
     """Reserve N slots for plain tasks that can run on the same target triples (any
     tenants, any packages) and insert their packets, in one statement (the caller's
-    transaction), each tenant's tasks on its own agents; the tasks that got no slot are
-    released (back to Ready, no attempt used) in the same statement.  Read the result with
+    transaction), each tenant's tasks on its own agents.  The group's claims are deferred
+    (its tasks locked by :func:`fleet.engine.claims.lock_work`): a placed task's claim is
+    written with its agent, and a task that got no slot stays Ready, unwritten (no attempt
+    used, its assignment untouched).  Read the result with
     :meth:`Reservation.placed`, before or after the commit.
     ``prelocked``: the caller locked the agents (:func:`lock_up_front`); an agent locked
     by another transaction is then passed over rather than waited for."""
@@ -431,6 +436,7 @@ def _fail(claim: Claim, error_type: str, message: str, metric: str = "") -> Unro
     """Fail the claimed run for good (no retry: nothing would change) through the handler."""
     if metric:
         SELECTION_FAILURE.labels(reason=metric).inc()
+    write_deferred([claim])  # the failure is fenced on the claim: it must be written first
     applied = result_handler.apply(
         TaskReport(
             claim.task_execution_id, claim.assignment, Outcome.FAILURE,

@@ -32,12 +32,44 @@ class Outcome:
     assignment: int
     status: ExecutionStatus
     reason: str = ""
+    # Its place in this process's wake-ups (:attr:`Rendezvous.posted`), set when it is
+    # handed to the waiter's loop, after it was committed; 0: not known.
+    posted: int = 0
 
 
 class Rendezvous:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiters: dict[uuid.UUID, tuple[int, asyncio.Future, asyncio.AbstractEventLoop]] = {}
+        # Outcomes handed to a local waiter so far.  Each is numbered when handed over,
+        # after its commit: a capacity probe that notes this figure before its query knows
+        # the slots of outcomes numbered up to it are free in what it reads
+        # (fleet/executors/fleet/executor.py, CapacityEstimate).
+        self.posted = 0
+        # Outcomes whose COMMIT is on its way and which are not handed over yet: a probe
+        # that starts meanwhile may read their slots free (see :meth:`mark`).
+        self.committing = 0
+
+    def commit_coming(self, outcomes: int) -> int:
+        """A batch of ``outcomes`` sends its COMMIT now; :meth:`commit_done` when they
+        were handed over (or failed).  Returns ``outcomes``."""
+        with self._lock:
+            self.committing += outcomes
+        return outcomes
+
+    def commit_done(self, outcomes: int) -> None:
+        with self._lock:
+            self.committing -= outcomes
+
+    def mark(self) -> int:
+        """For a capacity probe, before its query: outcomes numbered up to this may be free
+        in what it reads.  Those handed over already were committed before; those of a
+        batch whose COMMIT went out before it most likely were, and a batch hands its own
+        over in a row, so they take the next numbers.  A slot counted as seen that the
+        probe did not read is seen by the next probe (0.1 s); one counted twice sent
+        placements to a slot that was not there."""
+        with self._lock:
+            return self.posted + self.committing
 
     def register(self, task_execution_id: uuid.UUID, assignment: int = 0) -> asyncio.Future:
         """A future resolved with an :class:`Outcome` for ``task_execution_id`` (call on the event loop).
@@ -75,6 +107,9 @@ class Rendezvous:
         assignment, future, loop = entry
         if assignment and assignment != outcome.assignment:
             return False
+        with self._lock:
+            self.posted += 1
+            outcome = _numbered(outcome, self.posted)
         return loop_inbox.inbox(loop).post(_resolve, future, outcome)  # False: loop closed
 
     def wake_all_to_recheck(self) -> None:
@@ -112,12 +147,17 @@ class Rendezvous:
                 if entry is None or (entry[0] and entry[0] != outcome.assignment):
                     elsewhere.append((task_execution_id, outcome))
                     continue
-                by_loop.setdefault(entry[2], []).append((entry[1], outcome))
+                self.posted += 1
+                by_loop.setdefault(entry[2], []).append((entry[1], _numbered(outcome, self.posted)))
         for loop, resolutions in by_loop.items():
             # Through the loop's inbox: with the batch's own answer and its ready events,
             # one wake-up of the loop (fleet/engine/loop_inbox.py).  A closed loop drops it.
             loop_inbox.inbox(loop).post(_resolve_all, resolutions)
         return elsewhere
+
+
+def _numbered(outcome: Outcome, posted: int) -> Outcome:
+    return Outcome(outcome.assignment, outcome.status, outcome.reason, posted)
 
 
 def _resolve(future: asyncio.Future, outcome: Outcome | None) -> None:

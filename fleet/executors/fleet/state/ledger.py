@@ -220,20 +220,21 @@ WITH locked AS (
     RETURNING id, task_execution_id, payload ->> 'target_triple' AS target_triple,
               payload ->> 'artifact_digest' AS artifact_digest
 ), assigned AS (
-    UPDATE fleet_taskexecution t SET agent_id = w.agent_id,
+    -- The claim, written here with the agent it names: the caller's transaction locked the
+    -- task rows Ready and read them as claimed (fleet/engine/claims.py, lock_work), so
+    -- each placed task gets ONE new row version ({claim_set}: the claims owner's SET
+    -- clause; ``assignment`` becomes the one its packet carries).  A task that got no slot
+    -- is not written at all: still Ready, its attempt and assignment untouched; the
+    -- caller writes why it waits once it has read the result.
+    UPDATE fleet_taskexecution t SET {claim_set}, agent_id = w.agent_id,
         result_deadline = CASE WHEN w.local
                                THEN now() + make_interval(secs => t.timeout_s + %(grace)s) END
     FROM work w
-    WHERE t.id = w.task_execution_id AND t.assignment = w.assignment
+    -- No ``status`` test: the rows are this transaction's, locked Ready (the assignment
+    -- is the fence), and with one the planner read every Ready task through
+    -- task_ready_idx to find the batch's (2.0 → 4.2 ms a statement of 16 with 1,000 Ready).
+    WHERE t.id = w.task_execution_id AND t.assignment = w.assignment - 1
     RETURNING t.id, extract(epoch FROM now() - t.ready_at) AS waited_s
-), released AS (
-    -- The tasks that got no slot go back to Ready in this same statement, no attempt used
-    -- ({release}: the claims owner's SET clause), so the caller needs no statement of its
-    -- own before the commit; it writes why they wait once it has read the result.
-    UPDATE fleet_taskexecution t SET {release}
-    FROM todo w
-    WHERE t.id = w.task_execution_id AND t.assignment = w.assignment AND t.status = 'Running'
-      AND NOT EXISTS (SELECT 1 FROM work k WHERE k.task_execution_id = w.task_execution_id)
 ), relax AS (
     -- As for a single dispatch: a lost one leaves the tasks Ready (they run again), and
     -- the outcome's synchronous commit flushes it anyway.
