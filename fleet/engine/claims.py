@@ -72,6 +72,19 @@ CLAIM_SET = (
     "claimed_by = %(claimer)s, claimed_at = now(), started_at = now(), wait_reason = ''"
 )
 
+# The executions a claim starts (the tasks in ``claimed``), moved Pending → Running.  They
+# are locked in id order like every writer of several workflow rows (a result batch's):
+# two batches claiming tasks of the same new executions must not lock them in opposite
+# orders and deadlock.  Shared by the claim and the claim's lock without its write.
+_START_EXECUTIONS = """starting AS (
+    SELECT w.id FROM fleet_workflowexecution w
+    WHERE w.id IN (SELECT workflow_execution_id FROM claimed) AND w.status = 'Pending'
+    ORDER BY w.id FOR NO KEY UPDATE
+), running AS (
+    UPDATE fleet_workflowexecution w SET status = 'Running', started_at = now()
+    FROM starting s WHERE w.id = s.id AND w.status = 'Pending'
+)"""
+
 # One statement, one round trip: claim, move the workflow Pending → Running, and
 # (when the claim is its own transaction) let its commit skip the WAL flush.  A
 # claim need not survive a database crash on its own: a lost claim leaves the
@@ -95,17 +108,7 @@ WITH relax AS (
     FROM relax
     WHERE t.id IN (SELECT id FROM due)
     RETURNING {columns}
-), starting AS (
-    -- The executions this claim starts, locked in id order like every writer of several
-    -- workflow rows (a result batch's): two batches claiming tasks of the same new
-    -- executions must not lock them in opposite orders and deadlock.
-    SELECT w.id FROM fleet_workflowexecution w
-    WHERE w.id IN (SELECT workflow_execution_id FROM claimed) AND w.status = 'Pending'
-    ORDER BY w.id FOR NO KEY UPDATE
-), running AS (
-    UPDATE fleet_workflowexecution w SET status = 'Running', started_at = now()
-    FROM starting s WHERE w.id = s.id AND w.status = 'Pending'
-)
+), {start_executions}
 {select}
 """
 _CLAIMED = "SELECT * FROM claimed"
@@ -148,7 +151,10 @@ _THESE_DUE = """
 
 
 def _claim_sql(due: str, columns: str, select: str) -> str:
-    return _CLAIM_SQL.format(due=due, columns=columns, select=select, claim_set=CLAIM_SET)
+    return _CLAIM_SQL.format(
+        due=due, columns=columns, select=select, claim_set=CLAIM_SET,
+        start_executions=_START_EXECUTIONS,
+    )  # fmt: skip
 
 
 # The claim's statement without its write: the due rows LOCKED (as the claim locks them),
@@ -165,17 +171,12 @@ WITH due AS MATERIALIZED (
            t.assignment + 1 AS assignment, t.attempt + 1 AS attempt, t.timeout_s, t.routing,
            t.priority, t.dependencies
     FROM fleet_taskexecution t WHERE t.id IN (SELECT id FROM due)
-), starting AS (
-    SELECT w.id FROM fleet_workflowexecution w
-    WHERE w.id IN (SELECT workflow_execution_id FROM claimed) AND w.status = 'Pending'
-    ORDER BY w.id FOR NO KEY UPDATE
-), running AS (
-    UPDATE fleet_workflowexecution w SET status = 'Running', started_at = now()
-    FROM starting s WHERE w.id = s.id AND w.status = 'Pending'
-)
+), {start_executions}
 {select}
 """
-_LOCK_THESE_WITH_INPUTS = _LOCK_SQL.format(due=_THESE_DUE, select=_CLAIMED_WITH_INPUTS)
+_LOCK_THESE_WITH_INPUTS = _LOCK_SQL.format(
+    due=_THESE_DUE, select=_CLAIMED_WITH_INPUTS, start_executions=_START_EXECUTIONS
+)
 
 # The deferred claims of rows this transaction locked (:func:`lock_work`), written: for the
 # tasks that are placed one by one, or failed, rather than by the batch's reservation.  The
