@@ -4,6 +4,8 @@ beat held back for company never holds back a confirmation (fleet/executors/flee
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 
 import psycopg
 import pytest
@@ -14,6 +16,7 @@ from fleet.executors.fleet import socket_writes
 from fleet.executors.fleet.delivery import local_sockets
 from fleet.executors.fleet.delivery.placement import place_task
 from fleet.models import DeliveryOutbox
+from fleet.platform.config import apply_overrides
 from tests.support.agents import make_agent
 from tests.support.factories import ready_root, two_task_package
 from tests.support.loop import run_async
@@ -206,3 +209,40 @@ def test_a_beat_whose_write_failed_is_answered_with_a_newer_one(tenant, monkeypa
     answers = run_async(scenario())
     assert [a.state for a in answers] == ["live", "live"]
     assert Agent.objects.get(pk=agent.pk).metrics == {"load": 2}  # the newer beat's data
+
+
+def test_a_failing_writer_pauses_at_most_a_quarter_of_the_liveness_window(monkeypatch, caplog):
+    """Beats of 0.5 s × 3: a 1.5 s window.  After a database restart the liveness sweep
+    gives agents one window for their beats to land again; a writer whose pauses doubled
+    up to 2 s was still asleep when it ran out, and every live agent was evicted."""
+    apply_overrides(heartbeat_interval_s=0.5, liveness_misses=3)
+    failures = 6
+    tries: list[int] = []
+
+    async def failing(self, beats, received):
+        tries.append(1)
+        if len(tries) <= failures:
+            raise OSError("the database is away")
+
+    monkeypatch.setattr(socket_writes.SocketWrites, "_write", failing)
+
+    async def scenario():
+        socket_writes.writer()._wake.set()
+        for _ in range(200):  # 10 s at most; the pauses add up to ~1.8 s
+            if len(tries) > failures:
+                break
+            await asyncio.sleep(0.05)
+        await socket_writes.close_writer()
+
+    with caplog.at_level(logging.WARNING, logger=socket_writes.__name__):
+        run_async(scenario())
+    pauses = [
+        float(m.group(1))
+        for r in caplog.records
+        if (m := re.search(r"retrying in ([0-9.]+)s", r.getMessage()))
+    ]
+    assert len(tries) == failures + 1  # it kept trying, and the seventh try went through
+    # 0.375 s is logged as 0.4; uncapped the pauses went on 0.8, 1.6, 2.0.
+    assert pauses == [0.1, 0.2, 0.4, 0.4, 0.4, 0.4]
+    assert socket_writes.reconnect_max_s(1.5) == pytest.approx(0.375)
+    assert socket_writes.reconnect_max_s(45.0) == socket_writes.RECONNECT_MAX_S

@@ -41,7 +41,7 @@ from fleet.platform.config import get_config
 
 log = logging.getLogger(__name__)
 
-RECONNECT_MAX_S = 2.0
+RECONNECT_MAX_S = 2.0  # at most, and at most a quarter of the liveness window (below)
 CLOSE_MALFORMED = 4400  # the close code of a socket whose write the database refused
 
 # Confirmations (the ledger's statements) never wait for a row lock; one whose row was
@@ -82,6 +82,7 @@ class SocketWrites:
         self._wake = asyncio.Event()
         self._nudged = False  # results were applied since the last round (results_applied)
         self._beat_gather_s = beat_gather_s(get_config().heartbeat_interval_s)
+        self._reconnect_max_s = reconnect_max_s(get_config().liveness_window_s)
         self._beats_since = 0.0  # when the oldest unwritten beat arrived
         self._conn: psycopg.AsyncConnection | None = None
         self._task = asyncio.create_task(self._run(), name="socket-writes")
@@ -187,7 +188,7 @@ class SocketWrites:
                 self._beats_since = 0.0  # already waited: written with the next round
                 self._wake.set()
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, RECONNECT_MAX_S)
+                delay = min(delay * 2, self._reconnect_max_s)
 
     def _lone_retry_nudged(self) -> bool:
         """The round would only retry one confirmation, its blocker just committed: an idle
@@ -384,6 +385,15 @@ def beat_gather_s(heartbeat_interval_s: float) -> float:
     """How long a lone beat waits for others: a small share of the interval, so the
     liveness window (misses × interval) is unaffected, and never more than a second."""
     return min(BEAT_GATHER_MAX_S, BEAT_GATHER_SHARE * heartbeat_interval_s)
+
+
+def reconnect_max_s(liveness_window_s: float) -> float:
+    """The longest pause between two tries of a failing writer.  Once the database is back,
+    the liveness sweep gives agents one window for their beats to land again
+    (fleet/executors/fleet/executor.py, ``_liveness_sweep``); a writer still pausing for
+    longer than that got every live agent evicted after a database restart (the chaos
+    test, with beats of 0.5 s: a 1.5 s window against pauses of up to 2 s)."""
+    return min(RECONNECT_MAX_S, liveness_window_s / 4)
 
 
 _writers: dict[asyncio.AbstractEventLoop, SocketWrites] = {}
