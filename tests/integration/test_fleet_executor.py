@@ -73,28 +73,37 @@ def test_no_agent_is_requeued_without_using_an_attempt(tenant):
     )
 
 
+def _offered_again(task, monkeypatch, placements: int, wait_s: float) -> list[tuple]:
+    """``placements`` placements of ``task`` in a row on a started executor, each followed
+    by ``wait_s``: per placement (its status, its error, the events offered again so far)."""
+    offered: list = []
+    monkeypatch.setattr(fleet_executor_module.ready_queue, "submit", offered.extend)
+
+    async def scenario():
+        executor = await started_executor()
+        try:
+            seen = []
+            for _ in range(placements):
+                result = await executor.execute(event(task))
+                await asyncio.sleep(wait_s)
+                seen.append((result.status, result.error, list(offered)))
+            return seen
+        finally:
+            await executor.stop()
+
+    return run_async(scenario())
+
+
 def test_a_task_no_slot_was_found_for_is_offered_again_once_in_a_row(tenant, monkeypatch):
     """Not left to the dispatch loop's tick (a second or more): offered again shortly after
     its placement found no slot; after a second miss in a row, left to the tick."""
     two_task_package(tenant)
     _, task = ready_root(tenant)
-    offered: list = []
-    monkeypatch.setattr(fleet_executor_module.ready_queue, "submit", offered.extend)
     wait_s = fleet_executor_module.REOFFER_AFTER_S * 4
-
-    async def scenario():
-        executor = await started_executor()
-        try:
-            first = await executor.execute(event(task))
-            await asyncio.sleep(wait_s)
-            after_first = list(offered)
-            second = await executor.execute(event(task))  # the re-offer, missing again
-            await asyncio.sleep(wait_s)
-            return first.status, after_first, second.status, list(offered)
-        finally:
-            await executor.stop()
-
-    first, after_first, second, after_second = run_async(scenario())
+    # The first placement, then the re-offer, missing again.
+    (first, _, after_first), (second, _, after_second) = _offered_again(
+        task, monkeypatch, 2, wait_s
+    )
     assert (first, second) == (ExecutionStatus.REQUEUED, ExecutionStatus.REQUEUED)
     assert after_first == [event(task)]
     assert after_second == [event(task)]  # not again: the tick takes it from here
@@ -107,24 +116,11 @@ def test_a_task_whose_tenants_agents_are_busy_is_offered_again_twice_in_a_row(te
     two_task_package(tenant)
     make_agent(tenant, max_concurrency=1, in_flight=1)
     _, task = ready_root(tenant)
-    offered: list = []
-    monkeypatch.setattr(fleet_executor_module.ready_queue, "submit", offered.extend)
     wait_s = fleet_executor_module.REOFFER_BUSY_AFTER_S * 2
-
-    async def scenario():
-        executor = await started_executor()
-        try:
-            seen = []
-            for _ in range(3):  # the first placement, then its two re-offers
-                result = await executor.execute(event(task))
-                await asyncio.sleep(wait_s)
-                seen.append((result.status, result.error, len(offered)))
-            return seen
-        finally:
-            await executor.stop()
-
+    # The first placement, then its two re-offers.
+    seen = _offered_again(task, monkeypatch, 3, wait_s)
     busy = "the 1 live agent is at capacity"
-    assert run_async(scenario()) == [
+    assert [(status, error, len(offered)) for status, error, offered in seen] == [
         (ExecutionStatus.REQUEUED, busy, 1),
         (ExecutionStatus.REQUEUED, busy, 2),
         (ExecutionStatus.REQUEUED, busy, 2),  # not again: the tick takes it from here
