@@ -7,8 +7,8 @@ import asyncio
 import uuid
 
 from fleet.engine.events import ExecutionStatus
+from fleet.executors.fleet.capacity_estimate import CapacityEstimate
 from fleet.executors.fleet.delivery.rendezvous import Outcome, Rendezvous
-from fleet.executors.fleet.executor import CapacityEstimate
 
 
 def _busy_fleet(slots: int) -> CapacityEstimate:

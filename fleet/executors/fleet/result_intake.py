@@ -292,7 +292,7 @@ def apply_results(items: list[tuple[int, uuid.UUID, ResultIn]]) -> list[Answer]:
                     held, [(items[i][1], items[i][2], checks[i]) for i in order], tx.pipeline_tail
                 )
                 # The COMMIT goes out as the block ends: a capacity probe from now on may read
-                # these slots free before their waiters wake (executor.CapacityEstimate).
+                # these slots free before their waiters wake (capacity_estimate.CapacityEstimate).
                 coming = rendezvous.commit_coming(len(items))
         except DatabaseError:
             log.warning(

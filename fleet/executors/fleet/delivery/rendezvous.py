@@ -44,7 +44,7 @@ class Rendezvous:
         # Outcomes handed to a local waiter so far.  Each is numbered when handed over,
         # after its commit: a capacity probe that notes this figure before its query knows
         # the slots of outcomes numbered up to it are free in what it reads
-        # (fleet/executors/fleet/executor.py, CapacityEstimate).
+        # (fleet/executors/fleet/capacity_estimate.py).
         self.posted = 0
         # Outcomes whose COMMIT is on its way and which are not handed over yet: a probe
         # that starts meanwhile may read their slots free (see :meth:`mark`).
