@@ -75,7 +75,8 @@ class Dispatcher:
 
     async def dispatch(self, event: TaskReadyEvent) -> ExecutionResult:
         executor = self.executor
-        if not executor.has_capacity():
+        # A task placed at its start holds its slot already (events.TaskReadyEvent.placed).
+        if event.placed is None and not executor.has_capacity():
             raise NoCapacity(f"executor {executor.name!r} is at capacity")
         try:
             return await executor.execute(event)
