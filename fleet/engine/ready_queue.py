@@ -26,11 +26,6 @@ def register(sink: Callable[[list[TaskReadyEvent]], None] | None) -> None:
         _sink = sink
 
 
-def taking() -> bool:
-    """Whether a dispatch loop takes events here now (an event submitted is not dropped)."""
-    return _sink is not None
-
-
 def submit(events: Iterable[TaskReadyEvent]) -> None:
     batch = list(events)
     if not batch:

@@ -18,7 +18,7 @@ def procs(transactional_db, tmp_path):
 
 @pytest.mark.e2e
 def test_every_hop_of_every_pickup_is_traced_and_timed(procs):
-    from fleet.bench.pickup_hops import HOPS, PLACED_AT_START
+    from fleet.bench.pickup_hops import HOPS
 
     result = procs.manage(
         "fleetbench", "--executor", "fleet", "--agents", "1", "--pickup-hops", str(SAMPLES),
@@ -31,15 +31,7 @@ def test_every_hop_of_every_pickup_is_traced_and_timed(procs):
     counts = {}
     for line in lines:
         words = line.split()
-        if len(words) > 5 and words[-5].isdigit():
+        if len(words) > 5 and words[-5] == str(SAMPLES):
             counts[" ".join(words[:-5])] = int(words[-5])
-    # Every hop (the server's, the agent's, the rows') was found for every pickup: each
-    # pickup went one of the two paths (placed by its start, or placed the usual way), and
-    # every hop of its path was timed.
-    usual = {counts[name] for name, _ in HOPS[:6]}
-    at_start = {counts[name] for name, _ in PLACED_AT_START[:5]}
-    assert len(usual) == len(at_start) == 1, counts
-    assert usual.pop() + at_start.pop() == SAMPLES, counts
-    for name, _ in HOPS[6:]:
-        assert counts[name] == SAMPLES, (name, counts)
-    assert counts["Ready → received_at (whole path)"] == SAMPLES
+    # Every hop (the server's, the agent's, the rows') was found for every pickup.
+    assert set(counts) == {name for name, _ in HOPS} | {"Ready → received_at (whole path)"}

@@ -6,29 +6,18 @@ everything else."""
 
 from __future__ import annotations
 
-import asyncio
-import uuid
-
 import pytest
 from django.db import connection
 
 from agents.models import Agent
-from fleet.engine import hooks, ready_queue, scheduler
+from fleet.engine import hooks, scheduler
 from fleet.engine.db_threads import use_prepared_statements
-from fleet.engine.dispatcher import Dispatcher
-from fleet.engine.events import ExecutionResult, ExecutionStatus, ExecutorMetrics, TaskReadyEvent
-from fleet.engine.executor import TaskExecutor
-from fleet.engine.loop import EngineLoop
-from fleet.engine.results import TaskReport, result_handler
 from fleet.executors.fleet.delivery import local_sockets
 from fleet.executors.fleet.delivery.placement import Delivered
 from fleet.executors.fleet.delivery.redelivery import redeliver_unreceived
 from fleet.executors.fleet.delivery.relay import Relay
-from fleet.executors.fleet.delivery.rendezvous import rendezvous
 from fleet.executors.fleet.delivery.start_placement import StartPlacer
-from fleet.executors.fleet.executor import FleetExecutor
 from fleet.models import DeliveryOutbox, TaskExecution, WorkflowExecution
-from fleet.platform.config import get_config
 from tests.support.agents import make_agent
 from tests.support.factories import make_package
 from tests.support.loop import run_async
@@ -47,10 +36,7 @@ def placer():
     hook = StartPlacer(local_sockets.server_id(), lambda: room[0])
     hook.room = room
     hooks.register_start_hook(hook)
-    events: list = []
-    ready_queue.register(events.extend)  # a dispatch loop takes the events
     yield hook
-    ready_queue.register(None)
     hooks.register_start_hook(None)
     local_sockets.clear()
 
@@ -195,12 +181,6 @@ def test_no_room_or_no_socket_here_asks_nothing(tenant, placer):
     assert trips[0].count("Execute") == 1  # the start's statement alone
 
 
-def test_without_a_dispatch_loop_taking_events_nothing_is_placed(tenant, placer):
-    socket_of(make_agent(tenant, "here", max_concurrency=4))
-    ready_queue.register(None)  # the loop stopped taking events (the server stops)
-    _ready_and_alone(*start(tenant))
-
-
 def test_while_another_start_places_this_one_goes_the_usual_way(tenant, placer):
     socket_of(make_agent(tenant, "here", max_concurrency=4))
     assert placer._turn.acquire(blocking=False)  # another start is placing right now
@@ -272,120 +252,3 @@ async def _relay_rounds(rounds: int) -> int:
         return sum([await relay.run_once() for _ in range(rounds)])
     finally:
         await relay.stop()
-
-
-class _Full(TaskExecutor):
-    """An executor with no free slot that records what it was asked to run."""
-
-    dispatch_concurrency = 1
-
-    def __init__(self) -> None:
-        self.ran: list = []
-
-    async def execute(self, event: TaskReadyEvent) -> ExecutionResult:
-        self.ran.append(event.task_execution_id)
-        return ExecutionResult(event.task_execution_id, ExecutionStatus.COMPLETED)
-
-    def has_capacity(self) -> bool:
-        return False
-
-    def metrics(self) -> ExecutorMetrics:
-        return ExecutorMetrics()
-
-
-def test_the_loop_hands_a_placed_event_over_at_once():
-    """Its slot is held already: it waits neither for a worker nor for capacity, behind a
-    queue whose events do."""
-
-    async def scenario() -> list:
-        executor = _Full()
-        dispatcher = Dispatcher(claimer="loop-test")
-        dispatcher.register_executor("full", executor)
-        dispatcher.configure("full")
-        loop = EngineLoop(dispatcher, poll_s=3600)
-        await loop.start()
-        try:
-            waiting = [TaskReadyEvent(uuid.uuid4(), uuid.uuid4(), "w", 1) for _ in range(3)]
-            loop.offer(waiting)
-            placed = TaskReadyEvent(uuid.uuid4(), uuid.uuid4(), "p", 1, placed=object())
-            assert loop.offer([placed]) == 1
-            for _ in range(20):
-                await asyncio.sleep(0)
-            assert loop.pending() == 3  # the others still wait for capacity
-            return executor.ran, placed.task_execution_id
-        finally:
-            await loop.stop()
-
-    ran, placed_id = run_async(scenario())
-    assert ran == [placed_id]
-
-
-def test_the_executor_pushes_a_placed_root_with_its_waiter_registered(tenant):
-    """execute() of an event placed at its start: no placement, the packet pushed once with
-    the waiter already registered, the slot counted taken, the outcome as execute()'s."""
-    agent = make_agent(tenant, "here", max_concurrency=4)
-    make_package(tenant, ONE, SOURCE, name="lone", workflow="lone")
-    pushed: list = []
-
-    async def push(packet: dict) -> None:
-        pushed.append((packet["outbox_id"], rendezvous.waiting()))
-
-    async def close(code: int, reason: str) -> None:
-        return None
-
-    def start_it() -> tuple:
-        return scheduler.start_active(tenant.pk, "lone", {})
-
-    def report(task_id, assignment) -> None:
-        applied = result_handler.apply(
-            TaskReport(task_id, assignment, "success", output={}, agent_id=agent.pk)
-        )
-        with connection.cursor() as cursor:  # what announce() does when no waiter is local
-            cursor.execute(
-                "SELECT pg_notify('task_outcome', %s)",
-                [f"{task_id}:{assignment}:{applied.status.value}"],
-            )
-
-    async def scenario():
-        executor = FleetExecutor(claimer=local_sockets.server_id(), config=get_config())
-        await executor.start()
-        events: list = []
-        ready_queue.register(events.extend)
-        local_sockets.register(local_sockets.LocalSocket(
-            agent.pk, tenant.pk, "test.here", 1, "json", None, push, close
-        ))  # fmt: skip
-        try:
-            executor.capacity.probed, executor.capacity.delta = 4, 0  # the probe's figure
-            _execution_id, (root,) = await asyncio.to_thread(_in_thread, start_it)
-            assert isinstance(root.placed, Delivered)
-            running = asyncio.ensure_future(executor.execute(root))
-            while not pushed:
-                await asyncio.sleep(0.001)
-            delta = executor.capacity.delta
-            await asyncio.to_thread(
-                _in_thread, report, root.task_execution_id, root.placed.assignment
-            )
-            result = await asyncio.wait_for(running, 2.0)
-            return root, result, delta, executor.metrics(), executor.start_placer.placed
-        finally:
-            ready_queue.register(None)
-            local_sockets.clear()
-            await executor.stop()
-
-    root, result, delta, metrics, placed = run_async(scenario())
-    assert pushed == [(root.placed.outbox_id, 1)]  # once, its waiter there before the push
-    assert delta == -1 and placed == 1
-    assert result.status == ExecutionStatus.COMPLETED
-    assert (metrics.extra["dispatched"], metrics.total_executed, metrics.active_tasks) == (1, 1, 0)
-    task = TaskExecution.objects.get(pk=root.task_execution_id)
-    assert (task.status, task.attempt) == ("Completed", 1)
-    assert Agent.objects.get(pk=agent.pk).in_flight == 0  # the slot given back
-    assert hooks._start_hook is None  # the executor's stop removed its hook
-
-
-def _in_thread(fn, *args):
-    """Run ``fn`` on its own thread's connection, as a request thread of the server would."""
-    try:
-        return fn(*args)
-    finally:
-        connection.close()

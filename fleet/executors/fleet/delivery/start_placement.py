@@ -33,7 +33,6 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from agents.protocol import hop_trace
-from fleet.engine import ready_queue
 from fleet.engine.hooks import StartHook, StartPlacement
 from fleet.executors.fleet.delivery import local_sockets, one_trip
 from fleet.executors.fleet.delivery.placement import Delivered
@@ -54,8 +53,6 @@ class StartPlacer(StartHook):
     def placement(self, tenant_id: int, workflow_execution_id: uuid.UUID) -> StartPlacement | None:
         if not tenant_id or not local_sockets.digest()[0] or not self._has_room():
             return None  # nothing this process could push to
-        if not ready_queue.taking():
-            return None  # no dispatch loop to push it (stopping): the usual way
         if not self._turn.acquire(blocking=False):
             return None  # another start places now (module docstring)
         return StartPlacement(
