@@ -52,9 +52,9 @@ from fleet.executors.fleet.delivery.placement import (
 from fleet.executors.fleet.delivery.pruning import prune_acked, prune_depth_samples
 from fleet.executors.fleet.delivery.redelivery import redeliver_unreceived
 from fleet.executors.fleet.delivery.relay import Relay
+from fleet.executors.fleet.delivery.start_placement import StartPlacer
 from fleet.executors.fleet.delivery.rendezvous import CHANNEL as OUTCOME_CHANNEL
 from fleet.executors.fleet.delivery.rendezvous import rendezvous
-from fleet.executors.fleet.delivery.start_placement import StartPlacer
 from fleet.executors.fleet.delivery.wait_reasons import (
     WAIT_REASON_INTERVAL_S,
     explain_waiting_tasks,
