@@ -53,17 +53,6 @@ HOPS = (
     ("→ the confirmation's statement sent", "server_read"),
     ("→ received_at (the statement's now())", "confirming"),
 )
-# A lone root placed by its start's own transaction (fleet/executors/fleet/delivery/
-# start_placement.py): the start's one commit is the placement's, and the loop only
-# registers the waiter and pushes.  Its rows are apart from the usual path's (above).
-PLACED_AT_START = (
-    ("(at start) API: ready_at → start and placement committed", "ready_at"),
-    ("(at start) → the event submitted", "start_placed"),
-    ("(at start) → event on the dispatch loop", "submitted"),
-    ("(at start) → its dispatch runs", "loop_queued"),
-    ("(at start) → waiter registered, push begins", "dispatching"),
-    *HOPS[6:],
-)
 END = "received_at"
 # The placement's hop split, for the pickups placed in two round trips on a delivery thread
 # (a "claimed" mark between; a lone placement in one statement on the loop has none).
@@ -187,15 +176,13 @@ def hop_table(
 ) -> dict[str, list[float]]:
     """Per hop the ms of each task that has both of its marks; and the whole path."""
     hops: dict[str, list[float]] = {name: [] for name, _ in HOPS}
-    hops.update({name: [] for name, _ in PLACED_AT_START[:5]})
     hops.update({name: [] for name, _, _ in TWO_TRIPS})
     whole = hops["Ready → received_at (whole path)"] = []
+    starts = [start for _, start in HOPS] + [END]
     for task, times in rows.items():
         marks = {**trace.get(task, {}), **times}
         whole.append((times[END] - times["ready_at"]) * 1000.0)
-        path = PLACED_AT_START if "start_placed" in marks else HOPS
-        ends = [start for _, start in path[1:]] + [END]
-        for (name, start), end in zip(path, ends, strict=True):
+        for (name, start), end in zip(HOPS, starts[1:], strict=True):
             if start in marks and end in marks:
                 hops[name].append((marks[end] - marks[start]) * 1000.0)
         # In order only: a later duplicate dispatch of a task placed in one trip (the

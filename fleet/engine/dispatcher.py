@@ -75,8 +75,7 @@ class Dispatcher:
 
     async def dispatch(self, event: TaskReadyEvent) -> ExecutionResult:
         executor = self.executor
-        # A task placed at its start holds its slot already (events.TaskReadyEvent.placed).
-        if event.placed is None and not executor.has_capacity():
+        if not executor.has_capacity():
             raise NoCapacity(f"executor {executor.name!r} is at capacity")
         try:
             return await executor.execute(event)

@@ -21,11 +21,6 @@ class TaskReadyEvent:
     # tenants take turns, then the higher priority goes first.  0 when unknown.
     tenant_id: int = field(default=0, compare=False)
     priority: int = field(default=0, compare=False)
-    # The executor's placement of the task, made and committed by the transaction that
-    # started its execution (a start hook: fleet/engine/hooks.py).  Opaque to the engine:
-    # the dispatch loop hands the event to the executor at once (its slot is held), and
-    # the executor only pushes the work.  None: placed the usual way.
-    placed: object | None = field(default=None, compare=False)
 
 
 class ExecutionStatus(enum.Enum):

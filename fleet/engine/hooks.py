@@ -9,13 +9,6 @@ because any server process may receive a fleet outcome).  The result handler fol
 the hook's SQL into its own statements, so the ack and the slot release stay inside
 the outcome's statement and transaction: no extra round trip, the locks in the same
 order.  With no hook registered the fragments are empty.
-
-An executor may also register a :class:`StartHook` (:func:`register_start_hook`; the
-fleet's is ``fleet.executors.fleet.delivery.start_placement.StartPlacer``, registered while
-its executor runs): the REST start (``scheduler.start_active``) then sends the hook's
-statement after its own insert, in the same transaction and the same flight, so a lone root
-task is claimed and placed by the commit that creates it.  The placement rides to the
-dispatch loop on the root's :class:`~fleet.engine.events.TaskReadyEvent` (``placed``).
 """
 
 from __future__ import annotations
@@ -23,7 +16,6 @@ from __future__ import annotations
 import abc
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -120,40 +112,3 @@ def runs_lost(holders: list) -> None:
     hook = _settle_hook
     if holders and hook is not None:
         hook.runs_lost(holders)
-
-
-@dataclass(frozen=True)
-class StartPlacement:
-    """What a start hook sends after the start's insert, in its transaction and flight."""
-
-    sql: str
-    params: dict
-    # The statement's row (None: it returned none) → the placement (opaque to the engine),
-    # or None when it placed nothing (it then wrote nothing: the root goes the usual way).
-    answer: Callable[[tuple | None], object | None]
-    # Called once the transaction is over (committed or not): the hook's turn ends.
-    done: Callable[[], None]
-
-
-class StartHook(abc.ABC):
-    """An executor's share of starting an execution: placing its lone root task."""
-
-    @abc.abstractmethod
-    def placement(self, tenant_id: int, workflow_execution_id: uuid.UUID) -> StartPlacement | None:
-        """The statement that places the lone root task of the execution being started
-        (its id: ``workflow_execution_id``), or None: nothing to try now (the start is
-        then its usual single statement).  Called on the start's thread."""
-
-
-_start_hook: StartHook | None = None
-
-
-def register_start_hook(hook: StartHook | None) -> None:
-    """Install ``hook`` (None removes it)."""
-    global _start_hook
-    _start_hook = hook
-
-
-def start_placement(tenant_id: int, workflow_execution_id: uuid.UUID) -> StartPlacement | None:
-    hook = _start_hook
-    return None if hook is None else hook.placement(tenant_id, workflow_execution_id)

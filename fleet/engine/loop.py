@@ -72,7 +72,6 @@ class EngineLoop:
         self._capacity_freed = asyncio.Event()
         self._capacity_gate = asyncio.Lock()
         self._workers: list[asyncio.Task] = []
-        self._placed_runs: set[asyncio.Task] = set()  # dispatches of events placed at start
         self._ticker: asyncio.Task | None = None
         self._accepting = False
         # The tick's database work runs on one thread of its own: it never waits
@@ -108,7 +107,7 @@ class EngineLoop:
     async def stop(self) -> None:
         """Stop everything; queued events are dropped (their tasks stay Ready in the database)."""
         self.stop_accepting()
-        tasks = [*self._workers, *self._placed_runs, *([self._ticker] if self._ticker else [])]
+        tasks = [*self._workers, *([self._ticker] if self._ticker else [])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -146,25 +145,11 @@ class EngineLoop:
             if task_execution_id in self._running:
                 self._again[task_execution_id] = event
                 continue
-            hop_trace.mark("loop_queued", task_execution_id)
-            added += 1
-            if event.placed is not None:
-                # Placed by its start, its slot held: not behind the fair queue's backlog.
-                self._running.add(task_execution_id)
-                self._placed_runs.add(asyncio.create_task(self._run_placed(event)))
-                continue
             self._queued.add(task_execution_id)
             self._queue.put_nowait(event)
+            hop_trace.mark("loop_queued", task_execution_id)
+            added += 1
         return added
-
-    async def _run_placed(self, event: TaskReadyEvent) -> None:
-        """Dispatch an event placed by its start (the executor pushes its work), as a worker
-        would, without waiting for a worker or for capacity."""
-        try:
-            hop_trace.mark("dispatching", event.task_execution_id)
-            await self._dispatch(event)
-        finally:
-            self._placed_runs.discard(asyncio.current_task())
 
     # -- dispatch ------------------------------------------------------------------
     async def _wait_for_capacity(self) -> None:
@@ -191,39 +176,34 @@ class EngineLoop:
             hop_trace.mark("dispatching", task_execution_id)
             self._queued.discard(task_execution_id)
             self._running.add(task_execution_id)
-            await self._dispatch(event)
-
-    async def _dispatch(self, event: TaskReadyEvent) -> None:
-        """Dispatch ``event`` (its id is in ``_running``) and account for its result."""
-        task_execution_id = event.task_execution_id
-        requeue = False
-        try:
-            result = await self._dispatcher.dispatch(event)
-        except NoCapacity:
-            self.stats["no_capacity"] += 1
-            requeue = True
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            # The task keeps its database state: Ready ones are offered again by
-            # the tick, claimed ones are fenced and recovered by the sweeps.
-            self.stats["errors"] += 1
-            log.exception("dispatching task %s (%s) failed", task_execution_id, event.task_name)
-        else:
-            self.stats["dispatched"] += 1
-            if result.status == ExecutionStatus.COMPLETED:
-                self.stats["completed"] += 1
-            elif result.status == ExecutionStatus.FAILED:
-                self.stats["failed"] += 1
-        finally:
-            self._running.discard(task_execution_id)
-            self._capacity_freed.set()
-        again = self._again.pop(task_execution_id, None)
-        if requeue:
-            await asyncio.sleep(CAPACITY_POLL_S)
-            self.offer([again or event])
-        elif again is not None:
-            self.offer([again])
+            requeue = False
+            try:
+                result = await self._dispatcher.dispatch(event)
+            except NoCapacity:
+                self.stats["no_capacity"] += 1
+                requeue = True
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # The task keeps its database state: Ready ones are offered again by
+                # the tick, claimed ones are fenced and recovered by the sweeps.
+                self.stats["errors"] += 1
+                log.exception("dispatching task %s (%s) failed", task_execution_id, event.task_name)
+            else:
+                self.stats["dispatched"] += 1
+                if result.status == ExecutionStatus.COMPLETED:
+                    self.stats["completed"] += 1
+                elif result.status == ExecutionStatus.FAILED:
+                    self.stats["failed"] += 1
+            finally:
+                self._running.discard(task_execution_id)
+                self._capacity_freed.set()
+            again = self._again.pop(task_execution_id, None)
+            if requeue:
+                await asyncio.sleep(CAPACITY_POLL_S)
+                self.offer([again or event])
+            elif again is not None:
+                self.offer([again])
 
     # -- tick ------------------------------------------------------------------------
     async def _tick_forever(self) -> None:

@@ -8,11 +8,10 @@ with several server processes applying results concurrently.
 from __future__ import annotations
 
 import json
-import logging
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from django.db import DatabaseError, connection, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from artifacts.models import WorkflowPackage
@@ -30,9 +29,6 @@ from fleet.models import (
     WorkflowStatus,
 )
 from fleet.platform.errors import DomainError, ErrorKind
-from fleet.platform.pipelined_tx import pipelined_atomic
-
-log = logging.getLogger(__name__)
 
 
 class SchedulingError(DomainError):
@@ -187,21 +183,19 @@ def start_active(
     "Round i17-burst4").  The rows are those :func:`start_executions` writes, column for
     column (tests/integration/test_engine_scheduler.py compares the two)."""
     execution_id = uuid.uuid4()
-    params = {
-        "id": execution_id,
-        "tenant": tenant_id,
-        "workflow": workflow_name,
-        "input": json.dumps(context),
-        "priority": priority,
-        "now": timezone.now(),
-    }
-    placement = None
-    if not connection.in_atomic_block:  # a caller's transaction: no push before its commit
-        placement = hooks.start_placement(tenant_id, execution_id)
-    if placement is None:
-        rows, placed = _start(params), None
-    else:
-        rows, placed = _start_and_place(params, placement)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _START_ACTIVE,
+            {
+                "id": execution_id,
+                "tenant": tenant_id,
+                "workflow": workflow_name,
+                "input": json.dumps(context),
+                "priority": priority,
+                "now": timezone.now(),
+            },
+        )
+        rows = cursor.fetchall()
     if not rows:
         return None
     roots = [
@@ -209,45 +203,7 @@ def start_active(
         for task_id, task_name, task_priority, ready in rows
         if ready
     ]
-    if placed is not None and len(roots) == 1:
-        roots = [replace(roots[0], placed=placed)]
     return execution_id, roots
-
-
-def _start(params: dict) -> list[tuple]:
-    with connection.cursor() as cursor:
-        cursor.execute(_START_ACTIVE, params)
-        return cursor.fetchall()
-
-
-# After a start hook's statement, which relaxes its transaction's commit as every placement
-# does: the start's commit stays synchronous (its 201 promises the execution is stored).
-_SYNCHRONOUS_AGAIN = b"SET LOCAL synchronous_commit TO DEFAULT"
-
-
-def _start_and_place(params: dict, placement: hooks.StartPlacement) -> tuple[list[tuple], object]:
-    """:data:`_START_ACTIVE` and the start hook's statement in ONE transaction, sent in one
-    flight (:mod:`fleet.platform.pipelined_tx`: BEGIN, the insert, the placement and COMMIT
-    go out together): one round trip and one synchronous commit, as the insert alone.
-    The rows and the hook's placement (None: it placed nothing).  If the pair fails (rolled
-    back whole: nothing was written) the start is made alone and its root placed the usual
-    way."""
-    insert, place = connection.cursor(), connection.cursor()
-    try:
-        with pipelined_atomic():
-            insert.execute(_START_ACTIVE, params)
-            place.execute(placement.sql, placement.params)
-            connection.connection.execute(_SYNCHRONOUS_AGAIN, prepare=False)
-        rows, row = insert.fetchall(), place.fetchone()
-    except DatabaseError as exc:
-        log.warning("start of %s with its root placed failed (%s); starting it alone",
-                    params["id"], exc)  # fmt: skip
-        return _start(params), None
-    finally:
-        insert.close()
-        place.close()
-        placement.done()
-    return rows, (placement.answer(row) if rows else None)
 
 
 ROUTING_KEYS = (

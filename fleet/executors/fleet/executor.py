@@ -27,7 +27,7 @@ import psycopg
 from django.db import connection
 
 from agents.protocol import hop_trace
-from fleet.engine import hooks, ready_queue
+from fleet.engine import ready_queue
 from fleet.engine.batcher import Batcher
 from fleet.engine.events import ExecutionResult, ExecutionStatus, ExecutorMetrics, TaskReadyEvent
 from fleet.engine.executor import PeriodicJob, TaskExecutor
@@ -52,7 +52,6 @@ from fleet.executors.fleet.delivery.placement import (
 from fleet.executors.fleet.delivery.pruning import prune_acked, prune_depth_samples
 from fleet.executors.fleet.delivery.redelivery import redeliver_unreceived
 from fleet.executors.fleet.delivery.relay import Relay
-from fleet.executors.fleet.delivery.start_placement import StartPlacer
 from fleet.executors.fleet.delivery.rendezvous import CHANNEL as OUTCOME_CHANNEL
 from fleet.executors.fleet.delivery.rendezvous import rendezvous
 from fleet.executors.fleet.delivery.wait_reasons import (
@@ -108,7 +107,6 @@ class FleetExecutor(TaskExecutor):
         self._probe_task: asyncio.Task | None = None
         self._placer: Batcher[uuid.UUID, Placed | NoAgent | NotClaimed] | None = None
         self._loop_placer: LoopPlacer | None = None
-        self.start_placer: StartPlacer | None = None
         self._warming: asyncio.Task | None = None
         self._tenant_of: dict[uuid.UUID, int] = {}  # tasks being placed → their tenant
         self._probe_wake = asyncio.Event()
@@ -134,10 +132,6 @@ class FleetExecutor(TaskExecutor):
         # and is made on this loop in one statement when it can be
         # (fleet/executors/fleet/delivery/one_trip.py), else on a delivery thread.
         self._loop_placer = LoopPlacer(self.claimer)
-        # And a REST start's lone root onto an agent of this process is placed by the
-        # start's own transaction (fleet/executors/fleet/delivery/start_placement.py).
-        self.start_placer = StartPlacer(self.claimer, self.has_capacity)
-        hooks.register_start_hook(self.start_placer)
         self._warming = asyncio.create_task(self._loop_placer.warm(), name="fleet-placer-warm")
         self._placer = Batcher(
             self._place_batch, PLACE_BATCH, "fleet-placement", delivery_db.call,
@@ -152,7 +146,6 @@ class FleetExecutor(TaskExecutor):
         stop_taking_sockets()
 
     async def stop(self) -> None:
-        hooks.register_start_hook(None)
         if self._probe_task is not None:
             self._probe_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -240,10 +233,16 @@ class FleetExecutor(TaskExecutor):
         started = time.monotonic()
         # The waiter exists before the packet can reach an agent (no lost early result).
         future = rendezvous.register(task_execution_id)
-        if isinstance(event.placed, Delivered):
-            placement = event.placed  # placed by its execution's start (start_placement.py)
-        else:
-            placement = await self._placement_of(event, future)
+        self.capacity.claiming += 1
+        self._tenant_of[task_execution_id] = event.tenant_id
+        try:
+            placement = await self._place(task_execution_id)
+        except BaseException:
+            rendezvous.unregister(task_execution_id, future)
+            raise
+        finally:
+            self.capacity.claiming -= 1
+            self._tenant_of.pop(task_execution_id, None)
         hop_trace.mark("placed_on_loop", task_execution_id)
         if isinstance(placement, NotClaimed | NoAgent):
             rendezvous.unregister(task_execution_id, future)
@@ -286,21 +285,6 @@ class FleetExecutor(TaskExecutor):
         if status in (ExecutionStatus.COMPLETED, ExecutionStatus.FAILED, ExecutionStatus.RETRY):
             self._run_seconds += duration_s
         return ExecutionResult(task_execution_id, status, duration_s=duration_s)
-
-    async def _placement_of(
-        self, event: TaskReadyEvent, future: asyncio.Future
-    ) -> Placed | NoAgent | NotClaimed:
-        task_execution_id = event.task_execution_id
-        self.capacity.claiming += 1
-        self._tenant_of[task_execution_id] = event.tenant_id
-        try:
-            return await self._place(task_execution_id)
-        except BaseException:
-            rendezvous.unregister(task_execution_id, future)
-            raise
-        finally:
-            self.capacity.claiming -= 1
-            self._tenant_of.pop(task_execution_id, None)
 
     def _reoffer(self, event: TaskReadyEvent, busy: bool) -> None:
         """Offer a task its placement found no free slot for again, shortly, once in a row —

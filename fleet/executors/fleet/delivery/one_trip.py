@@ -122,32 +122,6 @@ _STATEMENT = ledger.CLAIM_AND_RESERVE.format(
     claim_set=CLAIM_SET,
 )
 
-# The lone root task of an execution being started, found by the execution's id (which
-# Python generates) inside the start's own transaction, after the start's insert
-# (fleet/executors/fleet/delivery/start_placement.py).  Only an execution with ONE root
-# qualifies (``due`` must be one row); its other tasks wait for it anyway.  Locked as _TASK.
-_START_TASK = """
-    SELECT t.id, t.workflow_execution_id, t.tenant_id, t.task_name, t.function, t.timeout_s,
-           t.priority, t.ready_at, t.status, t.routing, t.dependencies
-    FROM fleet_taskexecution t
-    WHERE t.workflow_execution_id = %(execution)s AND jsonb_array_length(t.dependencies) = 0
-      AND NOT EXISTS (SELECT 1 FROM fleet_taskexecution r
-                      WHERE r.workflow_execution_id = %(execution)s AND r.id <> t.id
-                        AND jsonb_array_length(r.dependencies) = 0)
-    FOR UPDATE OF t SKIP LOCKED
-"""
-
-# The same statement for that root, onto an agent whose socket THIS server holds only (the
-# packet is pushed from here): any other candidate and the root goes the usual way.
-START_STATEMENT = ledger.CLAIM_AND_RESERVE.format(
-    task=_START_TASK.strip(),
-    due=_DUE.strip(),
-    candidates=f"({tenants_candidates_sql(UNCONSTRAINED)}) AND a.connected_to = %(me)s",
-    best=best_score_per_tenant(Selectors()),
-    tiebreak=tiebreak(Selectors(), best="a.best_score"),
-    claim_set=CLAIM_SET,
-)
-
 # No task has this id: the statement run for it (``LoopPlacer.warm``) takes and writes nothing.
 NO_TASK = uuid.UUID(int=0)
 
@@ -158,18 +132,10 @@ _INLINE_CHARS = (context_ref.INLINE_MAX_BYTES - 2) // 6
 
 def params(task_execution_id: uuid.UUID, tenant_id: int, claimer: str) -> dict:
     """The statement's parameters for one task of ``tenant_id``."""
-    return {**_common_params(tenant_id, claimer), "task": task_execution_id}
-
-
-def start_params(workflow_execution_id: uuid.UUID, tenant_id: int, claimer: str) -> dict:
-    """:data:`START_STATEMENT`'s parameters for the execution's lone root."""
-    return {**_common_params(tenant_id, claimer), "execution": workflow_execution_id}
-
-
-def _common_params(tenant_id: int, claimer: str) -> dict:
     return {
         **UNCONSTRAINED.params,
         **candidate_params(tenant_id, None),
+        "task": task_execution_id,
         "tenants": [tenant_id],
         "me": local_sockets.server_id(),
         "claimer": claimer,
@@ -193,11 +159,6 @@ async def place_one(
     hop_trace.mark("committed", task_execution_id)
     observe_selections(time.perf_counter() - started, 1)
     SELECTION_SUCCESS.labels(step=UNCONSTRAINED.step).inc()
-    return _placed(row)
-
-
-def placed(row: tuple) -> Placed:
-    """The placement of a row of either statement that took its task (``row[13]``: an agent)."""
     return _placed(row)
 
 
