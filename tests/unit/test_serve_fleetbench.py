@@ -58,3 +58,34 @@ def test_the_rest_client_table_shows_both_clocks_and_each_request():
     assert rows["rest (client clock)"][3:7] == ["100", "0", "0.80", "125"]
     assert rows["GET execution (idle)"][3:] == ["4", "3.0", "9.0", "1.23"]
     assert rows["GET execution (run)"][3:] == ["2", "7.0", "7.0", "-"]
+
+
+# --- the idle phase's pacing (fleet/bench/workload.py) --------------------------------------
+
+
+def test_idle_pickups_are_paced_as_the_peers_trickle(monkeypatch):
+    """Each start is followed by the peers' 20 ms gap with the client asleep, and only then
+    a check that the execution is done: no poll while the pickup it measures happens."""
+    from fleet.bench import workload
+
+    calls: list[tuple] = []
+
+    class FakeApi:
+        def start(self, workflow: str) -> str:
+            calls.append(("start", workflow))
+            return f"e{len(calls)}"
+
+    monkeypatch.setattr(workload.time, "sleep", lambda s: calls.append(("sleep", s)))
+    monkeypatch.setattr(
+        workload, "wait_finished", lambda ids, poll_s: calls.append(("wait", tuple(ids), poll_s))
+    )
+    ids = workload.idle_pickups(FakeApi(), 2)
+    assert ids == ["e1", "e4"]
+    assert calls == [
+        ("start", workload.ONE_WORKFLOW),
+        ("sleep", 0.02),
+        ("wait", ("e1",), 0.005),
+        ("start", workload.ONE_WORKFLOW),
+        ("sleep", 0.02),
+        ("wait", ("e4",), 0.005),
+    ]
