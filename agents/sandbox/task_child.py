@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import signal
+import struct
 import sys
 import threading
 import time
@@ -188,6 +189,50 @@ def apply_limits(spec: str) -> None:
         resource.setrlimit(which, (soft, hard))
 
 
+# One read of the parent's socket: a small request (the common case) and its header come
+# in one read, not the two (header, then body) of ``Connection.recv_bytes``.
+REQUEST_READ_BYTES = 64 * 1024
+
+
+class _Requests:
+    """The parent's requests, framed as ``multiprocessing.connection`` frames them (a
+    4-byte big-endian length, or -1 and an 8-byte one, then the bytes), read from the
+    socket in as few reads as they arrived in."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.inbox = bytearray()
+
+    def next(self) -> bytes:
+        """The next request; EOFError when the parent closed its end."""
+        while True:
+            frame = self._take()
+            if frame is not None:
+                return frame
+            chunk = os.read(self.fd, REQUEST_READ_BYTES)
+            if not chunk:
+                raise EOFError("the parent closed the socket")
+            self.inbox += chunk
+
+    def _take(self) -> bytes | None:
+        inbox = self.inbox
+        if len(inbox) < 4:
+            return None
+        (size,) = struct.unpack_from("!i", inbox)
+        start = 4
+        if size == -1:
+            if len(inbox) < 12:
+                return None
+            (size,) = struct.unpack_from("!Q", inbox, 4)
+            start = 12
+        end = start + size
+        if len(inbox) < end:
+            return None
+        frame = bytes(inbox[start:end])
+        del inbox[:end]
+        return frame
+
+
 def serve(conn: Connection, parent_pid: int, limits: str = "") -> None:
     """The child's main loop: one JSON request in, one JSON reply out, until EOF."""
     if limits:
@@ -198,9 +243,10 @@ def serve(conn: Connection, parent_pid: int, limits: str = "") -> None:
     threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
     capture_output()
     imports = _PackageImports()
+    requests = _Requests(conn.fileno())
     while True:
         try:
-            request = json.loads(conn.recv_bytes())
+            request = json.loads(requests.next())
         except (EOFError, OSError):
             return
         if request.get("op") == "ping":

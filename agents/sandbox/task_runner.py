@@ -256,8 +256,19 @@ class _Slot:
         self.fresh = False
 
     async def send(self, data: bytes, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """``loop``: the running loop, when the caller has it (each look-up is a getpid)."""
-        await (loop or asyncio.get_running_loop()).sock_sendall(self.sock, encode_frame(data))
+        """``loop``: the running loop, when the caller has it (each look-up is a getpid).
+
+        A request goes straight into the socket: an idle child's buffer takes a small one
+        whole, so no ``sock_sendall`` coroutine (and its loop look-up) is made per task.
+        What the buffer does not take (a large context) goes the loop's way, in order."""
+        frame = encode_frame(data)
+        try:
+            sent = self.sock.send(frame)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent < len(frame):
+            rest = memoryview(frame)[sent:]
+            await (loop or asyncio.get_running_loop()).sock_sendall(self.sock, rest)
 
     async def recv(self, loop: asyncio.AbstractEventLoop | None = None) -> bytes:
         """One frame from the child; EOFError when its end is closed (it died).

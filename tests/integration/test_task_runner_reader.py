@@ -1,7 +1,8 @@
 """The task runner's child sockets on both event loops the agent runs on: one reader per
 child for all its replies (not a ``sock_recv`` per reply), released on the loop's own
 thread when ``close()`` runs in another; one timer per run for the output watch and the
-timeout (docs/performance.md, "Round i17-recv")."""
+timeout (docs/performance.md, "Round i17-recv"); a request written straight into the
+socket, the loop writing only what it did not take (session 16)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,10 @@ def _counting(base: type) -> type:
         async def sock_recv(self, sock: Any, n: int) -> bytes:
             self.calls["sock_recv"] += 1
             return await super().sock_recv(sock, n)
+
+        async def sock_sendall(self, sock: Any, data: Any) -> None:
+            self.calls["sock_sendall"] += 1
+            await super().sock_sendall(sock, data)
 
     return Counting
 
@@ -120,6 +125,34 @@ def test_a_child_s_replies_come_through_one_reader(loop_name: str, package: Path
     assert calls["sock_recv"] == 0
     assert calls["add_reader"] == 1
     assert calls["timers"] == 10
+    # Each request went straight into the idle child's socket buffer (session 16).
+    assert calls["sock_sendall"] == 0
+
+
+@pytest.mark.parametrize("loop_name", sorted(LOOPS))
+def test_a_request_larger_than_the_socket_takes_goes_the_loop_s_way(
+    loop_name: str, package: Path
+) -> None:
+    """A context larger than the socket's buffer: what one send did not take is written by
+    the loop as the child reads, in order, and the task sees its whole input."""
+
+    async def main() -> tuple[int, Counter]:
+        loop = asyncio.get_running_loop()
+        runner = TaskRunner(1)
+        await asyncio.to_thread(runner.start)
+        try:
+            big = "z" * (4 << 20)
+            output = await runner.run(package, "demo.steps:echo", json.dumps({"big": big}), 10.0)
+            after = await _echo(runner, package, 1)
+        finally:
+            await asyncio.to_thread(runner.close)
+        assert output.status == "success" and output.output["seen"] == {"big": big}
+        assert after["seen"] == {"n": 1}
+        return len(output.output["seen"]["big"]), loop.calls
+
+    size, calls = _run_on(LOOPS[loop_name], main)
+    assert size == 4 << 20
+    assert calls["sock_sendall"] == 1
 
 
 @pytest.mark.parametrize("loop_name", sorted(LOOPS))
