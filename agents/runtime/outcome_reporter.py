@@ -76,8 +76,10 @@ class _SocketAnswers:
         # outbox_id -> [(socket, future)], oldest first (an ack names only the outbox id).
         self._waiting: dict[int, list[tuple[ResultSocket, asyncio.Future]]] = {}
 
-    def expect(self, outbox_id: int, socket: ResultSocket) -> asyncio.Future:
-        future = asyncio.get_running_loop().create_future()
+    def expect(
+        self, outbox_id: int, socket: ResultSocket, loop: asyncio.AbstractEventLoop
+    ) -> asyncio.Future:
+        future = loop.create_future()
         self._waiting.setdefault(outbox_id, []).append((socket, future))
         return future
 
@@ -151,8 +153,12 @@ class OutcomeReporter:
         """The delivery session ended: reports waiting on it are sent again."""
         self._acks.socket_closed(socket)
 
-    def submit(self, held: HeldTask) -> None:
-        task = asyncio.create_task(self._deliver(held), name=f"report-{held.label}")
+    def submit(self, held: HeldTask, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """``loop``: the running loop, when the caller has it (on Python 3.11 each look-up
+        is a getpid system call; the intake looks it up once per task)."""
+        loop = loop or asyncio.get_running_loop()
+        task = loop.create_task(self._deliver(held, loop))
+        task.set_name(f"report-{held.label}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -161,14 +167,14 @@ class OutcomeReporter:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _deliver(self, held: HeldTask) -> None:
+    async def _deliver(self, held: HeldTask, loop: asyncio.AbstractEventLoop) -> None:
         backoff = Backoff()
         try:
             while True:
                 # A re-push through a new registration may change held.agent_id while
                 # this report is out: the answer is judged against the id it went under.
                 agent_id = held.agent_id
-                answer = await self._over_socket(held, agent_id)
+                answer = await self._over_socket(held, agent_id, loop)
                 if answer is None:
                     try:
                         answer = await self._client.post_result(agent_id, held.result)
@@ -193,7 +199,9 @@ class OutcomeReporter:
             # Settled also on cancellation (forced stop): nobody will post it after us.
             self._on_settled(held)
 
-    async def _over_socket(self, held: HeldTask, agent_id: str) -> Answer | None:
+    async def _over_socket(
+        self, held: HeldTask, agent_id: str, loop: asyncio.AbstractEventLoop
+    ) -> Answer | None:
         """The server's answer to a ``result`` frame sent through ``agent_id``'s socket, or
         None: report over REST instead."""
         socket = self._result_socket(agent_id)
@@ -207,12 +215,10 @@ class OutcomeReporter:
         if len(data) > MAX_RESULT_FRAME_BYTES:
             return None
         outbox_id = held.result["outbox_id"]
-        future = self._acks.expect(outbox_id, socket)
+        future = self._acks.expect(outbox_id, socket, loop)
         # A plain timer on the future, not asyncio.timeout(): one per task, and the
         # context manager (current task, cancellation bookkeeping) cost several times more.
-        timer = asyncio.get_running_loop().call_later(
-            RESULT_ACK_TIMEOUT_S, _resolve, future, _NO_ACK
-        )
+        timer = loop.call_later(RESULT_ACK_TIMEOUT_S, _resolve, future, _NO_ACK)
         try:
             # Sent with the other outcomes and confirmations of this loop turn (one batch
             # frame when the server takes them).  A socket that drops before the frame is

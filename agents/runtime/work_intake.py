@@ -139,9 +139,11 @@ class WorkIntake:
         log.debug(
             "received %s (attempt %d, timeout %gs)", held.label, packet.attempt, packet.timeout_s
         )
-        task = asyncio.create_task(
-            self._execute(packet, held), name=f"task-{packet.task_execution_id}"
-        )
+        # The loop, looked up once per packet and handed down the run and its report: on
+        # Python 3.11 each look-up is a getpid system call (six per task before).
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._execute(packet, held, loop))
+        task.set_name(f"task-{packet.task_execution_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -177,12 +179,18 @@ class WorkIntake:
         )
         self._report(held, {**kept, "outbox_id": packet.outbox_id}, size)
 
-    def _report(self, held: HeldTask, body: dict[str, Any], size: int | None = None) -> None:
+    def _report(
+        self,
+        held: HeldTask,
+        body: dict[str, Any],
+        size: int | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         """Hand ``body`` to the reporter; ``size`` estimates what keeping it costs
-        (default: a body without an output)."""
+        (default: a body without an output); ``loop``: the running one, when known."""
         held.result = body
         held.result_bytes = outcome_size(body) if size is None else size
-        self.reporter.submit(held)
+        self.reporter.submit(held, loop)
 
     def _settled(self, held: HeldTask) -> None:
         self.held.pop(held.key, None)
@@ -190,7 +198,9 @@ class WorkIntake:
         if not self.held:
             self.idle.set()
 
-    async def _execute(self, packet: WorkPacket, held: HeldTask) -> None:
+    async def _execute(
+        self, packet: WorkPacket, held: HeldTask, loop: asyncio.AbstractEventLoop
+    ) -> None:
         async with self._slots:
             digest = packet.artifact_digest
             self.cache.pin(digest)  # not evicted from under a running task
@@ -211,7 +221,7 @@ class WorkIntake:
                         log.warning("%s: %s", packet.describe(), exc)
                         self._report(held, exc.outcome(packet))
                         return
-                run = await self._run_tailed(packet, held, package_dir, context_json)
+                run = await self._run_tailed(packet, held, package_dir, context_json, loop)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the runner itself broke: still tell the server
@@ -236,19 +246,24 @@ class WorkIntake:
             f" ({run.error_type}: {run.error_message})" if run.status != "success" else "",
         )
         body = run_result(packet, run)
-        self._report(held, body, outcome_size(body, run.output_bytes))
+        self._report(held, body, outcome_size(body, run.output_bytes), loop)
 
     async def _run_tailed(
-        self, packet: WorkPacket, held: HeldTask, package_dir: Path, context_json: str
+        self,
+        packet: WorkPacket,
+        held: HeldTask,
+        package_dir: Path,
+        context_json: str,
+        loop: asyncio.AbstractEventLoop,
     ) -> RunOutcome:
         """Run the task, shipping its new output every second or so while it runs."""
         ring = self.runner.new_log()
         tail = None
         if self._send_log is not None:
-            tail = LiveTail(ring, functools.partial(self._ship, packet, held))
+            tail = LiveTail(ring, functools.partial(self._ship, packet, held), loop=loop)
         try:
             return await self.runner.run(
-                package_dir, packet.function, context_json, packet.timeout_s, ring
+                package_dir, packet.function, context_json, packet.timeout_s, ring, loop=loop
             )
         finally:
             if tail is not None:

@@ -207,9 +207,11 @@ class LiveTail:
         ring: LogRing,
         ship: Callable[[LogChunk], Awaitable[object]],
         interval_s: float = LIVE_LOG_INTERVAL_S,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
+        """``loop``: the running loop, when the caller has it (each look-up is a getpid)."""
         self._task: asyncio.Future | None = None
-        self._timer = asyncio.get_running_loop().call_later(
+        self._timer = (loop or asyncio.get_running_loop()).call_later(
             interval_s, self._start, ring, ship, interval_s
         )
 

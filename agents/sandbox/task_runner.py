@@ -532,10 +532,13 @@ class TaskRunner:
         context_json: str,
         timeout_s: float,
         log: LogRing | None = None,
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> RunOutcome:
         """Run ``function`` ("module:function") of the package unpacked at ``package_dir``;
         what it prints goes into ``log`` (default: a ring of ``log_bytes``) as it runs, and
-        into the outcome's ``log`` at the end."""
+        into the outcome's ``log`` at the end.  ``loop``: the running loop, when the caller
+        has it (on Python 3.11 each look-up is a getpid system call)."""
         if not self._started:
             raise TaskRunnerClosed("the task runner is not running")
         request = json.dumps(
@@ -555,7 +558,7 @@ class TaskRunner:
                 if slot.fresh:
                     await slot.wait_ready_async(CHILD_BOOT_TIMEOUT_S)
                 ring = log if log is not None else self.new_log()
-                outcome = await self._exchange_logged(slot, request, timeout_s, ring)
+                outcome = await self._exchange_logged(slot, request, timeout_s, ring, loop)
                 if self.fresh_child_per_task and slot.process is not None and not slot.fresh:
                     self._replace(slot)  # used once: the next task gets a new interpreter
                 return outcome
@@ -606,22 +609,32 @@ class TaskRunner:
             future.set_result(slot)
 
     async def _exchange_logged(
-        self, slot: _Slot, request: bytes, timeout_s: float, ring: LogRing
+        self,
+        slot: _Slot,
+        request: bytes,
+        timeout_s: float,
+        ring: LogRing,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> RunOutcome:
         """:meth:`_exchange` with the child's output read into ``ring`` while it runs."""
         slot.read_output(None)  # left over from between runs: nobody's log
         try:
-            outcome = await self._exchange(slot, request, timeout_s, ring)
+            outcome = await self._exchange(slot, request, timeout_s, ring, loop)
         finally:
             slot.unwatch_output()
         outcome.log = ring.snapshot()
         return outcome
 
     async def _exchange(
-        self, slot: _Slot, request: bytes, timeout_s: float, ring: LogRing
+        self,
+        slot: _Slot,
+        request: bytes,
+        timeout_s: float,
+        ring: LogRing,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> RunOutcome:
         started = time.monotonic()
-        loop = asyncio.get_running_loop()
+        loop = loop or asyncio.get_running_loop()
         await slot.send(request, loop)
         clock = _RunClock(loop, slot, ring, max(timeout_s, 0.0))
         try:

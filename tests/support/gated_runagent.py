@@ -44,9 +44,9 @@ def _install_gates() -> None:
 
     deliver = OutcomeReporter._deliver
 
-    async def gated_deliver(self, held):
+    async def gated_deliver(self, held, loop):
         await _wait_gate("results")
-        return await deliver(self, held)
+        return await deliver(self, held, loop)
 
     OutcomeReporter._deliver = gated_deliver
 

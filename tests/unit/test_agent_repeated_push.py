@@ -70,7 +70,9 @@ class Runner:
     def new_log(self) -> LogRing:
         return LogRing(1024)
 
-    async def run(self, package_dir, function, context_json, timeout_s, log=None) -> RunOutcome:
+    async def run(
+        self, package_dir, function, context_json, timeout_s, log=None, *, loop=None
+    ) -> RunOutcome:
         self.runs += 1
         return RunOutcome(
             "success", {"run": self.runs}, duration_s=0.01, output_bytes=self.output_bytes
