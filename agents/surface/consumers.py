@@ -344,6 +344,18 @@ def _check_result(frame: dict[str, Any]) -> dict[str, Any]:
     return {"type": "result", "outbox_id": body.outbox_id, "body": body}
 
 
+def _settled(
+    agent_id: uuid.UUID, frames: list[dict[str, Any]], answers: list[Any]
+) -> list[tuple[uuid.UUID, int]]:
+    """The (agent, outbox id) of the result frames whose outcomes were applied: their
+    packets were acked, and confirmed by the ack, in the batch's commit."""
+    return [
+        (agent_id, frame["outbox_id"])
+        for frame, answer in zip(frames, answers, strict=True)
+        if isinstance(answer, tuple) and answer[0] == 200 and answer[1].get("applied")
+    ]
+
+
 def _check_register(data: str | bytes) -> roster.Registration:
     """The first frame of a registering socket as the roster's registration: a JSON
     ``register`` frame carrying the REST body, checked by the same schema (FrameRejected
@@ -726,7 +738,7 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             grant = self.grant
             # One wait for the lot: one transaction, one synchronous commit with the results
             # of every socket of this process that arrive meanwhile (fleet/executors/fleet/result_batches.py).
-            answers = iter(
+            applied = (
                 await result_batches.apply_many(
                     [(grant.tenant_id, grant.agent_id, f["body"]) for f in valid]
                 )
@@ -736,8 +748,10 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         finally:
             self._results_pending -= len(frames)
             self._results_room.set()
-        # A confirmation of this process skipped behind one of these acks goes now.
-        socket_writes.writer().results_applied()
+        # A confirmation of this process skipped behind one of these acks goes now; those
+        # of the packets these outcomes acked are not written at all (their acks were).
+        socket_writes.writer().results_applied(_settled(grant.agent_id, valid, applied))
+        answers = iter(applied)
         for frame in frames:
             if "invalid" in frame:
                 answer: tuple | BaseException = (
