@@ -1,7 +1,8 @@
 """A packet's row versions on the hot path (docs/performance.md, "Round i17-cpu (session 16)"):
 an outcome's ack writes the confirmation (``received_at``) that was not written yet, the
-socket writer then drops its own, and the relays' NOTIFY trigger runs only for rows that
-become pending."""
+socket writer holds a confirmation back while its outcome is on its way and drops it once
+the outcome is applied, and the relays' NOTIFY trigger runs only for rows that become
+pending."""
 
 from __future__ import annotations
 
@@ -101,6 +102,32 @@ def test_the_writer_drops_the_confirmations_of_packets_whose_outcomes_committed(
         return sent
 
     assert asyncio.run(scenario()) == [[(agent, 2)]]
+
+
+def test_a_confirmation_waits_for_an_outcome_on_its_way_and_is_written_if_not_applied(
+    monkeypatch,
+):
+    agent = uuid.uuid4()
+
+    async def scenario() -> tuple[list[list], list[list]]:
+        writes = socket_writes.writer()
+        sent = _write_rounds(writes, monkeypatch)
+        writes.received(agent, [1, 2])
+        writes.outcome_coming([(agent, 1), (agent, 2)])  # both results arrived meanwhile
+        await asyncio.sleep(0.05)
+        while_coming = list(sent)
+        # 1 was applied (its ack confirmed it); 2 was not (stale, refused, a failed batch).
+        writes.results_applied([(agent, 1)], [(agent, 2)])
+        for _ in range(50):
+            if sent:
+                break
+            await asyncio.sleep(0.01)
+        await socket_writes.close_writer()
+        return while_coming, sent
+
+    while_coming, sent = asyncio.run(scenario())
+    assert while_coming == []
+    assert sent == [[(agent, 2)]]
 
 
 @pytest.mark.django_db(transaction=True)

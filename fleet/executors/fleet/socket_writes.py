@@ -82,6 +82,10 @@ class SocketWrites:
         # Packets whose outcome committed since the round began: their ack wrote
         # ``received_at`` (ledger.SETTLE_ACK), so their confirmations are not written.
         self._settled: set[tuple[uuid.UUID, int]] = set()
+        # Packets whose outcomes are on their way to a result batch (outcome_coming): their
+        # confirmations wait (parked) for it, and are written only if it was not applied.
+        self._coming: set[tuple[uuid.UUID, int]] = set()
+        self._parked: set[tuple[uuid.UUID, int]] = set()
         self._wake = asyncio.Event()
         self._writing = False  # a round's statements are on their way
         self._nudged = False  # results were applied since the last round (results_applied)
@@ -137,7 +141,18 @@ class SocketWrites:
         """Confirmations skipped (their rows were locked) and waiting to be written again."""
         return len(self._retry)
 
-    def results_applied(self, settled: list[tuple[uuid.UUID, int]] | None = None) -> None:
+    def outcome_coming(self, keys: list[tuple[uuid.UUID, int]]) -> None:
+        """The outcomes of these packets (agent, outbox id) arrived and go to a result
+        batch: a confirmation of theirs not yet written waits for it, since the ack writes
+        ``received_at`` (ledger.SETTLE_ACK).  Every key must come back through
+        :meth:`results_applied`, settled or not."""
+        self._coming.update(keys)
+
+    def results_applied(
+        self,
+        settled: list[tuple[uuid.UUID, int]] | None = None,
+        unsettled: list[tuple[uuid.UUID, int]] | None = None,
+    ) -> None:
         """A batch of results of this process committed: a confirmation skipped because
         its packet's row was being acked (locked) by it can be written now.  Without this
         nudge it waited for the next retry round, RECEIVED_RETRY_S later — with a no-op
@@ -147,9 +162,21 @@ class SocketWrites:
         ``settled``: the (agent, outbox id) of the packets whose outcomes the batch applied.
         Their acks wrote ``received_at`` in the same commit, so a confirmation of theirs
         still waiting here is dropped: it would only look the row up and find it
-        confirmed (or, skipped behind the ack's lock, come back to do so)."""
-        if settled and (self._received or self._retry or self._writing):
-            self._settled.update(settled)
+        confirmed (or, skipped behind the ack's lock, come back to do so).  ``unsettled``:
+        the packets announced by :meth:`outcome_coming` whose outcomes were not applied
+        (stale, refused, the batch failed): a confirmation parked for them is written."""
+        if settled:
+            if self._received or self._retry or self._writing:
+                self._settled.update(settled)
+            self._coming.difference_update(settled)
+            self._parked.difference_update(settled)
+        if unsettled:
+            self._coming.difference_update(unsettled)
+            back = [key for key in unsettled if key in self._parked]
+            if back:
+                self._parked.difference_update(back)
+                self._received.extend(back)
+                self._wake.set()
         if self._retry:
             self._nudged = True
             self._wake.set()
@@ -181,10 +208,10 @@ class SocketWrites:
             beats, self._beats = self._beats, {}
             received, self._received = self._received, []
             received.extend(key for key in self._retry if key not in received)
-            if self._settled:
-                wanted, received = bool(received), self._unsettled(received)
+            if self._settled or self._coming:
+                wanted, received = bool(received), self._to_write(received)
                 if wanted and not received and not beats:
-                    continue  # every confirmation of the round was written by its ack
+                    continue  # every confirmation of the round is (or will be) its ack's
             if received:
                 last_confirming = self._loop.time()
                 spaced = len(received) > 1
@@ -208,12 +235,18 @@ class SocketWrites:
             finally:
                 self._writing = False
 
-    def _unsettled(self, received: list) -> list:
-        """``received`` without the confirmations whose packets' acks committed (and
-        wrote them); the retries lose them too."""
+    def _to_write(self, received: list) -> list:
+        """``received`` without the confirmations whose packets' acks committed (and wrote
+        them) and without those whose outcomes are coming (parked until they are applied);
+        the retries lose both."""
         settled, self._settled = self._settled, set()
-        self._retry = {key: n for key, n in self._retry.items() if key not in settled}
-        return [key for key in received if key not in settled]
+        coming = self._coming
+        parked = [key for key in received if key in coming]
+        self._parked.update(parked)
+        self._retry = {
+            key: n for key, n in self._retry.items() if key not in settled and key not in coming
+        }
+        return [key for key in received if key not in settled and key not in coming]
 
     def _lone_retry_nudged(self) -> bool:
         """The round would only retry one confirmation, its blocker just committed: an idle
