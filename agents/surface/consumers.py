@@ -761,9 +761,11 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             # were), those of outcomes not applied (or not written: an error) are.
             settled = _settled(grant.agent_id, valid, applied) if applied else []
             done = set(settled)
-            socket_writes.writer().results_applied(
-                settled, [key for key in _keys(grant.agent_id, valid) if key not in done]
-            )
+            writes = socket_writes.current_writer()
+            if writes is not None:
+                writes.results_applied(
+                    settled, [key for key in _keys(grant.agent_id, valid) if key not in done]
+                )
         answers = iter(applied)
         for frame in frames:
             if "invalid" in frame:

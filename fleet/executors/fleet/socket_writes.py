@@ -470,6 +470,12 @@ def writer() -> SocketWrites:
     return current
 
 
+def current_writer() -> SocketWrites | None:
+    """This event loop's writer if it has one (never creates one: a result batch finishing
+    while the server shuts down must not start a writer)."""
+    return _writers.get(asyncio.get_running_loop())
+
+
 async def close_writer() -> None:
     current = _writers.pop(asyncio.get_running_loop(), None)
     if current is not None:
