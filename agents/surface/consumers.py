@@ -344,6 +344,23 @@ def _check_result(frame: dict[str, Any]) -> dict[str, Any]:
     return {"type": "result", "outbox_id": body.outbox_id, "body": body}
 
 
+def _settled(
+    agent_id: uuid.UUID, frames: list[dict[str, Any]], answers: list[Any]
+) -> list[tuple[uuid.UUID, int]]:
+    """The (agent, outbox id) of the result frames whose outcomes were applied: their
+    packets were acked, and confirmed by the ack, in the batch's commit."""
+    return [
+        (agent_id, frame["outbox_id"])
+        for frame, answer in zip(frames, answers, strict=True)
+        if isinstance(answer, tuple) and answer[0] == 200 and answer[1].get("applied")
+    ]
+
+
+def _keys(agent_id: uuid.UUID, frames: list[dict[str, Any]]) -> list[tuple[uuid.UUID, int]]:
+    """The (agent, outbox id) of the valid result frames: the socket writer's keys."""
+    return [(agent_id, frame["outbox_id"]) for frame in frames if "invalid" not in frame]
+
+
 def _check_register(data: str | bytes) -> roster.Registration:
     """The first frame of a registering socket as the roster's registration: a JSON
     ``register`` frame carrying the REST body, checked by the same schema (FrameRejected
@@ -643,6 +660,8 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
                     self._results_room.clear()
                     await self._results_room.wait()
                 self._results_pending += len(chunk)
+                # Their confirmations, if not written yet, wait for these outcomes' acks.
+                writes.outcome_coming(_keys(grant.agent_id, chunk))
                 task = asyncio.ensure_future(self._apply_results(chunk))
                 self._results.add(task)
                 task.add_done_callback(self._results.discard)
@@ -721,12 +740,13 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
             self._write_beat(self._next_beat)
 
     async def _apply_results(self, frames: list[dict]) -> None:
+        valid = [f for f in frames if "invalid" not in f]
+        grant = self.grant
+        applied: list = []
         try:
-            valid = [f for f in frames if "invalid" not in f]
-            grant = self.grant
             # One wait for the lot: one transaction, one synchronous commit with the results
             # of every socket of this process that arrive meanwhile (fleet/executors/fleet/result_batches.py).
-            answers = iter(
+            applied = (
                 await result_batches.apply_many(
                     [(grant.tenant_id, grant.agent_id, f["body"]) for f in valid]
                 )
@@ -736,8 +756,17 @@ class AgentDeliveryConsumer(AsyncWebsocketConsumer):
         finally:
             self._results_pending -= len(frames)
             self._results_room.set()
-        # A confirmation of this process skipped behind one of these acks goes now.
-        socket_writes.writer().results_applied()
+            # A confirmation of this process skipped behind one of these acks goes now;
+            # those of the packets these outcomes acked are not written at all (their acks
+            # were), those of outcomes not applied (or not written: an error) are.
+            settled = _settled(grant.agent_id, valid, applied) if applied else []
+            done = set(settled)
+            writes = socket_writes.current_writer()
+            if writes is not None:
+                writes.results_applied(
+                    settled, [key for key in _keys(grant.agent_id, valid) if key not in done]
+                )
+        answers = iter(applied)
         for frame in frames:
             if "invalid" in frame:
                 answer: tuple | BaseException = (

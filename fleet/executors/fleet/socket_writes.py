@@ -79,7 +79,15 @@ class SocketWrites:
         self._beats: dict[uuid.UUID, _Beat] = {}
         self._received: list[tuple[uuid.UUID, int]] = []
         self._retry: dict[tuple[uuid.UUID, int], int] = {}  # skipped confirmations → tries
+        # Packets whose outcome committed since the round began: their ack wrote
+        # ``received_at`` (ledger.SETTLE_ACK), so their confirmations are not written.
+        self._settled: set[tuple[uuid.UUID, int]] = set()
+        # Packets whose outcomes are on their way to a result batch (outcome_coming): their
+        # confirmations wait (parked) for it, and are written only if it was not applied.
+        self._coming: set[tuple[uuid.UUID, int]] = set()
+        self._parked: set[tuple[uuid.UUID, int]] = set()
         self._wake = asyncio.Event()
+        self._writing = False  # a round's statements are on their way
         self._nudged = False  # results were applied since the last round (results_applied)
         self._beat_gather_s = beat_gather_s(get_config().heartbeat_interval_s)
         self._reconnect_max_s = reconnect_max_s(get_config().liveness_window_s)
@@ -133,12 +141,42 @@ class SocketWrites:
         """Confirmations skipped (their rows were locked) and waiting to be written again."""
         return len(self._retry)
 
-    def results_applied(self) -> None:
+    def outcome_coming(self, keys: list[tuple[uuid.UUID, int]]) -> None:
+        """The outcomes of these packets (agent, outbox id) arrived and go to a result
+        batch: a confirmation of theirs not yet written waits for it, since the ack writes
+        ``received_at`` (ledger.SETTLE_ACK).  Every key must come back through
+        :meth:`results_applied`, settled or not."""
+        self._coming.update(keys)
+
+    def results_applied(
+        self,
+        settled: list[tuple[uuid.UUID, int]] | None = None,
+        unsettled: list[tuple[uuid.UUID, int]] | None = None,
+    ) -> None:
         """A batch of results of this process committed: a confirmation skipped because
         its packet's row was being acked (locked) by it can be written now.  Without this
         nudge it waited for the next retry round, RECEIVED_RETRY_S later — with a no-op
         task, whose result comes a millisecond after its ``received``, one idle pickup in
-        ten on a loaded machine."""
+        ten on a loaded machine.
+
+        ``settled``: the (agent, outbox id) of the packets whose outcomes the batch applied.
+        Their acks wrote ``received_at`` in the same commit, so a confirmation of theirs
+        still waiting here is dropped: it would only look the row up and find it
+        confirmed (or, skipped behind the ack's lock, come back to do so).  ``unsettled``:
+        the packets announced by :meth:`outcome_coming` whose outcomes were not applied
+        (stale, refused, the batch failed): a confirmation parked for them is written."""
+        if settled:
+            if self._received or self._retry or self._writing:
+                self._settled.update(settled)
+            self._coming.difference_update(settled)
+            self._parked.difference_update(settled)
+        if unsettled:
+            self._coming.difference_update(unsettled)
+            back = [key for key in unsettled if key in self._parked]
+            if back:
+                self._parked.difference_update(back)
+                self._received.extend(back)
+                self._wake.set()
         if self._retry:
             self._nudged = True
             self._wake.set()
@@ -170,10 +208,15 @@ class SocketWrites:
             beats, self._beats = self._beats, {}
             received, self._received = self._received, []
             received.extend(key for key in self._retry if key not in received)
+            if self._settled or self._coming:
+                wanted, received = bool(received), self._to_write(received)
+                if wanted and not received and not beats:
+                    continue  # every confirmation of the round is (or will be) its ack's
             if received:
                 last_confirming = self._loop.time()
                 spaced = len(received) > 1
             try:
+                self._writing = True
                 await self._write(beats, received)
                 delay = 0.1
             except asyncio.CancelledError:
@@ -189,6 +232,21 @@ class SocketWrites:
                 self._wake.set()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._reconnect_max_s)
+            finally:
+                self._writing = False
+
+    def _to_write(self, received: list) -> list:
+        """``received`` without the confirmations whose packets' acks committed (and wrote
+        them) and without those whose outcomes are coming (parked until they are applied);
+        the retries lose both."""
+        settled, self._settled = self._settled, set()
+        coming = self._coming
+        parked = [key for key in received if key in coming]
+        self._parked.update(parked)
+        self._retry = {
+            key: n for key, n in self._retry.items() if key not in settled and key not in coming
+        }
+        return [key for key in received if key not in settled and key not in coming]
 
     def _lone_retry_nudged(self) -> bool:
         """The round would only retry one confirmation, its blocker just committed: an idle
@@ -239,11 +297,13 @@ class SocketWrites:
                     refused.add(agent_id)
                     await _refuse(agent_id, "received", exc)
             received = [key for key in received if key[0] not in refused]
-        tries = self._retry
+        tries, settled = self._retry, self._settled  # settled: acked while this round ran
         self._retry = {
             key: tries.get(key, 0) + 1
             for key in received
-            if key[1] not in marked and tries.get(key, 0) + 1 < RECEIVED_TRIES
+            if key[1] not in marked
+            and key not in settled
+            and tries.get(key, 0) + 1 < RECEIVED_TRIES
         }
 
     @staticmethod
@@ -408,6 +468,12 @@ def writer() -> SocketWrites:
             del _writers[old]
         current = _writers[loop] = SocketWrites()
     return current
+
+
+def current_writer() -> SocketWrites | None:
+    """This event loop's writer if it has one (never creates one: a result batch finishing
+    while the server shuts down must not start a writer)."""
+    return _writers.get(asyncio.get_running_loop())
 
 
 async def close_writer() -> None:

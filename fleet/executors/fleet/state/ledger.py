@@ -497,9 +497,13 @@ UPDATE agents_agent a SET {give_back_slots("a")} WHERE id IN (SELECT agent_id FR
 
 # Ack the packets of the settling (task, assignment) rows ({settling}: a relation with
 # task_execution_id and assignment); the agents they were on are returned as ``held``.
-# Locked after the task and workflow rows, the agent row last.
+# Locked after the task and workflow rows, the agent row last.  An outcome proves its agent
+# held the packet: a confirmation not yet written is written by the ack (in the version
+# the ack writes anyway), and the socket writer drops its own (socket_writes, settled),
+# one row version and one row lock less per packet whose outcome beat its confirmation.
 SETTLE_ACK = """, held AS (
-    UPDATE delivery_outbox o SET state = 'acked', acked_at = now(), updated_at = now()
+    UPDATE delivery_outbox o SET state = 'acked', acked_at = now(), updated_at = now(),
+        received_at = coalesce(o.received_at, now())
     FROM {settling} s WHERE o.task_execution_id = s.task_execution_id
       AND o.assignment = s.assignment AND o.state <> 'acked'
     RETURNING o.agent_id AS holder
