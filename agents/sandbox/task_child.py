@@ -194,6 +194,26 @@ def apply_limits(spec: str) -> None:
 REQUEST_READ_BYTES = 64 * 1024
 
 
+def take_frame(inbox: bytearray) -> bytes | None:
+    """The first whole frame in ``inbox``, removed from it; None until one has arrived.
+    The parent (agents/sandbox/task_runner.py) reads the child's replies with this too."""
+    if len(inbox) < 4:
+        return None
+    (size,) = struct.unpack_from("!i", inbox)
+    start = 4
+    if size == -1:
+        if len(inbox) < 12:
+            return None
+        (size,) = struct.unpack_from("!Q", inbox, 4)
+        start = 12
+    end = start + size
+    if len(inbox) < end:
+        return None
+    frame = bytes(inbox[start:end])
+    del inbox[:end]
+    return frame
+
+
 class _Requests:
     """The parent's requests, framed as ``multiprocessing.connection`` frames them (a
     4-byte big-endian length, or -1 and an 8-byte one, then the bytes), read from the
@@ -206,31 +226,13 @@ class _Requests:
     def next(self) -> bytes:
         """The next request; EOFError when the parent closed its end."""
         while True:
-            frame = self._take()
+            frame = take_frame(self.inbox)
             if frame is not None:
                 return frame
             chunk = os.read(self.fd, REQUEST_READ_BYTES)
             if not chunk:
                 raise EOFError("the parent closed the socket")
             self.inbox += chunk
-
-    def _take(self) -> bytes | None:
-        inbox = self.inbox
-        if len(inbox) < 4:
-            return None
-        (size,) = struct.unpack_from("!i", inbox)
-        start = 4
-        if size == -1:
-            if len(inbox) < 12:
-                return None
-            (size,) = struct.unpack_from("!Q", inbox, 4)
-            start = 12
-        end = start + size
-        if len(inbox) < end:
-            return None
-        frame = bytes(inbox[start:end])
-        del inbox[:end]
-        return frame
 
 
 def serve(conn: Connection, parent_pid: int, limits: str = "") -> None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from agents.sandbox.task_child import take_frame
 from agents.sandbox.task_isolation import (
     TaskUser,
     task_environment,
@@ -383,25 +384,6 @@ class _Slot:
             self.process.wait()
         self.close_output()
         self.process = self.sock = None
-
-
-def take_frame(inbox: bytearray) -> bytes | None:
-    """The first whole frame in ``inbox``, removed from it; None until one has arrived."""
-    if len(inbox) < 4:
-        return None
-    (size,) = struct.unpack_from("!i", inbox)
-    start = 4
-    if size == -1:
-        if len(inbox) < 12:
-            return None
-        (size,) = struct.unpack_from("!Q", inbox, 4)
-        start = 12
-    end = start + size
-    if len(inbox) < end:
-        return None
-    frame = bytes(inbox[start:end])
-    del inbox[:end]
-    return frame
 
 
 def encode_frame(data: bytes) -> bytes:

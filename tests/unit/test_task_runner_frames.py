@@ -15,7 +15,8 @@ import threading
 import pytest
 
 from agents.sandbox import task_child
-from agents.sandbox.task_runner import encode_frame, take_frame
+from agents.sandbox.task_child import take_frame
+from agents.sandbox.task_runner import encode_frame
 
 
 def test_a_frame_is_taken_only_once_it_is_whole():
