@@ -136,7 +136,7 @@ class NoFetchCache:
     def unpin(self, digest: str) -> None:
         """Nothing is ever evicted."""
 
-    def release_idle_pins(self) -> None:
+    def release_idle_pins(self, everything: bool = False) -> None:
         """Nothing is ever pinned."""
 
     async def aget(self, digest: str, fetch: Any) -> Path:

@@ -146,3 +146,26 @@ def test_the_table_lists_every_figure_under_the_settings():
 def test_the_connect_phase_leaves_a_slow_machine_time_for_thousands_of_agents():
     assert connect_timeout_s(100) == CONNECT_TIMEOUT_S
     assert connect_timeout_s(5000) == 5000 / CONNECT_FLOOR_PER_S > CONNECT_TIMEOUT_S
+
+
+@pytest.mark.parametrize(
+    ("stand_in", "real"),
+    [
+        (NoopRunner, "agents.sandbox.task_runner.TaskRunner"),
+        (NoFetchCache, "agents.sandbox.package_cache.PackageCache"),
+    ],
+)
+def test_the_stand_ins_take_every_parameter_the_real_parts_take(stand_in, real):
+    """The agent calls a stand-in as it calls the real part: a parameter the real part
+    gained and the stand-in lacks failed every simulated task (a TypeError per run)."""
+    import importlib
+    import inspect
+
+    module, name = real.rsplit(".", 1)
+    real_class = getattr(importlib.import_module(module), name)
+    for method, function in inspect.getmembers(stand_in, inspect.isfunction):
+        if method.startswith("_") or not hasattr(real_class, method):
+            continue
+        wanted = inspect.signature(getattr(real_class, method)).parameters
+        taken = inspect.signature(function).parameters
+        assert list(taken) == list(wanted), f"{stand_in.__name__}.{method}"
