@@ -117,6 +117,7 @@ class NoopRunner:
         context_json: str,
         timeout_s: float,
         log: LogRing | None = None,
+        *,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> RunOutcome:
         self.runs += 1

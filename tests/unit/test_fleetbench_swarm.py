@@ -166,6 +166,9 @@ def test_the_stand_ins_take_every_parameter_the_real_parts_take(stand_in, real):
     for method, function in inspect.getmembers(stand_in, inspect.isfunction):
         if method.startswith("_") or not hasattr(real_class, method):
             continue
-        wanted = inspect.signature(getattr(real_class, method)).parameters
-        taken = inspect.signature(function).parameters
-        assert list(taken) == list(wanted), f"{stand_in.__name__}.{method}"
+        wanted = inspect.signature(getattr(real_class, method)).parameters.values()
+        taken = inspect.signature(function).parameters.values()
+        # Names and kinds (positional, keyword-only) alike.
+        assert [(p.name, p.kind) for p in taken] == [(p.name, p.kind) for p in wanted], (
+            f"{stand_in.__name__}.{method}"
+        )
