@@ -8,17 +8,25 @@ Phases (each measured from the rows the server wrote):
 * paced — the same again, submitted at a steady rate below capacity (``--paced-rate`` tasks/s):
   Ready → started under load without a backlog (each execution's tasks still share the
   workers, so some wait for a sibling to finish);
-* idle pickup — one single-task execution at a time: Ready → started on an idle server.
+* idle pickup — one single-task execution at a time: Ready → started on an idle server; its
+  CPU per task is counted above the server's background, timed just before with nothing
+  submitted.
 """
 
 from __future__ import annotations
 
+import time
+
 from fleet.bench import workload
-from fleet.bench.cpu import CpuMeter
+from fleet.bench.cpu import CpuMeter, CpuWindow
 from fleet.bench.server import Api, BenchServer
 from fleet.models import ApiKey, Tenant
 
 BENCH_TENANT = "bench"
+# Before the idle phase: the last phase's tail settles, then the server's background (ticks,
+# probes) is timed with nothing submitted, for the idle pickups' CPU above it.
+QUIET_SETTLE_S = 1.0
+QUIET_WINDOW_S = 3.0
 
 
 def bench_tenant_key() -> str:
@@ -64,8 +72,16 @@ def run_default_bench(
                 workload.wait_finished(paced_ids)
                 phases.append(workload.measure(f"paced {paced_rate:g}/s", paced_ids))
             if idle_samples:
+                # The background first (nothing submitted), then the lone tasks' CPU above it.
+                time.sleep(QUIET_SETTLE_S)
+                quiet = CpuWindow.open(meter)
+                time.sleep(QUIET_WINDOW_S)
+                quiet.close()
+                window = CpuWindow.open(meter)
                 idle_ids = workload.idle_pickups(api, idle_samples)
+                window.close()
                 phases.append(workload.measure("idle pickup", idle_ids))
+                phases[-1].cpu = window.above(quiet)
         finally:
             api.close()
     settings = {

@@ -9,7 +9,9 @@ Phases, all measured from the rows the server wrote:
   starts the task;
 * drain (queued) — the same tasks made Ready in one transaction, so the API's
   pace is out of the picture: throughput from the first claim to the last finish;
-* idle pickup — one single-task execution at a time on an idle fleet, same latency;
+* idle pickup — one single-task execution at a time on an idle fleet, same latency; its
+  CPU per task (server, database, agents) is counted above the background, timed during the
+  statistics' wait before it with nothing submitted (``background_cpu_ms/s``);
 * failover — a task whose first run hangs: once an agent holds it, that agent
   is killed (SIGKILL to its process group) and the time to the task finishing
   on a survivor is measured (heartbeat interval × misses + a sweep + re-run).
@@ -32,7 +34,7 @@ from django.db import connection
 from agents.models import Agent, AgentState
 from artifacts.store.testing import build_archive, manifest_toml
 from fleet.bench import db_work, workload
-from fleet.bench.cpu import CpuMeter, tree_cpu_seconds
+from fleet.bench.cpu import CpuMeter, CpuWindow, tree_cpu_seconds
 from fleet.bench.default import BENCH_TENANT, bench_tenant_key
 from fleet.bench.server import REPO, Api, BenchServer
 from fleet.executors.fleet.state import ledger
@@ -44,6 +46,9 @@ HEARTBEAT_INTERVAL_S = (
 )
 LIVENESS_MISSES = 3
 AGENTS_READY_TIMEOUT_S = 60.0
+# After the drain's last execution is done, the server still writes its tail (confirmations,
+# the last result batch): the background's window starts this much later.
+DRAIN_TAIL_S = 1.0
 FAILOVER_WORKFLOW = "bench_failover"
 HANG_ONCE_SOURCE = """
 import time
@@ -153,6 +158,19 @@ class FleetCpuMeter(CpuMeter):
         sample = super().sample()
         sample["agents"] = sum(tree_cpu_seconds(pid) for pid in self.agent_pids)
         return sample
+
+
+def _idle_cpu_settings(phases: list[workload.PhaseResult], quiet: CpuWindow) -> dict[str, str]:
+    """The agents' CPU per idle pickup (the table has the server's and the database's), and
+    the background it is counted above, for the settings line."""
+    rates = quiet.rates()
+    background = ",".join(f"{name}:{rate * 1000.0:.0f}" for name, rate in rates.items())
+    settings = {"background_cpu_ms/s": background}
+    for phase in phases:
+        if phase.name == "idle pickup" and phase.tasks:
+            per_task = phase.cpu.get("agents", 0.0) * 1000.0 / phase.tasks
+            settings["agents_cpu_ms/task(idle)"] = f"{per_task:.2f}"
+    return settings
 
 
 def measure_fleet(name: str, execution_ids: list[str]) -> workload.PhaseResult:
@@ -279,11 +297,20 @@ def run_fleet_bench(
             workload.wait_finished(drain_ids)
             phases.append(measure_drain("drain (queued)", drain_ids))
             phases[-1].cpu = meter.used(before, meter.sample())
-            drain_wrote = db_work.per_task(wrote_before, db_work.snapshot(), phases[-1].tasks)
+            # The statistics' wait doubles as the background's window: nothing is submitted
+            # (its first second left to the drain's tail: confirmations, the last results).
+            time.sleep(DRAIN_TAIL_S)
+            quiet = CpuWindow.open(meter)
+            drain_stats = db_work.snapshot(settle_s=db_work.STATS_DELAY_S - DRAIN_TAIL_S)
+            quiet.close()
+            drain_wrote = db_work.per_task(wrote_before, drain_stats, phases[-1].tasks)
             agent_cpu_ms = phases[-1].cpu["agents"] * 1000.0 / max(phases[-1].tasks, 1)
             if idle_samples:
+                window = CpuWindow.open(meter)
                 idle_ids = workload.idle_pickups(api, idle_samples)
+                window.close()
                 phases.append(measure_fleet("idle pickup", idle_ids))
+                phases[-1].cpu = window.above(quiet)
             if agents > 1:
                 phases.append(failover(api, fleet, home))
         finally:
@@ -298,6 +325,7 @@ def run_fleet_bench(
         "poll_s": poll_s,
         "heartbeat": f"{HEARTBEAT_INTERVAL_S:g}sx{LIVENESS_MISSES}",
         "agents_cpu_ms/task(drain)": f"{agent_cpu_ms:.2f}",
+        **_idle_cpu_settings(phases, quiet),
         **{f"{k}(burst)": v for k, v in burst_wrote.items()},
         **{f"{k}(drain)": v for k, v in drain_wrote.items()},
     }

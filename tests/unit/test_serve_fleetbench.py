@@ -89,3 +89,53 @@ def test_idle_pickups_are_paced_as_the_peers_trickle(monkeypatch):
         ("sleep", 0.02),
         ("wait", ("e4",), 0.005),
     ]
+
+
+# --- CPU above the background (fleet/bench/cpu.py) -------------------------------------------
+
+
+class _SteppedMeter:
+    """A meter whose samples are given in order (CPU seconds per group)."""
+
+    def __init__(self, *samples: dict[str, float]) -> None:
+        self.samples = list(samples)
+
+    def sample(self) -> dict[str, float]:
+        return self.samples.pop(0)
+
+    used = staticmethod(lambda before, after: {k: after[k] - before.get(k, 0.0) for k in after})
+
+
+def test_cpu_window_counts_a_phase_above_the_background(monkeypatch):
+    """The idle phase's CPU is what it used beyond the quiet window's rate over the same wall
+    time, per group; a group that used less than its background counts zero, not less."""
+    from fleet.bench import cpu
+
+    clock = iter([100.0, 102.0, 200.0, 204.0])  # quiet: 2 s; the phase: 4 s
+    monkeypatch.setattr(cpu.time, "monotonic", lambda: next(clock))
+    meter = _SteppedMeter(
+        {"server": 1.0, "database": 5.0},
+        {"server": 1.06, "database": 5.02},  # background: 30 and 10 ms a second
+        {"server": 2.0, "database": 6.0},
+        {"server": 2.5, "database": 6.03},  # the phase: 500 and 30 ms in 4 s
+    )
+    quiet = cpu.CpuWindow.open(meter).close()
+    assert quiet.rates() == pytest.approx({"server": 0.03, "database": 0.01})
+    phase = cpu.CpuWindow.open(meter).close()
+    assert phase.wall_s == 4.0
+    assert phase.above(quiet) == pytest.approx({"server": 0.38, "database": 0.0})
+
+
+def test_idle_cpu_settings_name_the_background_and_the_agents_per_pickup():
+    from fleet.bench import cpu
+    from fleet.bench.fleet import _idle_cpu_settings
+
+    quiet = cpu.CpuWindow(None, {}, 0.0, used={"server": 0.3, "agents": 0.05}, wall_s=10.0)
+    idle = PhaseResult("idle pickup", 100, 2.7, [5.0], cpu={"server": 0.6, "agents": 0.04})
+    drain = PhaseResult("drain (queued)", 2000, 2.0, [1.0], cpu={"agents": 1.0})
+    settings = _idle_cpu_settings([drain, idle], quiet)
+    assert settings == {
+        "background_cpu_ms/s": "server:30,agents:5",
+        "agents_cpu_ms/task(idle)": "0.40",
+    }
+    assert _idle_cpu_settings([drain], quiet) == {"background_cpu_ms/s": "server:30,agents:5"}
