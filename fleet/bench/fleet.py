@@ -160,7 +160,7 @@ class FleetCpuMeter(CpuMeter):
         return sample
 
 
-def _idle_cpu_settings(phases: list[workload.PhaseResult], quiet: CpuWindow) -> dict[str, str]:
+def idle_cpu_settings(phases: list[workload.PhaseResult], quiet: CpuWindow) -> dict[str, str]:
     """The agents' CPU per idle pickup (the table has the server's and the database's), and
     the background it is counted above, for the settings line."""
     rates = quiet.rates()
@@ -325,7 +325,7 @@ def run_fleet_bench(
         "poll_s": poll_s,
         "heartbeat": f"{HEARTBEAT_INTERVAL_S:g}sx{LIVENESS_MISSES}",
         "agents_cpu_ms/task(drain)": f"{agent_cpu_ms:.2f}",
-        **_idle_cpu_settings(phases, quiet),
+        **idle_cpu_settings(phases, quiet),
         **{f"{k}(burst)": v for k, v in burst_wrote.items()},
         **{f"{k}(drain)": v for k, v in drain_wrote.items()},
     }

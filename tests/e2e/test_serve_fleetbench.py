@@ -38,12 +38,41 @@ def test_fleetbench_prints_a_table_and_leaves_the_test_database_alone(procs):
     assert rows["drain"][1:3] == ["40", "0"]  # the same again, queued at once
     assert rows["paced"][1:4] == ["200/s", "40", "0"]  # and submitted at a steady rate
     assert rows["idle"][2:4] == ["3", "0"]
+    # The idle row's CPU per task (server, database), counted above the quiet background.
+    assert all(float(cell) >= 0 for cell in rows["idle"][-2:]), rows["idle"]
     assert "cloacina_bench" in result.stderr
     # The database it names is shown without its password (the test database has one).
     password = connection.settings_dict["PASSWORD"]
     assert password and password not in result.stderr and password not in result.stdout
     assert re.search(r"using database postgresql://\w+:\*\*\*@\S*/cloacina_bench", result.stderr)
     assert list(Tenant.objects.values_list("name", flat=True)) == ["untouched"]
+
+
+@pytest.mark.e2e
+def test_fleetbench_fleet_runs_every_phase_on_real_agents(procs):
+    """The fleet variant end to end: a real server and two real agents through the burst,
+    the drain, the idle pickups (with their CPU above the background) and a failover."""
+    result = procs.manage(
+        "fleetbench", "--executor", "fleet", "--agents", "2", "--tasks", "8", "--width", "4",
+        "--idle-samples", "3", "--poll", "0.2", timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    settings = dict(word.split("=", 1) for word in lines[0].split()[1:] if "=" in word)
+    assert settings["executor"] == "fleet" and settings["tasks"] == "8"
+    background = dict(pair.split(":") for pair in settings["background_cpu_ms/s"].split(","))
+    assert set(background) == {"server", "database", "agents"}
+    assert all(int(ms) >= 0 for ms in background.values())
+    assert float(settings["agents_cpu_ms/task(idle)"]) >= 0
+    rows = {}
+    for line in lines:
+        if line.startswith(("burst", "drain", "idle", "failover")):
+            name, *cells = re.split(r"\s{2,}", line.strip())
+            rows[name.split()[0]] = cells
+    assert rows["burst"][:2] == ["8", "0"] and rows["drain"][:2] == ["8", "0"]
+    assert rows["idle"][:2] == ["3", "0"]
+    assert all(float(cell) >= 0 for cell in rows["idle"][-2:]), rows["idle"]
+    assert rows["failover"][:2] == ["1", "0"]  # the killed agent's task finished on the other
 
 
 @pytest.mark.e2e

@@ -126,16 +126,16 @@ def test_cpu_window_counts_a_phase_above_the_background(monkeypatch):
     assert phase.above(quiet) == pytest.approx({"server": 0.38, "database": 0.0})
 
 
-def test_idle_cpu_settings_name_the_background_and_the_agents_per_pickup():
+def testidle_cpu_settings_name_the_background_and_the_agents_per_pickup():
     from fleet.bench import cpu
-    from fleet.bench.fleet import _idle_cpu_settings
+    from fleet.bench.fleet import idle_cpu_settings
 
     quiet = cpu.CpuWindow(None, {}, 0.0, used={"server": 0.3, "agents": 0.05}, wall_s=10.0)
     idle = PhaseResult("idle pickup", 100, 2.7, [5.0], cpu={"server": 0.6, "agents": 0.04})
     drain = PhaseResult("drain (queued)", 2000, 2.0, [1.0], cpu={"agents": 1.0})
-    settings = _idle_cpu_settings([drain, idle], quiet)
+    settings = idle_cpu_settings([drain, idle], quiet)
     assert settings == {
         "background_cpu_ms/s": "server:30,agents:5",
         "agents_cpu_ms/task(idle)": "0.40",
     }
-    assert _idle_cpu_settings([drain], quiet) == {"background_cpu_ms/s": "server:30,agents:5"}
+    assert idle_cpu_settings([drain], quiet) == {"background_cpu_ms/s": "server:30,agents:5"}
